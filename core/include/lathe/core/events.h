@@ -1,0 +1,48 @@
+#pragma once
+// The event stream: versioned, newline-delimited JSON records that every run produces,
+// in-process, from `lathectl worker` on stdout, or over SSH. A saved stream replays
+// through the same reader.
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <string>
+
+namespace lathe::core {
+
+inline constexpr int kEventStreamVersion = 1;
+
+struct Event {
+    enum class Type { Metric, Log, Status, Checkpoint, Error };
+    Type type = Type::Log;
+    int rank = 0;
+    double wallTime = 0.0;  // seconds since the Unix epoch
+    // Metric
+    std::string key;
+    int64_t step = 0;
+    double value = 0.0;
+    // Log: level + text; Status: text = "running" | "completed" | "failed" | "stopped";
+    // Error: text = message; Checkpoint: text = path, sha256, step = global step, value = epoch
+    std::string level;
+    std::string text;
+    std::string sha256;
+
+    static Event metric(std::string key, int64_t step, double value);
+    static Event log(std::string level, std::string text);
+    static Event status(std::string status);
+    static Event error(std::string message);
+    static Event checkpoint(std::string path, std::string sha256, int64_t step, int64_t epoch);
+};
+
+using EventSink = std::function<void(const Event&)>;
+
+double nowSeconds();
+const char* typeName(Event::Type t);
+
+/// One line of JSON, without the trailing newline.
+std::string encodeEvent(const Event& e);
+/// Throws EventStreamError on malformed JSON, missing fields, unknown type or a newer version.
+Event decodeEvent(const std::string& line);
+/// Reads a whole stream; blank lines are skipped. Errors name the line number.
+void readEventStream(std::istream& in, const EventSink& sink);
+
+}  // namespace lathe::core

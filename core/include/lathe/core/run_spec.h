@@ -1,0 +1,69 @@
+#pragma once
+// RunSpec: everything that defines a training run. The same keys are accepted from a TOML
+// file (`lr = 0.01`), from lathectl flags (`--lr 0.01`, underscores become hyphens) and from
+// the GUI's run form. Validation messages name the key and the allowed range.
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace lathe::core {
+
+struct RunSpec {
+    std::string name;                      // free text; empty = generated
+    std::string experiment = "default";    // runs are grouped by experiment
+    std::string model = "mlp";             // mlp | cnn
+    std::vector<int64_t> hidden{128, 128}; // mlp hidden widths
+    std::string data = "digits";           // digits | csv:PATH | idx:DIR | synthetic:spirals
+    std::string labelColumn = "label";     // csv: name of the label column
+    double valSplit = 0.2;                 // share held out for validation (when the set has no own split)
+    int64_t epochs = 20;
+    int64_t batch = 64;
+    double lr = 1e-3;
+    std::string optimizer = "adam";        // sgd | adam | adamw
+    double momentum = 0.9;                 // sgd
+    double weightDecay = 0.0;
+    std::string schedule = "constant";     // constant | step | cosine
+    int64_t warmupSteps = 0;               // linear warm-up from 0 to lr
+    int64_t stepEpochs = 10;               // step schedule: decay every N epochs
+    double gamma = 0.1;                    // step schedule: decay factor
+    double minLr = 0.0;                    // cosine schedule floor
+    double clipGradNorm = 0.0;             // 0 = off
+    int64_t seed = 42;
+    int64_t logEvery = 10;                 // train/loss every N steps
+    int64_t checkpointEvery = 1;           // epochs between checkpoints; 0 = only at the end
+    int64_t threads = 0;                   // intra-op threads; 0 = library default
+};
+
+/// One configurable key: its TOML/flag name, the kind of value and a help line that states
+/// the allowed values. The GUI and the CLI are both generated from this table.
+struct SpecKey {
+    std::string name;    // TOML key, e.g. "weight_decay"; flag is "--weight-decay"
+    std::string kind;    // "int", "float", "string", "choice", "int-list"
+    std::string help;    // includes the allowed range
+    std::vector<std::string> choices;  // for kind == "choice"
+};
+const std::vector<SpecKey>& specKeys();
+
+/// Parses a TOML file. Throws ConfigError "PATH line L: `key` must be ...".
+RunSpec loadRunSpec(const std::string& path);
+/// Parses TOML text; `source` names it in messages.
+RunSpec parseRunSpec(const std::string& tomlText, const std::string& source = "config");
+/// Applies `--key value` / a form field. Throws ConfigError "`key` must be ..." for a bad
+/// value or "unknown key `key`".
+void setSpecValue(RunSpec& spec, const std::string& key, const std::string& value);
+/// Checks one value without applying it (for validate-as-you-type). Empty = valid.
+std::string checkSpecValue(const std::string& key, const std::string& value);
+/// Cross-field and range checks; empty = valid. Each message names its key.
+std::vector<std::string> validate(const RunSpec& spec);
+/// Throws ConfigError with the first message of validate().
+void validateOrThrow(const RunSpec& spec);
+/// The value of a key as text (the form shows it; params table stores it).
+std::string specValue(const RunSpec& spec, const std::string& key);
+/// All keys and values, as stored in the params table.
+std::map<std::string, std::string> specParams(const RunSpec& spec);
+/// TOML text that parseRunSpec reads back into an equal spec.
+std::string toToml(const RunSpec& spec);
+
+}  // namespace lathe::core

@@ -1,0 +1,97 @@
+#pragma once
+// The workspace store: one SQLite file per workspace. One writer thread owns the write
+// connection and batches queued inserts into transactions; reads use their own connection
+// (WAL), so readers never block the writer. Thread-safe.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace lathe::core {
+
+struct RunRecord {
+    int64_t id = 0;
+    std::string experiment;
+    std::string name;
+    std::string status;   // "created" | "running" | "completed" | "failed" | "stopped"
+    std::string model;
+    std::string data;
+    std::string config;   // TOML of the RunSpec
+    std::string host;
+    std::string error;
+    double createdAt = 0; // seconds since the Unix epoch; 0 = not yet
+    double startedAt = 0;
+    double endedAt = 0;
+};
+
+struct MetricPoint {
+    int64_t step = 0;
+    double wallTime = 0;
+    double value = 0;
+};
+
+struct LogRecord {
+    double wallTime = 0;
+    std::string level;
+    std::string text;
+};
+
+struct ArtifactRecord {
+    int64_t id = 0;
+    std::string kind;     // "checkpoint", ...
+    std::string path;
+    std::string sha256;
+    double createdAt = 0;
+};
+
+class Store {
+public:
+    static constexpr int kSchemaVersion = 1;
+
+    /// Opens or creates a workspace. Throws StoreError (file untouched) when the file is not
+    /// a Lathe workspace or has a newer schema than this build knows.
+    explicit Store(const std::string& path);
+    ~Store();
+    Store(const Store&) = delete;
+    Store& operator=(const Store&) = delete;
+
+    /// --db PATH, else $LATHE_DB, else $XDG_DATA_HOME/lathe/lathe.db (~/.local/share/...).
+    static std::string resolvePath(const std::string& explicitPath = {});
+
+    const std::string& path() const;
+    int schemaVersion() const;
+    /// Where a run's files (checkpoints) live: <workspace dir>/artifacts/run-<id>.
+    std::string artifactDir(int64_t runId) const;
+
+    // ---- writes: queued to the writer thread ------------------------------------------
+    /// Synchronous: returns the new run's id.
+    int64_t createRun(const std::string& experiment, const std::string& name, const std::string& model,
+                      const std::string& data, const std::string& configToml,
+                      const std::map<std::string, std::string>& params, const std::string& host);
+    void setRunStatus(int64_t runId, const std::string& status, const std::string& error = {});
+    void appendMetric(int64_t runId, const std::string& key, int64_t step, double wallTime, double value);
+    void appendLog(int64_t runId, double wallTime, const std::string& level, const std::string& text);
+    void addArtifact(int64_t runId, const std::string& kind, const std::string& path, const std::string& sha256);
+    /// Blocks until everything queued so far is committed. Rethrows a writer failure.
+    void flush();
+
+    // ---- reads -----------------------------------------------------------------------
+    std::vector<RunRecord> listRuns() const;  // newest first
+    std::optional<RunRecord> run(int64_t runId) const;
+    std::map<std::string, std::string> params(int64_t runId) const;
+    std::vector<std::string> metricKeys(int64_t runId) const;
+    /// Points of one key ordered by step; only those with step > afterStep.
+    std::vector<MetricPoint> metrics(int64_t runId, const std::string& key, int64_t afterStep = INT64_MIN) const;
+    /// The last value of every key.
+    std::map<std::string, double> lastMetrics(int64_t runId) const;
+    std::vector<LogRecord> logs(int64_t runId) const;
+    std::vector<ArtifactRecord> artifacts(int64_t runId) const;
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> d;
+};
+
+}  // namespace lathe::core
