@@ -20,7 +20,8 @@ struct Event {
     std::string key;
     int64_t step = 0;
     double value = 0.0;
-    // Log: level + text; Status: text = "running" | "completed" | "failed" | "stopped";
+    // Log: level + text; Status: text = "running" | "completed" | "failed" | "stopped", step =
+    // global step reached, value = total steps planned (for progress bars);
     // Error: text = message; Checkpoint: text = path, sha256, step = global step, value = epoch
     std::string level;
     std::string text;

@@ -74,6 +74,8 @@ public:
     void appendMetric(int64_t runId, const std::string& key, int64_t step, double wallTime, double value);
     void appendLog(int64_t runId, double wallTime, const std::string& level, const std::string& text);
     void addArtifact(int64_t runId, const std::string& kind, const std::string& path, const std::string& sha256);
+    /// Removes metric points recorded after `step` (a resumed run replays those steps).
+    void dropMetricsAfter(int64_t runId, int64_t step);
     /// Blocks until everything queued so far is committed. Rethrows a writer failure.
     void flush();
 

@@ -1,0 +1,39 @@
+#pragma once
+// Shared pieces of the lathectl command tree: exit codes, --db handling, output helpers.
+#include <CLI/CLI.hpp>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "lathe/core/store.h"
+
+namespace lathe::cli {
+
+enum ExitCode : int { kOk = 0, kRunFailed = 1, kUsage = 2, kInterrupted = 130 };
+
+/// A usage/config problem: printed as one line, exit code 2.
+struct UsageError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+/// Options every command takes.
+struct CommonOptions {
+    std::string db;
+    bool json = false;
+};
+void addCommonOptions(CLI::App* cmd, CommonOptions& opts, bool withJson = true);
+
+/// Opens the workspace named by --db / $LATHE_DB / the XDG default; StoreError becomes UsageError.
+std::unique_ptr<core::Store> openStore(const CommonOptions& opts);
+
+std::string formatTime(double unixSeconds);  // local "YYYY-MM-DD HH:MM:SS", "-" for 0
+std::string formatDuration(double seconds);  // "3.2 s", "4 min 05 s"
+std::string formatValue(double v);           // metrics: up to 6 significant digits
+nlohmann::json metricJson(double v);         // NaN/inf as strings
+
+void registerTrain(CLI::App& app, int& exitCode);
+void registerRuns(CLI::App& app, int& exitCode);
+void registerInfo(CLI::App& app, int& exitCode);
+
+}  // namespace lathe::cli

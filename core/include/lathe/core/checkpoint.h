@@ -1,0 +1,24 @@
+#pragma once
+// Checkpoint files: a small text header (format, epoch, step, payload size, SHA-256 of the
+// payload) followed by the LibTorch archive. Written to a temporary name and renamed, so a
+// crash never leaves a half-written checkpoint under the real name.
+#include <cstdint>
+#include <string>
+
+namespace lathe::core {
+
+inline constexpr int kCheckpointFormat = 1;
+
+struct CheckpointInfo {
+    std::string path;
+    std::string sha256;   // of the payload
+    int64_t epoch = 0;    // epochs completed
+    int64_t step = 0;     // global steps completed
+    int64_t payloadBytes = 0;
+};
+
+/// Reads the header and verifies size and checksum. Throws CheckpointError ("checkpoint X is
+/// truncated", "... fails its checksum", "... is not a Lathe checkpoint").
+CheckpointInfo readCheckpointInfo(const std::string& path);
+
+}  // namespace lathe::core

@@ -1,0 +1,147 @@
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "checkpoint_io.h"
+#include "lathe/core/error.h"
+#include "sha256.h"
+
+namespace fs = std::filesystem;
+
+namespace lathe::core {
+namespace {
+
+constexpr const char* kMagic = "LATHE-CHECKPOINT";
+constexpr size_t kMaxHeader = 4096;
+
+void writeAll(int fd, const char* p, size_t n, const std::string& path) {
+    while (n > 0) {
+        const ssize_t w = ::write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            throw CheckpointError("writing checkpoint " + path + " failed: " + std::strerror(errno));
+        }
+        p += w;
+        n -= static_cast<size_t>(w);
+    }
+}
+
+// Reads the header, checks size and checksum, and returns the payload.
+std::string readVerified(const std::string& path, CheckpointInfo& info) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw CheckpointError("checkpoint " + path + " cannot be read: " + std::strerror(errno));
+    std::string line;
+    std::getline(in, line);
+    if (line.rfind(kMagic, 0) != 0) throw CheckpointError("checkpoint " + path + " is not a Lathe checkpoint");
+    const int format = std::atoi(line.c_str() + std::strlen(kMagic));
+    if (format != kCheckpointFormat)
+        throw CheckpointError("checkpoint " + path + " has format " + std::to_string(format) +
+                              "; this Lathe reads format " + std::to_string(kCheckpointFormat));
+    info = CheckpointInfo{};
+    info.path = path;
+    bool haveSize = false;
+    size_t headerBytes = line.size() + 1;
+    while (std::getline(in, line) && !line.empty()) {
+        headerBytes += line.size() + 1;
+        if (headerBytes > kMaxHeader) throw CheckpointError("checkpoint " + path + " has a malformed header");
+        std::istringstream ls(line);
+        std::string key;
+        ls >> key;
+        if (key == "epoch") ls >> info.epoch;
+        else if (key == "step") ls >> info.step;
+        else if (key == "sha256") ls >> info.sha256;
+        else if (key == "size") haveSize = static_cast<bool>(ls >> info.payloadBytes);
+    }
+    if (!in || !haveSize || info.sha256.size() != 64 || info.payloadBytes < 0)
+        throw CheckpointError("checkpoint " + path + " has a malformed or truncated header");
+    std::string payload(static_cast<size_t>(info.payloadBytes), '\0');
+    in.read(payload.data(), info.payloadBytes);
+    if (in.gcount() != info.payloadBytes)
+        throw CheckpointError("checkpoint " + path + " is truncated (header promises " +
+                              std::to_string(info.payloadBytes) + " bytes, file holds " +
+                              std::to_string(in.gcount()) + ")");
+    if (in.peek() != std::char_traits<char>::eof())
+        throw CheckpointError("checkpoint " + path + " has trailing bytes after its payload");
+    if (sha256Hex(payload.data(), payload.size()) != info.sha256)
+        throw CheckpointError("checkpoint " + path + " fails its SHA-256 checksum (corrupt file)");
+    return payload;
+}
+
+}  // namespace
+
+CheckpointInfo readCheckpointInfo(const std::string& path) {
+    CheckpointInfo info;
+    readVerified(path, info);
+    return info;
+}
+
+CheckpointInfo saveCheckpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                              int64_t epoch, int64_t step) {
+    torch::serialize::OutputArchive archive;
+    model.save(archive);
+    torch::serialize::OutputArchive optimArchive;
+    optimizer.save(optimArchive);
+    archive.write("optimizer", optimArchive);
+    std::ostringstream buf;
+    archive.save_to(buf);
+    const std::string payload = buf.str();
+
+    CheckpointInfo info;
+    info.path = path;
+    info.epoch = epoch;
+    info.step = step;
+    info.payloadBytes = static_cast<int64_t>(payload.size());
+    info.sha256 = sha256Hex(payload.data(), payload.size());
+    std::ostringstream header;
+    header << kMagic << ' ' << kCheckpointFormat << "\nepoch " << epoch << "\nstep " << step << "\nsize "
+           << payload.size() << "\nsha256 " << info.sha256 << "\n\n";
+    const std::string head = header.str();
+
+    std::error_code ec;
+    fs::create_directories(fs::path(path).parent_path(), ec);
+    const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) throw CheckpointError("cannot write checkpoint " + tmp + ": " + std::strerror(errno));
+    try {
+        writeAll(fd, head.data(), head.size(), tmp);
+        writeAll(fd, payload.data(), payload.size(), tmp);
+        if (::fsync(fd) != 0) throw CheckpointError("fsync of " + tmp + " failed: " + std::strerror(errno));
+    } catch (...) {
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        throw;
+    }
+    ::close(fd);
+    if (::rename(tmp.c_str(), path.c_str()) != 0) {
+        const std::string err = std::strerror(errno);
+        ::unlink(tmp.c_str());
+        throw CheckpointError("cannot move checkpoint into place at " + path + ": " + err);
+    }
+    return info;
+}
+
+CheckpointInfo loadCheckpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer& optimizer) {
+    CheckpointInfo info;
+    const std::string payload = readVerified(path, info);
+    try {
+        std::istringstream in(payload);
+        torch::serialize::InputArchive archive;
+        archive.load_from(in);
+        model.load(archive);
+        torch::serialize::InputArchive optimArchive;
+        archive.read("optimizer", optimArchive);
+        optimizer.load(optimArchive);
+    } catch (const c10::Error& ex) {
+        std::string msg = ex.what_without_backtrace();
+        throw CheckpointError("checkpoint " + path + " does not fit this model and optimizer: " +
+                              msg.substr(0, msg.find('\n')));
+    }
+    return info;
+}
+
+}  // namespace lathe::core

@@ -1,0 +1,200 @@
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "data/raw.h"
+#include "lathe/core/error.h"
+
+namespace fs = std::filesystem;
+
+namespace lathe::core::data {
+
+std::string readFileMaybeGz(const std::string& path, size_t maxBytes) {
+    std::error_code ec;
+    if (!fs::exists(path, ec)) throw DataError("data file " + path + " does not exist");
+    if (fs::is_directory(path, ec)) throw DataError("data file " + path + " is a directory");
+    // gzread passes plain files through unchanged, so one reader serves both.
+    gzFile f = gzopen(path.c_str(), "rb");
+    if (!f) throw DataError("cannot open data file " + path + ": " + std::strerror(errno));
+    gzbuffer(f, 1 << 17);
+    std::string out;
+    char buf[1 << 16];
+    for (;;) {
+        const int n = gzread(f, buf, sizeof buf);
+        if (n < 0) {
+            int errnum = 0;
+            std::string msg = gzerror(f, &errnum);
+            gzclose(f);
+            throw DataError("data file " + path + " is corrupt: " + msg);
+        }
+        if (n == 0) break;
+        out.append(buf, static_cast<size_t>(n));
+        if (out.size() > maxBytes) {
+            gzclose(f);
+            throw DataError("data file " + path + " is larger than " + std::to_string(maxBytes >> 20) + " MiB");
+        }
+    }
+    // A truncated .gz stream reads as a short file; zlib reports it only here.
+    int errnum = 0;
+    const char* msg = gzerror(f, &errnum);
+    if (errnum != Z_OK && errnum != Z_STREAM_END) {
+        std::string m = msg ? msg : "read error";
+        gzclose(f);
+        throw DataError("data file " + path + " is corrupt: " + m);
+    }
+    gzclose(f);
+    return out;
+}
+
+RawSet makeSpirals(int64_t perClass, int64_t classes, uint64_t seed) {
+    RawSet s;
+    s.shape = {2};
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<double> noise(0.0, 0.2);
+    for (int64_t c = 0; c < classes; ++c) {
+        s.classNames.push_back("arm " + std::to_string(c));
+        for (int64_t i = 0; i < perClass; ++i) {
+            const double r = static_cast<double>(i) / static_cast<double>(perClass);
+            const double t = c * 2.0 * M_PI / static_cast<double>(classes) + 4.0 * r + noise(rng) * 0.5;
+            s.x.push_back(static_cast<float>(r * std::sin(t) * 2.0));
+            s.x.push_back(static_cast<float>(r * std::cos(t) * 2.0));
+            s.y.push_back(c);
+        }
+    }
+    return s;
+}
+
+std::string findResource(const std::string& relative) {
+    std::vector<fs::path> roots;
+    if (const char* env = std::getenv("LATHE_RESOURCES"); env && *env) roots.emplace_back(env);
+    char exe[4096];
+    const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        roots.push_back(fs::path(exe).parent_path().parent_path() / "share" / "lathe");
+    }
+#ifdef LATHE_SOURCE_RESOURCES
+    roots.emplace_back(LATHE_SOURCE_RESOURCES);
+#endif
+    std::string tried;
+    for (const auto& r : roots) {
+        const auto p = r / relative;
+        std::error_code ec;
+        if (fs::exists(p, ec)) return p.string();
+        tried += (tried.empty() ? "" : ", ") + p.string();
+    }
+    throw DataError("built-in resource " + relative + " not found (looked in " + tried +
+                    "); set LATHE_RESOURCES to the resources folder");
+}
+
+}  // namespace lathe::core::data
+
+// ---- splitting ------------------------------------------------------------------------------
+#include <algorithm>
+#include <numeric>
+
+#include "lathe/core/datasets.h"
+#include "lathe/core/run_spec.h"
+
+namespace lathe::core::data {
+namespace {
+
+int64_t sampleSize(const RawSet& s) {
+    return std::accumulate(s.shape.begin(), s.shape.end(), int64_t{1}, std::multiplies<int64_t>());
+}
+
+RawSet take(const RawSet& s, const std::vector<int64_t>& idx, size_t from, size_t to) {
+    RawSet out;
+    out.shape = s.shape;
+    out.classNames = s.classNames;
+    const int64_t d = sampleSize(s);
+    out.x.reserve((to - from) * static_cast<size_t>(d));
+    for (size_t i = from; i < to; ++i) {
+        const auto j = static_cast<size_t>(idx[i]);
+        out.x.insert(out.x.end(), s.x.begin() + j * d, s.x.begin() + (j + 1) * d);
+        out.y.push_back(s.y[j]);
+    }
+    return out;
+}
+
+void standardise(SplitSet& sp) {
+    const int64_t d = sampleSize(sp.train);
+    const int64_t n = sp.train.size();
+    std::vector<double> mean(d, 0.0), var(d, 0.0);
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t k = 0; k < d; ++k) mean[k] += sp.train.x[i * d + k];
+    for (auto& m : mean) m /= static_cast<double>(n);
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t k = 0; k < d; ++k) {
+            const double t = sp.train.x[i * d + k] - mean[k];
+            var[k] += t * t;
+        }
+    for (auto* set : {&sp.train, &sp.val}) {
+        for (int64_t i = 0; i < set->size(); ++i)
+            for (int64_t k = 0; k < d; ++k) {
+                const double sd = std::sqrt(var[k] / static_cast<double>(n));
+                auto& v = set->x[i * d + k];
+                v = static_cast<float>((v - mean[k]) / (sd > 1e-12 ? sd : 1.0));
+            }
+    }
+}
+
+}  // namespace
+
+SplitSet loadSplit(const RunSpec& spec) {
+    RawSet all;
+    const std::string& name = spec.data;
+    if (name == "digits") {
+        const auto path = findResource("data/digits.csv.gz");
+        all = parseDigits(readFileMaybeGz(path, 64u << 20), path);
+    } else if (name == "synthetic:spirals") {
+        all = makeSpirals(500, 3, static_cast<uint64_t>(spec.seed));
+    } else if (name.rfind("csv:", 0) == 0) {
+        const auto path = name.substr(4);
+        all = parseCsv(readFileMaybeGz(path), spec.labelColumn, path);
+    } else if (name.rfind("idx:", 0) == 0) {
+        auto pair = readIdxDir(name.substr(4));
+        if (pair.test.size() > 0) {
+            SplitSet sp{std::move(pair.train), std::move(pair.test)};
+            sp.val.classNames = sp.train.classNames;
+            return sp;
+        }
+        all = std::move(pair.train);
+    } else {
+        throw DataError("unknown data set '" + name + "' (use digits, synthetic:spirals, csv:PATH or idx:DIR)");
+    }
+    const auto n = static_cast<size_t>(all.size());
+    if (n < 2) throw DataError("data set " + name + " has " + std::to_string(n) + " samples; at least 2 are needed");
+    std::vector<int64_t> idx(n);
+    std::iota(idx.begin(), idx.end(), 0);
+    // A fixed generator, not LibTorch's: the split must not change with the LibTorch version.
+    std::mt19937_64 rng(static_cast<uint64_t>(spec.seed) ^ 0x9E3779B97F4A7C15ull);
+    std::shuffle(idx.begin(), idx.end(), rng);
+    size_t nVal = static_cast<size_t>(std::llround(spec.valSplit * static_cast<double>(n)));
+    nVal = std::clamp<size_t>(nVal, 1, n - 1);
+    SplitSet sp{take(all, idx, nVal, n), take(all, idx, 0, nVal)};
+    if (name.rfind("csv:", 0) == 0) standardise(sp);
+    return sp;
+}
+
+}  // namespace lathe::core::data
+
+namespace lathe::core {
+
+DatasetSummary describeDataset(const RunSpec& spec) {
+    const auto sp = data::loadSplit(spec);
+    DatasetSummary s;
+    s.name = spec.data;
+    s.trainSize = sp.train.size();
+    s.valSize = sp.val.size();
+    s.sampleShape = sp.train.shape;
+    s.classNames = sp.train.classNames;
+    return s;
+}
+
+}  // namespace lathe::core

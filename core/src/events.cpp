@@ -1,0 +1,200 @@
+#include "lathe/core/events.h"
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <istream>
+#include <nlohmann/json.hpp>
+
+#include "lathe/core/error.h"
+
+namespace lathe::core {
+
+using nlohmann::json;
+
+Event Event::metric(std::string key, int64_t step, double value) {
+    Event e;
+    e.type = Type::Metric;
+    e.wallTime = nowSeconds();
+    e.key = std::move(key);
+    e.step = step;
+    e.value = value;
+    return e;
+}
+
+Event Event::log(std::string level, std::string text) {
+    Event e;
+    e.type = Type::Log;
+    e.wallTime = nowSeconds();
+    e.level = std::move(level);
+    e.text = std::move(text);
+    return e;
+}
+
+Event Event::status(std::string status) {
+    Event e;
+    e.type = Type::Status;
+    e.wallTime = nowSeconds();
+    e.text = std::move(status);
+    return e;
+}
+
+Event Event::error(std::string message) {
+    Event e;
+    e.type = Type::Error;
+    e.wallTime = nowSeconds();
+    e.text = std::move(message);
+    return e;
+}
+
+Event Event::checkpoint(std::string path, std::string sha256, int64_t step, int64_t epoch) {
+    Event e;
+    e.type = Type::Checkpoint;
+    e.wallTime = nowSeconds();
+    e.text = std::move(path);
+    e.sha256 = std::move(sha256);
+    e.step = step;
+    e.value = static_cast<double>(epoch);
+    return e;
+}
+
+double nowSeconds() {
+    using namespace std::chrono;
+    return duration<double>(system_clock::now().time_since_epoch()).count();
+}
+
+const char* typeName(Event::Type t) {
+    switch (t) {
+        case Event::Type::Metric: return "metric";
+        case Event::Type::Log: return "log";
+        case Event::Type::Status: return "status";
+        case Event::Type::Checkpoint: return "checkpoint";
+        case Event::Type::Error: return "error";
+    }
+    return "?";
+}
+
+std::string encodeEvent(const Event& e) {
+    json j;
+    j["v"] = kEventStreamVersion;
+    j["type"] = typeName(e.type);
+    j["t"] = e.wallTime;
+    if (e.rank != 0) j["rank"] = e.rank;
+    switch (e.type) {
+        case Event::Type::Metric:
+            j["key"] = e.key;
+            j["step"] = e.step;
+            // JSON has no inf/NaN: a diverged loss is still worth recording, as a string.
+            if (std::isfinite(e.value))
+                j["value"] = e.value;
+            else
+                j["value"] = std::isnan(e.value) ? "nan" : (e.value > 0 ? "inf" : "-inf");
+            break;
+        case Event::Type::Log:
+            j["level"] = e.level;
+            j["msg"] = e.text;
+            break;
+        case Event::Type::Status:
+            j["status"] = e.text;
+            if (e.step) j["step"] = e.step;
+            if (e.value > 0) j["total_steps"] = static_cast<int64_t>(e.value);
+            break;
+        case Event::Type::Error: j["msg"] = e.text; break;
+        case Event::Type::Checkpoint:
+            j["path"] = e.text;
+            j["sha256"] = e.sha256;
+            j["step"] = e.step;
+            j["epoch"] = static_cast<int64_t>(e.value);
+            break;
+    }
+    return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+namespace {
+
+template <typename T>
+T field(const json& j, const char* name) {
+    auto it = j.find(name);
+    if (it == j.end()) throw EventStreamError(std::string("missing field \"") + name + "\"");
+    try {
+        return it->get<T>();
+    } catch (const json::exception&) {
+        throw EventStreamError(std::string("field \"") + name + "\" has the wrong type");
+    }
+}
+
+double numberOrSpecial(const json& v) {
+    if (v.is_number()) return v.get<double>();
+    if (v.is_string()) {
+        const auto s = v.get<std::string>();
+        if (s == "nan") return std::numeric_limits<double>::quiet_NaN();
+        if (s == "inf") return std::numeric_limits<double>::infinity();
+        if (s == "-inf") return -std::numeric_limits<double>::infinity();
+    }
+    throw EventStreamError("field \"value\" is not a number");
+}
+
+}  // namespace
+
+Event decodeEvent(const std::string& line) {
+    json j;
+    try {
+        j = json::parse(line);
+    } catch (const json::parse_error& ex) {
+        throw EventStreamError(std::string("not JSON: ") + ex.what());
+    }
+    if (!j.is_object()) throw EventStreamError("record is not a JSON object");
+    const int v = field<int>(j, "v");
+    if (v > kEventStreamVersion || v < 1)
+        throw EventStreamError("event stream version " + std::to_string(v) +
+                               " is not supported by this Lathe (it reads version " +
+                               std::to_string(kEventStreamVersion) + "); upgrade Lathe");
+    Event e;
+    const auto type = field<std::string>(j, "type");
+    e.wallTime = j.value("t", 0.0);
+    e.rank = j.value("rank", 0);
+    if (type == "metric") {
+        e.type = Event::Type::Metric;
+        e.key = field<std::string>(j, "key");
+        e.step = field<int64_t>(j, "step");
+        if (!j.contains("value")) throw EventStreamError("missing field \"value\"");
+        e.value = numberOrSpecial(j["value"]);
+    } else if (type == "log") {
+        e.type = Event::Type::Log;
+        e.level = j.value("level", "info");
+        e.text = field<std::string>(j, "msg");
+    } else if (type == "status") {
+        e.type = Event::Type::Status;
+        e.text = field<std::string>(j, "status");
+        e.step = j.value("step", int64_t{0});
+        e.value = static_cast<double>(j.value("total_steps", int64_t{0}));
+    } else if (type == "error") {
+        e.type = Event::Type::Error;
+        e.text = field<std::string>(j, "msg");
+    } else if (type == "checkpoint") {
+        e.type = Event::Type::Checkpoint;
+        e.text = field<std::string>(j, "path");
+        e.sha256 = j.value("sha256", "");
+        e.step = j.value("step", int64_t{0});
+        e.value = static_cast<double>(j.value("epoch", int64_t{0}));
+    } else {
+        throw EventStreamError("unknown record type \"" + type + "\"");
+    }
+    return e;
+}
+
+void readEventStream(std::istream& in, const EventSink& sink) {
+    std::string line;
+    int64_t lineNo = 0;
+    while (std::getline(in, line)) {
+        ++lineNo;
+        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+        try {
+            sink(decodeEvent(line));
+        } catch (const EventStreamError& ex) {
+            throw EventStreamError("event stream line " + std::to_string(lineNo) + ": " + ex.what());
+        }
+    }
+}
+
+}  // namespace lathe::core

@@ -1,0 +1,87 @@
+// Ties a training run to the workspace: the store records every event of the stream.
+#include <filesystem>
+
+#include "lathe/core/checkpoint.h"
+#include "lathe/core/error.h"
+#include "lathe/core/store.h"
+#include "lathe/core/training.h"
+
+namespace lathe::core {
+
+void recordEvent(Store& store, int64_t runId, const Event& e) {
+    switch (e.type) {
+        case Event::Type::Metric: store.appendMetric(runId, e.key, e.step, e.wallTime, e.value); break;
+        case Event::Type::Log: store.appendLog(runId, e.wallTime, e.level.empty() ? "info" : e.level, e.text); break;
+        case Event::Type::Status: store.setRunStatus(runId, e.text); break;
+        case Event::Type::Error:
+            store.appendLog(runId, e.wallTime, "error", e.text);
+            store.setRunStatus(runId, "failed", e.text);
+            break;
+        case Event::Type::Checkpoint:
+            store.addArtifact(runId, "checkpoint", e.text, e.sha256);
+            store.appendLog(runId, e.wallTime, "info",
+                            "checkpoint after epoch " + std::to_string(static_cast<int64_t>(e.value)) + " (step " +
+                                std::to_string(e.step) + "): " + e.text);
+            break;
+    }
+}
+
+RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOptions& options, const EventSink& observer) {
+    validateOrThrow(spec);
+    RecordedRun rec;
+    TrainOptions topts;
+    int64_t resumeStep = -1;
+    topts.stop = options.stop;
+    if (options.resumeRunId > 0) {
+        const auto run = store.run(options.resumeRunId);
+        if (!run) throw ConfigError("cannot resume: no run " + std::to_string(options.resumeRunId) + " in " + store.path());
+        std::string ckpt;
+        for (const auto& a : store.artifacts(run->id))
+            if (a.kind == "checkpoint") ckpt = a.path;
+        if (ckpt.empty())
+            throw ConfigError("cannot resume run " + std::to_string(run->id) +
+                              ": it has no checkpoint (it stopped before its first epoch ended)");
+        // Verify before touching the run: a corrupt checkpoint must not cost the recorded history.
+        const auto info = readCheckpointInfo(ckpt);
+        rec.runId = run->id;
+        topts.resumeFrom = ckpt;
+        resumeStep = info.step;
+        store.setRunStatus(rec.runId, "running");
+    } else {
+        rec.runId = store.createRun(spec.experiment, spec.name, spec.model, spec.data, toToml(spec), specParams(spec),
+                                    options.host);
+        store.setRunStatus(rec.runId, "running");
+    }
+    topts.checkpointDir = store.artifactDir(rec.runId);
+
+    const EventSink sink = [&](const Event& e) {
+        // Points after the checkpoint are replayed by the resumed run: drop the old ones once
+        // the trainer has loaded the checkpoint (it then reports "running"), not before, so a
+        // resume that fails early loses nothing.
+        if (resumeStep >= 0 && e.type == Event::Type::Status && e.text == "running") {
+            store.dropMetricsAfter(rec.runId, resumeStep);
+            resumeStep = -1;
+        }
+        recordEvent(store, rec.runId, e);
+        if (observer) observer(e);
+    };
+    auto fail = [&](const std::string& message) {
+        rec.result.status = "failed";
+        rec.result.error = message;
+        sink(Event::error(message));
+    };
+    try {
+        rec.result = train(spec, topts, sink);
+    } catch (const Error& ex) {
+        fail(ex.what());
+    } catch (const std::exception& ex) {
+        fail(std::string("internal error: ") + ex.what());
+    }
+    store.setRunStatus(rec.runId, rec.result.status, rec.result.error);
+    store.flush();
+    // A resumed run's final metrics include those recorded before it was interrupted.
+    for (const auto& [k, v] : store.lastMetrics(rec.runId)) rec.result.finalMetrics.emplace(k, v);
+    return rec;
+}
+
+}  // namespace lathe::core

@@ -1,0 +1,337 @@
+#include "lathe/core/run_spec.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "lathe/core/error.h"
+
+namespace lathe::core {
+namespace {
+
+struct KeyDef {
+    SpecKey info;
+    std::function<std::string(const RunSpec&)> get;
+    std::function<void(RunSpec&, const std::string&)> set;  // throws ConfigError("`key` ...")
+};
+
+std::string quoteKey(const std::string& k) { return "`" + k + "`"; }
+
+std::string fmtDouble(double v) {
+    char buf[64];
+    if (v == std::floor(v) && std::fabs(v) < 1e15) {
+        std::snprintf(buf, sizeof buf, "%.0f", v);
+        return buf;
+    }
+    std::snprintf(buf, sizeof buf, "%.17g", v);
+    // Prefer the shortest text that reads back to the same double (0.001, not 0.0010000000000000000208).
+    for (int prec = 1; prec <= 17; ++prec) {
+        char shortBuf[64];
+        std::snprintf(shortBuf, sizeof shortBuf, "%.*g", prec, v);
+        if (std::strtod(shortBuf, nullptr) == v) return shortBuf;
+    }
+    return buf;
+}
+
+int64_t parseInt(const std::string& key, const std::string& text, int64_t lo, int64_t hi) {
+    const std::string range = "an integer from " + std::to_string(lo) + " to " + std::to_string(hi);
+    if (text.empty()) throw ConfigError(quoteKey(key) + " must be " + range + " (got nothing)");
+    errno = 0;
+    char* end = nullptr;
+    const long long v = std::strtoll(text.c_str(), &end, 10);
+    if (errno != 0 || end == text.c_str() || *end != '\0')
+        throw ConfigError(quoteKey(key) + " must be " + range + " (got '" + text + "')");
+    if (v < lo || v > hi) throw ConfigError(quoteKey(key) + " must be " + range + " (got " + text + ")");
+    return v;
+}
+
+// A float within bounds; `loOpen`/`hiOpen` say whether the bound itself is excluded.
+double parseFloat(const std::string& key, const std::string& text, double lo, bool loOpen, double hi,
+                  bool hiOpen) {
+    std::string range = "a number ";
+    range += loOpen ? "> " : ">= ";
+    range += fmtDouble(lo);
+    if (std::isfinite(hi)) range += std::string(hiOpen ? " and < " : " and <= ") + fmtDouble(hi);
+    if (text.empty()) throw ConfigError(quoteKey(key) + " must be " + range + " (got nothing)");
+    errno = 0;
+    char* end = nullptr;
+    const double v = std::strtod(text.c_str(), &end);
+    if (errno != 0 || end == text.c_str() || *end != '\0' || !std::isfinite(v))
+        throw ConfigError(quoteKey(key) + " must be " + range + " (got '" + text + "')");
+    const bool below = loOpen ? !(v > lo) : !(v >= lo);
+    const bool above = hiOpen ? !(v < hi) : !(v <= hi);
+    if (below || above) throw ConfigError(quoteKey(key) + " must be " + range + " (got " + text + ")");
+    return v;
+}
+
+std::string parseChoice(const std::string& key, const std::string& text, const std::vector<std::string>& choices) {
+    for (const auto& c : choices)
+        if (c == text) return text;
+    std::string list;
+    for (const auto& c : choices) list += (list.empty() ? "" : ", ") + c;
+    throw ConfigError(quoteKey(key) + " must be one of " + list + " (got '" + text + "')");
+}
+
+std::string checkData(const std::string& text) {
+    if (text == "digits" || text == "synthetic:spirals") return text;
+    auto hasPrefix = [&](const char* p) { return text.rfind(p, 0) == 0; };
+    if ((hasPrefix("csv:") || hasPrefix("idx:")) && text.size() > 4) return text;
+    throw ConfigError("`data` must be digits, synthetic:spirals, csv:PATH or idx:DIR (got '" + text + "')");
+}
+
+std::vector<int64_t> parseIntList(const std::string& key, const std::string& text) {
+    std::vector<int64_t> out;
+    std::string item;
+    std::stringstream ss(text);
+    while (std::getline(ss, item, ',')) {
+        const auto b = item.find_first_not_of(" \t[");
+        const auto e = item.find_last_not_of(" \t]");
+        item = b == std::string::npos ? std::string() : item.substr(b, e - b + 1);
+        out.push_back(parseInt(key, item, 1, 65536));
+    }
+    if (out.empty() || out.size() > 16)
+        throw ConfigError(quoteKey(key) + " must list 1 to 16 layer widths, e.g. 128,128 (got '" + text + "')");
+    return out;
+}
+
+const std::vector<KeyDef>& keyDefs() {
+    static const std::vector<KeyDef> defs = [] {
+        std::vector<KeyDef> d;
+        auto str = [&](const char* name, const char* help, std::string RunSpec::*m, bool allowEmpty) {
+            d.push_back({{name, "string", help, {}},
+                         [m](const RunSpec& s) { return s.*m; },
+                         [m, name, allowEmpty](RunSpec& s, const std::string& v) {
+                             if (!allowEmpty && v.empty()) throw ConfigError(quoteKey(name) + " must not be empty");
+                             if (v.size() > 4096) throw ConfigError(quoteKey(name) + " is too long (max 4096 characters)");
+                             s.*m = v;
+                         }});
+        };
+        auto choice = [&](const char* name, const char* help, std::string RunSpec::*m, std::vector<std::string> cs) {
+            d.push_back({{name, "choice", help, cs},
+                         [m](const RunSpec& s) { return s.*m; },
+                         [m, name, cs](RunSpec& s, const std::string& v) { s.*m = parseChoice(name, v, cs); }});
+        };
+        auto integer = [&](const char* name, const char* help, int64_t RunSpec::*m, int64_t lo, int64_t hi) {
+            d.push_back({{name, "int", help, {}},
+                         [m](const RunSpec& s) { return std::to_string(s.*m); },
+                         [m, name, lo, hi](RunSpec& s, const std::string& v) { s.*m = parseInt(name, v, lo, hi); }});
+        };
+        auto real = [&](const char* name, const char* help, double RunSpec::*m, double lo, bool loOpen, double hi,
+                        bool hiOpen) {
+            d.push_back({{name, "float", help, {}},
+                         [m](const RunSpec& s) { return fmtDouble(s.*m); },
+                         [=](RunSpec& s, const std::string& v) { s.*m = parseFloat(name, v, lo, loOpen, hi, hiOpen); }});
+        };
+        const double inf = HUGE_VAL;
+        str("name", "run name (free text; empty = generated)", &RunSpec::name, true);
+        str("experiment", "experiment the run belongs to (non-empty)", &RunSpec::experiment, false);
+        choice("model", "model from the zoo: mlp or cnn", &RunSpec::model, {"mlp", "cnn"});
+        d.push_back({{"hidden", "int-list", "mlp hidden layer widths, 1 to 16 values of 1..65536, e.g. 128,128", {}},
+                     [](const RunSpec& s) {
+                         std::string out;
+                         for (auto w : s.hidden) out += (out.empty() ? "" : ",") + std::to_string(w);
+                         return out;
+                     },
+                     [](RunSpec& s, const std::string& v) { s.hidden = parseIntList("hidden", v); }});
+        d.push_back({{"data", "string", "data set: digits, synthetic:spirals, csv:PATH or idx:DIR", {}},
+                     [](const RunSpec& s) { return s.data; },
+                     [](RunSpec& s, const std::string& v) { s.data = checkData(v); }});
+        str("label_column", "csv data: name of the label column", &RunSpec::labelColumn, false);
+        real("val_split", "share of samples held out for validation, > 0 and < 1", &RunSpec::valSplit, 0, true, 1,
+             true);
+        integer("epochs", "passes over the training data, 1..100000", &RunSpec::epochs, 1, 100000);
+        integer("batch", "samples per step, 1..1000000", &RunSpec::batch, 1, 1000000);
+        real("lr", "peak learning rate, > 0 and <= 10", &RunSpec::lr, 0, true, 10, false);
+        choice("optimizer", "sgd (with momentum), adam or adamw", &RunSpec::optimizer, {"sgd", "adam", "adamw"});
+        real("momentum", "sgd momentum, >= 0 and < 1", &RunSpec::momentum, 0, false, 1, true);
+        real("weight_decay", "L2 (sgd, adam) or decoupled (adamw) weight decay, >= 0 and < 1",
+             &RunSpec::weightDecay, 0, false, 1, true);
+        choice("schedule", "learning-rate schedule: constant, step or cosine", &RunSpec::schedule,
+               {"constant", "step", "cosine"});
+        integer("warmup_steps", "linear warm-up steps from 0 to lr, 0..10000000", &RunSpec::warmupSteps, 0, 10000000);
+        integer("step_epochs", "step schedule: multiply lr by gamma every N epochs, 1..100000", &RunSpec::stepEpochs,
+                1, 100000);
+        real("gamma", "step schedule decay factor, > 0 and <= 1", &RunSpec::gamma, 0, true, 1, false);
+        real("min_lr", "cosine schedule floor, >= 0 and <= lr", &RunSpec::minLr, 0, false, inf, false);
+        real("clip_grad_norm", "clip the global gradient norm to this value, >= 0 (0 = off)", &RunSpec::clipGradNorm,
+             0, false, inf, false);
+        integer("seed", "random seed for initialisation, split and shuffling, 0..2^62", &RunSpec::seed, 0,
+                int64_t{1} << 62);
+        integer("log_every", "record train/loss every N steps, 1..1000000", &RunSpec::logEvery, 1, 1000000);
+        integer("checkpoint_every", "write a checkpoint every N epochs, 0..100000 (0 = only at the end)",
+                &RunSpec::checkpointEvery, 0, 100000);
+        integer("threads", "intra-op CPU threads, 0..1024 (0 = library default)", &RunSpec::threads, 0, 1024);
+        return d;
+    }();
+    return defs;
+}
+
+const KeyDef* findKey(const std::string& key) {
+    for (const auto& d : keyDefs())
+        if (d.info.name == key) return &d;
+    return nullptr;
+}
+
+std::string knownKeys() {
+    std::string out;
+    for (const auto& d : keyDefs()) out += (out.empty() ? "" : ", ") + d.info.name;
+    return out;
+}
+
+// A TOML value as the text form the setters read; type errors name the expected kind.
+std::string tomlValueText(const KeyDef& def, const toml::node& node) {
+    const auto& kind = def.info.kind;
+    const std::string k = quoteKey(def.info.name);
+    if (kind == "int") {
+        if (auto v = node.value_exact<int64_t>()) return std::to_string(*v);
+        throw ConfigError(k + " must be an integer (" + def.info.help + ")");
+    }
+    if (kind == "float") {
+        if (auto v = node.value_exact<double>()) return fmtDouble(*v);
+        if (auto v = node.value_exact<int64_t>()) return std::to_string(*v);
+        throw ConfigError(k + " must be a number (" + def.info.help + ")");
+    }
+    if (kind == "int-list") {
+        if (const auto* arr = node.as_array()) {
+            std::string out;
+            for (const auto& el : *arr) {
+                auto v = el.value_exact<int64_t>();
+                if (!v) throw ConfigError(k + " must be an array of integers, e.g. [128, 128]");
+                out += (out.empty() ? "" : ",") + std::to_string(*v);
+            }
+            return out;
+        }
+        throw ConfigError(k + " must be an array of integers, e.g. [128, 128]");
+    }
+    if (auto v = node.value_exact<std::string>()) return *v;
+    throw ConfigError(k + " must be a string (" + def.info.help + ")");
+}
+
+}  // namespace
+
+const std::vector<SpecKey>& specKeys() {
+    static const std::vector<SpecKey> keys = [] {
+        std::vector<SpecKey> out;
+        for (const auto& d : keyDefs()) out.push_back(d.info);
+        return out;
+    }();
+    return keys;
+}
+
+void setSpecValue(RunSpec& spec, const std::string& key, const std::string& value) {
+    const KeyDef* def = findKey(key);
+    if (!def) throw ConfigError("unknown key " + quoteKey(key) + " (known keys: " + knownKeys() + ")");
+    def->set(spec, value);
+}
+
+std::string checkSpecValue(const std::string& key, const std::string& value) {
+    RunSpec scratch;
+    try {
+        setSpecValue(scratch, key, value);
+    } catch (const ConfigError& ex) {
+        return ex.what();
+    }
+    return {};
+}
+
+std::string specValue(const RunSpec& spec, const std::string& key) {
+    const KeyDef* def = findKey(key);
+    if (!def) throw ConfigError("unknown key " + quoteKey(key));
+    return def->get(spec);
+}
+
+std::map<std::string, std::string> specParams(const RunSpec& spec) {
+    std::map<std::string, std::string> out;
+    for (const auto& d : keyDefs()) out[d.info.name] = d.get(spec);
+    return out;
+}
+
+std::vector<std::string> validate(const RunSpec& spec) {
+    std::vector<std::string> problems;
+    // Every field must pass its own setter (catches values written straight into the struct).
+    for (const auto& d : keyDefs()) {
+        RunSpec scratch;
+        try {
+            d.set(scratch, d.get(spec));
+        } catch (const ConfigError& ex) {
+            problems.push_back(ex.what());
+        }
+    }
+    if (spec.minLr > spec.lr) problems.push_back("`min_lr` must be <= `lr` (" + fmtDouble(spec.minLr) + " > " + fmtDouble(spec.lr) + ")");
+    return problems;
+}
+
+void validateOrThrow(const RunSpec& spec) {
+    const auto problems = validate(spec);
+    if (!problems.empty()) throw ConfigError(problems.front());
+}
+
+RunSpec parseRunSpec(const std::string& tomlText, const std::string& source) {
+    toml::table tbl;
+    try {
+        tbl = toml::parse(tomlText, source);
+    } catch (const toml::parse_error& ex) {
+        throw ConfigError(source + " line " + std::to_string(ex.source().begin.line) + ": " +
+                          std::string(ex.description()));
+    }
+    RunSpec spec;
+    for (const auto& [k, node] : tbl) {
+        const std::string key(k.str());
+        const auto line = std::to_string(node.source().begin.line);
+        const KeyDef* def = findKey(key);
+        if (!def)
+            throw ConfigError(source + " line " + line + ": unknown key " + quoteKey(key) +
+                              " (known keys: " + knownKeys() + ")");
+        try {
+            def->set(spec, tomlValueText(*def, node));
+        } catch (const ConfigError& ex) {
+            throw ConfigError(source + " line " + line + ": " + ex.what());
+        }
+    }
+    const auto problems = validate(spec);
+    if (!problems.empty()) throw ConfigError(source + ": " + problems.front());
+    return spec;
+}
+
+RunSpec loadRunSpec(const std::string& path) {
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) throw ConfigError("cannot read config " + path + ": " + std::strerror(errno));
+    std::string text;
+    char buf[8192];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) {
+        text.append(buf, n);
+        if (text.size() > (1u << 20)) {
+            std::fclose(f);
+            throw ConfigError("config " + path + " is larger than 1 MiB; is it really a run config?");
+        }
+    }
+    std::fclose(f);
+    return parseRunSpec(text, path);
+}
+
+std::string toToml(const RunSpec& spec) {
+    std::ostringstream out;
+    out << "# Lathe run configuration\n";
+    for (const auto& d : keyDefs()) {
+        const std::string v = d.get(spec);
+        out << d.info.name << " = ";
+        if (d.info.kind == "int" || d.info.kind == "float") {
+            out << v;
+            if (d.info.kind == "float" && v.find_first_of(".eEn") == std::string::npos) out << ".0";
+        } else if (d.info.kind == "int-list") {
+            out << "[" << v << "]";
+        } else {
+            out << toml::value<std::string>(v);
+        }
+        out << "\n";
+    }
+    return out.str();
+}
+
+}  // namespace lathe::core

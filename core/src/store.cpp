@@ -1,0 +1,596 @@
+#include "lathe/core/store.h"
+
+#include <sqlite3.h>
+#include <sys/stat.h>
+
+#include <cmath>
+#include <condition_variable>
+#include <limits>
+#include <cstdlib>
+#include <deque>
+#include <exception>
+#include <filesystem>
+#include <future>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "lathe/core/error.h"
+#include "lathe/core/events.h"
+
+namespace fs = std::filesystem;
+
+namespace lathe::core {
+namespace {
+
+constexpr int kApplicationId = 0x4C415448;  // "LATH": marks a file as a Lathe workspace
+
+// Schema migrations: entry i takes a database from version i to i + 1.
+const char* const kMigrations[] = {
+    R"sql(
+CREATE TABLE experiments(
+  id INTEGER PRIMARY KEY,
+  name TEXT NOT NULL UNIQUE,
+  created_at REAL NOT NULL);
+CREATE TABLE runs(
+  id INTEGER PRIMARY KEY,
+  experiment_id INTEGER NOT NULL REFERENCES experiments(id),
+  name TEXT NOT NULL,
+  status TEXT NOT NULL,
+  model TEXT NOT NULL DEFAULT '',
+  data TEXT NOT NULL DEFAULT '',
+  config TEXT NOT NULL,
+  host TEXT NOT NULL DEFAULT '',
+  error TEXT,
+  created_at REAL NOT NULL,
+  started_at REAL,
+  ended_at REAL);
+CREATE TABLE params(
+  run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+  key TEXT NOT NULL,
+  value TEXT NOT NULL,
+  PRIMARY KEY(run_id, key));
+CREATE TABLE metric_keys(
+  id INTEGER PRIMARY KEY,
+  run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+  key TEXT NOT NULL,
+  UNIQUE(run_id, key));
+CREATE TABLE metrics(
+  key_id INTEGER NOT NULL REFERENCES metric_keys(id) ON DELETE CASCADE,
+  step INTEGER NOT NULL,
+  wall_time REAL NOT NULL,
+  value REAL);
+CREATE INDEX metrics_by_key_step ON metrics(key_id, step);
+CREATE VIEW metric_points AS
+  SELECT k.run_id AS run_id, k.key AS key, m.step AS step, m.wall_time AS wall_time, m.value AS value
+  FROM metrics m JOIN metric_keys k ON k.id = m.key_id;
+CREATE TABLE events(
+  id INTEGER PRIMARY KEY,
+  run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+  wall_time REAL NOT NULL,
+  level TEXT NOT NULL,
+  text TEXT NOT NULL);
+CREATE INDEX events_by_run ON events(run_id, id);
+CREATE TABLE artifacts(
+  id INTEGER PRIMARY KEY,
+  run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+  kind TEXT NOT NULL,
+  path TEXT NOT NULL,
+  sha256 TEXT NOT NULL,
+  created_at REAL NOT NULL);
+)sql",
+};
+constexpr int kLatestSchema = static_cast<int>(sizeof(kMigrations) / sizeof(kMigrations[0]));
+static_assert(kLatestSchema == Store::kSchemaVersion, "add a migration when bumping the schema version");
+
+class Stmt {
+public:
+    Stmt(sqlite3* db, const char* sql) : m_db(db) {
+        if (sqlite3_prepare_v2(db, sql, -1, &m_stmt, nullptr) != SQLITE_OK)
+            throw StoreError(std::string("SQL prepare failed: ") + sqlite3_errmsg(db));
+    }
+    ~Stmt() { sqlite3_finalize(m_stmt); }
+    Stmt(const Stmt&) = delete;
+    Stmt& operator=(const Stmt&) = delete;
+
+    Stmt& bind(int i, int64_t v) { return check(sqlite3_bind_int64(m_stmt, i, v)); }
+    Stmt& bind(int i, double v) { return check(sqlite3_bind_double(m_stmt, i, v)); }
+    Stmt& bind(int i, const std::string& v) {
+        return check(sqlite3_bind_text(m_stmt, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT));
+    }
+    Stmt& bindNull(int i) { return check(sqlite3_bind_null(m_stmt, i)); }
+    /// true while there is a row.
+    bool step() {
+        const int rc = sqlite3_step(m_stmt);
+        if (rc == SQLITE_ROW) return true;
+        if (rc == SQLITE_DONE) return false;
+        throw StoreError(std::string("SQL failed: ") + sqlite3_errmsg(m_db));
+    }
+    void run() {
+        step();
+        reset();
+    }
+    void reset() {
+        sqlite3_reset(m_stmt);
+        sqlite3_clear_bindings(m_stmt);
+    }
+    int64_t i64(int c) const { return sqlite3_column_int64(m_stmt, c); }
+    double f64(int c) const { return sqlite3_column_double(m_stmt, c); }
+    bool isNull(int c) const { return sqlite3_column_type(m_stmt, c) == SQLITE_NULL; }
+    std::string text(int c) const {
+        const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(m_stmt, c));
+        return p ? std::string(p, sqlite3_column_bytes(m_stmt, c)) : std::string();
+    }
+
+private:
+    Stmt& check(int rc) {
+        if (rc != SQLITE_OK) throw StoreError(std::string("SQL bind failed: ") + sqlite3_errmsg(m_db));
+        return *this;
+    }
+    sqlite3* m_db;
+    sqlite3_stmt* m_stmt = nullptr;
+};
+
+void exec(sqlite3* db, const char* sql) {
+    char* err = nullptr;
+    if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+        std::string msg = err ? err : sqlite3_errmsg(db);
+        sqlite3_free(err);
+        throw StoreError(msg);
+    }
+}
+
+struct WriteOp {
+    enum class Kind { CreateRun, Status, Metric, Log, Artifact, DropMetrics, Flush } kind;
+    int64_t run = 0;
+    std::string a, b, c, d, e, f;  // meaning per kind
+    int64_t step = 0;
+    double t = 0, value = 0;
+    std::map<std::string, std::string> params;
+    std::shared_ptr<std::promise<int64_t>> reply;
+};
+
+}  // namespace
+
+struct Store::Impl {
+    std::string path;
+    int schema = 0;
+    sqlite3* writeDb = nullptr;
+    sqlite3* readDb = nullptr;
+    mutable std::mutex readMutex;
+
+    std::mutex queueMutex;
+    std::condition_variable queueCv;
+    std::deque<WriteOp> queue;
+    bool stopping = false;
+    std::exception_ptr writerError;
+    std::thread writer;
+    // Writer-thread state: metric key ids, so each point is one insert.
+    std::unordered_map<std::string, int64_t> keyIds;
+    std::unique_ptr<Stmt> insertMetric, insertLog;
+
+    ~Impl() {
+        if (writer.joinable()) {
+            {
+                std::lock_guard<std::mutex> lk(queueMutex);
+                stopping = true;
+            }
+            queueCv.notify_all();
+            writer.join();
+        }
+        insertMetric.reset();
+        insertLog.reset();
+        if (readDb) sqlite3_close_v2(readDb);
+        if (writeDb) sqlite3_close_v2(writeDb);
+    }
+
+    void open();
+    void migrate();
+    void writerLoop();
+    int64_t apply(const WriteOp& op);
+    int64_t keyId(int64_t run, const std::string& key);
+    void enqueue(WriteOp op) {
+        {
+            std::lock_guard<std::mutex> lk(queueMutex);
+            queue.push_back(std::move(op));
+        }
+        queueCv.notify_one();
+    }
+    int64_t enqueueAndWait(WriteOp op) {
+        auto reply = std::make_shared<std::promise<int64_t>>();
+        auto fut = reply->get_future();
+        op.reply = reply;
+        enqueue(std::move(op));
+        return fut.get();
+    }
+};
+
+void Store::Impl::open() {
+    std::error_code ec;
+    const bool exists = fs::exists(path, ec);
+    if (exists && fs::is_directory(path, ec))
+        throw StoreError(path + " is a directory, not a Lathe workspace file; pass a file path with --db");
+    if (!exists) {
+        const auto parent = fs::path(path).parent_path();
+        if (!parent.empty()) {
+            fs::create_directories(parent, ec);
+            if (ec) throw StoreError("cannot create workspace directory " + parent.string() + ": " + ec.message());
+        }
+    }
+    const int flags = SQLITE_OPEN_READWRITE | (exists ? 0 : SQLITE_OPEN_CREATE) | SQLITE_OPEN_NOMUTEX;
+    if (sqlite3_open_v2(path.c_str(), &writeDb, flags, nullptr) != SQLITE_OK) {
+        std::string msg = writeDb ? sqlite3_errmsg(writeDb) : "out of memory";
+        throw StoreError("cannot open workspace " + path + ": " + msg);
+    }
+    sqlite3_busy_timeout(writeDb, 5000);
+
+    // Inspect before changing anything: a foreign or newer file must be left exactly as it is,
+    // so the journal mode is only switched to WAL once the file is known to be ours.
+    int appId = 0, version = 0, tables = 0;
+    try {
+        {
+            Stmt s(writeDb, "PRAGMA application_id");
+            if (s.step()) appId = static_cast<int>(s.i64(0));
+        }
+        {
+            Stmt s(writeDb, "PRAGMA user_version");
+            if (s.step()) version = static_cast<int>(s.i64(0));
+        }
+        {
+            Stmt s(writeDb, "SELECT count(*) FROM sqlite_master");
+            if (s.step()) tables = static_cast<int>(s.i64(0));
+        }
+    } catch (const StoreError& ex) {
+        throw StoreError(path + " is not a Lathe workspace (" + ex.what() +
+                         "); choose another file with --db or LATHE_DB");
+    }
+    if (appId != kApplicationId && !(appId == 0 && tables == 0))
+        throw StoreError(path + " is not a Lathe workspace (an SQLite database of another program); "
+                         "choose another file with --db or LATHE_DB");
+    if (version > kLatestSchema)
+        throw StoreError(path + " has workspace schema version " + std::to_string(version) +
+                         ", newer than this Lathe understands (" + std::to_string(kLatestSchema) +
+                         "); upgrade Lathe to open it");
+    schema = version;
+
+    exec(writeDb, "PRAGMA journal_mode=WAL");
+    exec(writeDb, "PRAGMA synchronous=NORMAL");
+    exec(writeDb, "PRAGMA foreign_keys=ON");
+    migrate();
+
+    if (sqlite3_open_v2(path.c_str(), &readDb, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, nullptr) != SQLITE_OK)
+        throw StoreError("cannot open workspace " + path + " for reading: " + sqlite3_errmsg(readDb));
+    sqlite3_busy_timeout(readDb, 5000);
+    exec(readDb, "PRAGMA query_only=ON");
+}
+
+void Store::Impl::migrate() {
+    while (schema < kLatestSchema) {
+        exec(writeDb, "BEGIN IMMEDIATE");
+        try {
+            exec(writeDb, kMigrations[schema]);
+            const std::string set = "PRAGMA application_id=" + std::to_string(kApplicationId) +
+                                    "; PRAGMA user_version=" + std::to_string(schema + 1);
+            exec(writeDb, set.c_str());
+            exec(writeDb, "COMMIT");
+        } catch (const StoreError& ex) {
+            exec(writeDb, "ROLLBACK");
+            throw StoreError("migrating workspace " + path + " to schema " + std::to_string(schema + 1) +
+                             " failed: " + ex.what());
+        }
+        ++schema;
+    }
+}
+
+int64_t Store::Impl::keyId(int64_t run, const std::string& key) {
+    const std::string cacheKey = std::to_string(run) + '\x1f' + key;
+    auto it = keyIds.find(cacheKey);
+    if (it != keyIds.end()) return it->second;
+    Stmt insert(writeDb, "INSERT OR IGNORE INTO metric_keys(run_id, key) VALUES(?, ?)");
+    insert.bind(1, run).bind(2, key).run();
+    Stmt select(writeDb, "SELECT id FROM metric_keys WHERE run_id = ? AND key = ?");
+    select.bind(1, run).bind(2, key);
+    if (!select.step()) throw StoreError("metric key lookup failed");
+    const int64_t id = select.i64(0);
+    keyIds.emplace(cacheKey, id);
+    return id;
+}
+
+int64_t Store::Impl::apply(const WriteOp& op) {
+    // Statements that run per metric point are prepared once for the writer's lifetime.
+    if (!insertMetric) {
+        insertMetric = std::make_unique<Stmt>(writeDb, "INSERT INTO metrics(key_id, step, wall_time, value) VALUES(?,?,?,?)");
+        insertLog = std::make_unique<Stmt>(writeDb, "INSERT INTO events(run_id, wall_time, level, text) VALUES(?,?,?,?)");
+    }
+    switch (op.kind) {
+        case WriteOp::Kind::Metric: {
+            auto& s = *insertMetric;
+            s.bind(1, keyId(op.run, op.a)).bind(2, op.step).bind(3, op.t);
+            if (std::isnan(op.value)) s.bindNull(4); else s.bind(4, op.value);
+            s.run();
+            return 0;
+        }
+        case WriteOp::Kind::Log:
+            insertLog->bind(1, op.run).bind(2, op.t).bind(3, op.a).bind(4, op.b).run();
+            return 0;
+        case WriteOp::Kind::CreateRun: {
+            Stmt e(writeDb, "INSERT OR IGNORE INTO experiments(name, created_at) VALUES(?, ?)");
+            e.bind(1, op.a).bind(2, op.t).run();
+            Stmt r(writeDb,
+                   "INSERT INTO runs(experiment_id, name, status, model, data, config, host, created_at) "
+                   "VALUES((SELECT id FROM experiments WHERE name = ?), ?, 'created', ?, ?, ?, ?, ?)");
+            r.bind(1, op.a).bind(2, op.b).bind(3, op.c).bind(4, op.d).bind(5, op.e).bind(6, op.f).bind(7, op.t).run();
+            const int64_t id = sqlite3_last_insert_rowid(writeDb);
+            if (op.b.empty()) {
+                Stmt n(writeDb, "UPDATE runs SET name = ? WHERE id = ?");
+                n.bind(1, "run-" + std::to_string(id)).bind(2, id).run();
+            }
+            Stmt p(writeDb, "INSERT OR REPLACE INTO params(run_id, key, value) VALUES(?,?,?)");
+            for (const auto& [k, v] : op.params) p.bind(1, id).bind(2, k).bind(3, v).run();
+            return id;
+        }
+        case WriteOp::Kind::Status: {
+            const char* sql =
+                op.a == "running"
+                    ? "UPDATE runs SET status = ?, error = NULLIF(?, ''), started_at = COALESCE(started_at, ?), "
+                      "ended_at = NULL WHERE id = ?"
+                    : "UPDATE runs SET status = ?, error = NULLIF(?, ''), ended_at = ? WHERE id = ?";
+            Stmt s(writeDb, sql);
+            s.bind(1, op.a).bind(2, op.b).bind(3, op.t).bind(4, op.run).run();
+            if (sqlite3_changes(writeDb) == 0) throw StoreError("no run " + std::to_string(op.run));
+            return 0;
+        }
+        case WriteOp::Kind::Artifact: {
+            Stmt s(writeDb, "INSERT INTO artifacts(run_id, kind, path, sha256, created_at) VALUES(?,?,?,?,?)");
+            s.bind(1, op.run).bind(2, op.a).bind(3, op.b).bind(4, op.c).bind(5, op.t).run();
+            return sqlite3_last_insert_rowid(writeDb);
+        }
+        case WriteOp::Kind::DropMetrics: {
+            Stmt s(writeDb,
+                   "DELETE FROM metrics WHERE step > ? AND key_id IN (SELECT id FROM metric_keys WHERE run_id = ?)");
+            s.bind(1, op.step).bind(2, op.run).run();
+            return 0;
+        }
+        case WriteOp::Kind::Flush: return 0;
+    }
+    return 0;
+}
+
+void Store::Impl::writerLoop() {
+    std::deque<WriteOp> batch;
+    for (;;) {
+        {
+            std::unique_lock<std::mutex> lk(queueMutex);
+            queueCv.wait(lk, [&] { return stopping || !queue.empty(); });
+            if (queue.empty() && stopping) return;
+            batch.swap(queue);
+        }
+        // One transaction per drained batch: thousands of points cost one fsync.
+        std::vector<std::pair<std::shared_ptr<std::promise<int64_t>>, int64_t>> replies;
+        std::vector<std::pair<std::shared_ptr<std::promise<int64_t>>, std::exception_ptr>> failures;
+        try {
+            exec(writeDb, "BEGIN IMMEDIATE");
+            for (const auto& op : batch) {
+                try {
+                    const int64_t r = apply(op);
+                    if (op.reply) replies.emplace_back(op.reply, r);
+                } catch (...) {
+                    // One bad record (e.g. for a deleted run) must not lose the rest of the batch.
+                    if (op.reply)
+                        failures.emplace_back(op.reply, std::current_exception());
+                    else {
+                        std::lock_guard<std::mutex> lk(queueMutex);
+                        if (!writerError) writerError = std::current_exception();
+                    }
+                }
+            }
+            exec(writeDb, "COMMIT");
+        } catch (...) {
+            sqlite3_exec(writeDb, "ROLLBACK", nullptr, nullptr, nullptr);
+            auto err = std::current_exception();
+            for (auto& [p, r] : replies) failures.emplace_back(p, err);
+            replies.clear();
+            std::lock_guard<std::mutex> lk(queueMutex);
+            if (!writerError) writerError = err;
+        }
+        for (auto& [p, r] : replies) p->set_value(r);
+        for (auto& [p, e] : failures) p->set_exception(e);
+        batch.clear();
+    }
+}
+
+Store::Store(const std::string& path) : d(std::make_unique<Impl>()) {
+    d->path = path;
+    d->open();
+    d->writer = std::thread([this] { d->writerLoop(); });
+}
+
+Store::~Store() = default;
+
+std::string Store::resolvePath(const std::string& explicitPath) {
+    if (!explicitPath.empty()) return explicitPath;
+    if (const char* env = std::getenv("LATHE_DB"); env && *env) return env;
+    if (const char* xdg = std::getenv("XDG_DATA_HOME"); xdg && *xdg) return std::string(xdg) + "/lathe/lathe.db";
+    const char* home = std::getenv("HOME");
+    return std::string(home && *home ? home : ".") + "/.local/share/lathe/lathe.db";
+}
+
+const std::string& Store::path() const { return d->path; }
+int Store::schemaVersion() const { return d->schema; }
+
+std::string Store::artifactDir(int64_t runId) const {
+    auto dir = fs::path(d->path).parent_path();
+    if (dir.empty()) dir = ".";
+    return (dir / "artifacts" / ("run-" + std::to_string(runId))).string();
+}
+
+int64_t Store::createRun(const std::string& experiment, const std::string& name, const std::string& model,
+                         const std::string& data, const std::string& configToml,
+                         const std::map<std::string, std::string>& params, const std::string& host) {
+    WriteOp op{WriteOp::Kind::CreateRun};
+    op.a = experiment.empty() ? "default" : experiment;
+    op.b = name;
+    op.c = model;
+    op.d = data;
+    op.e = configToml;
+    op.f = host;
+    op.t = nowSeconds();
+    op.params = params;
+    return d->enqueueAndWait(std::move(op));
+}
+
+void Store::setRunStatus(int64_t runId, const std::string& status, const std::string& error) {
+    WriteOp op{WriteOp::Kind::Status};
+    op.run = runId;
+    op.a = status;
+    op.b = error;
+    op.t = nowSeconds();
+    d->enqueue(std::move(op));
+}
+
+void Store::appendMetric(int64_t runId, const std::string& key, int64_t step, double wallTime, double value) {
+    WriteOp op{WriteOp::Kind::Metric};
+    op.run = runId;
+    op.a = key;
+    op.step = step;
+    op.t = wallTime;
+    op.value = value;
+    d->enqueue(std::move(op));
+}
+
+void Store::appendLog(int64_t runId, double wallTime, const std::string& level, const std::string& text) {
+    WriteOp op{WriteOp::Kind::Log};
+    op.run = runId;
+    op.t = wallTime;
+    op.a = level;
+    op.b = text;
+    d->enqueue(std::move(op));
+}
+
+void Store::addArtifact(int64_t runId, const std::string& kind, const std::string& path, const std::string& sha256) {
+    WriteOp op{WriteOp::Kind::Artifact};
+    op.run = runId;
+    op.a = kind;
+    op.b = path;
+    op.c = sha256;
+    op.t = nowSeconds();
+    d->enqueue(std::move(op));
+}
+
+void Store::dropMetricsAfter(int64_t runId, int64_t step) {
+    WriteOp op{WriteOp::Kind::DropMetrics};
+    op.run = runId;
+    op.step = step;
+    d->enqueue(std::move(op));
+}
+
+void Store::flush() {
+    d->enqueueAndWait(WriteOp{WriteOp::Kind::Flush});
+    std::exception_ptr err;
+    {
+        std::lock_guard<std::mutex> lk(d->queueMutex);
+        std::swap(err, d->writerError);
+    }
+    if (err) std::rethrow_exception(err);
+}
+
+namespace {
+RunRecord readRun(const Stmt& s) {
+    RunRecord r;
+    r.id = s.i64(0);
+    r.experiment = s.text(1);
+    r.name = s.text(2);
+    r.status = s.text(3);
+    r.model = s.text(4);
+    r.data = s.text(5);
+    r.config = s.text(6);
+    r.host = s.text(7);
+    r.error = s.text(8);
+    r.createdAt = s.f64(9);
+    r.startedAt = s.isNull(10) ? 0 : s.f64(10);
+    r.endedAt = s.isNull(11) ? 0 : s.f64(11);
+    return r;
+}
+constexpr const char* kRunColumns =
+    "SELECT r.id, e.name, r.name, r.status, r.model, r.data, r.config, r.host, r.error, r.created_at, "
+    "r.started_at, r.ended_at FROM runs r JOIN experiments e ON e.id = r.experiment_id ";
+}  // namespace
+
+std::vector<RunRecord> Store::listRuns() const {
+    std::lock_guard<std::mutex> lk(d->readMutex);
+    Stmt s(d->readDb, (std::string(kRunColumns) + "ORDER BY r.id DESC").c_str());
+    std::vector<RunRecord> out;
+    while (s.step()) out.push_back(readRun(s));
+    return out;
+}
+
+std::optional<RunRecord> Store::run(int64_t runId) const {
+    std::lock_guard<std::mutex> lk(d->readMutex);
+    Stmt s(d->readDb, (std::string(kRunColumns) + "WHERE r.id = ?").c_str());
+    s.bind(1, runId);
+    if (!s.step()) return std::nullopt;
+    return readRun(s);
+}
+
+std::map<std::string, std::string> Store::params(int64_t runId) const {
+    std::lock_guard<std::mutex> lk(d->readMutex);
+    Stmt s(d->readDb, "SELECT key, value FROM params WHERE run_id = ?");
+    s.bind(1, runId);
+    std::map<std::string, std::string> out;
+    while (s.step()) out[s.text(0)] = s.text(1);
+    return out;
+}
+
+std::vector<std::string> Store::metricKeys(int64_t runId) const {
+    std::lock_guard<std::mutex> lk(d->readMutex);
+    Stmt s(d->readDb, "SELECT key FROM metric_keys WHERE run_id = ? ORDER BY key");
+    s.bind(1, runId);
+    std::vector<std::string> out;
+    while (s.step()) out.push_back(s.text(0));
+    return out;
+}
+
+std::vector<MetricPoint> Store::metrics(int64_t runId, const std::string& key, int64_t afterStep) const {
+    std::lock_guard<std::mutex> lk(d->readMutex);
+    Stmt s(d->readDb,
+           "SELECT m.step, m.wall_time, m.value FROM metrics m "
+           "WHERE m.key_id = (SELECT id FROM metric_keys WHERE run_id = ? AND key = ?) AND m.step > ? "
+           "ORDER BY m.step, m.rowid");
+    s.bind(1, runId).bind(2, key).bind(3, afterStep);
+    std::vector<MetricPoint> out;
+    while (s.step())
+        out.push_back({s.i64(0), s.f64(1), s.isNull(2) ? std::numeric_limits<double>::quiet_NaN() : s.f64(2)});
+    return out;
+}
+
+std::map<std::string, double> Store::lastMetrics(int64_t runId) const {
+    std::lock_guard<std::mutex> lk(d->readMutex);
+    Stmt s(d->readDb,
+           "SELECT k.key, (SELECT m.value FROM metrics m WHERE m.key_id = k.id ORDER BY m.step DESC, m.rowid DESC "
+           "LIMIT 1) FROM metric_keys k WHERE k.run_id = ?");
+    s.bind(1, runId);
+    std::map<std::string, double> out;
+    while (s.step())
+        out[s.text(0)] = s.isNull(1) ? std::numeric_limits<double>::quiet_NaN() : s.f64(1);
+    return out;
+}
+
+std::vector<LogRecord> Store::logs(int64_t runId) const {
+    std::lock_guard<std::mutex> lk(d->readMutex);
+    Stmt s(d->readDb, "SELECT wall_time, level, text FROM events WHERE run_id = ? ORDER BY id");
+    s.bind(1, runId);
+    std::vector<LogRecord> out;
+    while (s.step()) out.push_back({s.f64(0), s.text(1), s.text(2)});
+    return out;
+}
+
+std::vector<ArtifactRecord> Store::artifacts(int64_t runId) const {
+    std::lock_guard<std::mutex> lk(d->readMutex);
+    Stmt s(d->readDb, "SELECT id, kind, path, sha256, created_at FROM artifacts WHERE run_id = ? ORDER BY id");
+    s.bind(1, runId);
+    std::vector<ArtifactRecord> out;
+    while (s.step()) out.push_back({s.i64(0), s.text(1), s.text(2), s.text(3), s.f64(4)});
+    return out;
+}
+
+}  // namespace lathe::core
