@@ -155,8 +155,8 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
     std::map<std::string, double>& last = result.finalMetrics;
     model->train();
     bool stopped = false;
-    int64_t epoch = startEpoch;
-    for (; epoch < spec.epochs && !stopped; ++epoch) {
+    int64_t epochsDone = startEpoch;
+    for (int64_t epoch = startEpoch; epoch < spec.epochs && !stopped; ++epoch) {
         // The order depends only on (seed, epoch), so a resumed run sees the same batches.
         std::vector<int64_t> order(static_cast<size_t>(nTrain));
         std::iota(order.begin(), order.end(), 0);
@@ -198,7 +198,7 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
                                ") or set `clip_grad_norm`";
                 emit(Event::error(result.error));
                 emit(Event::status("failed"));
-                result.epochsDone = epoch;
+                result.epochsDone = epochsDone;
                 result.steps = step;
                 return result;
             }
@@ -220,12 +220,13 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
         metric("perf/samples_per_s", step, static_cast<double>(seen) / std::max(stepSeconds, 1e-9), last);
         metric("train/epoch", step, static_cast<double>(epoch + 1), last);
         if (!stopped) {
+            epochsDone = epoch + 1;
             const bool lastEpoch = epoch + 1 == spec.epochs;
             if (lastEpoch || (spec.checkpointEvery > 0 && (epoch + 1) % spec.checkpointEvery == 0))
                 saveCkpt(epoch + 1);
         }
     }
-    result.epochsDone = stopped ? epoch - 1 : epoch;
+    result.epochsDone = epochsDone;
     result.steps = step;
     result.status = stopped ? "stopped" : "completed";
     emit(Event::log("info", "training " + result.status + " after " + std::to_string(step) + " steps"));

@@ -1,0 +1,53 @@
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <sstream>
+
+#include "lathe/core/error.h"
+#include "lathe/core/events.h"
+
+using namespace lathe::core;
+
+TEST_CASE("events round-trip through their JSON lines", "[events]") {
+    for (const Event& e : {Event::metric("val/accuracy", 42, 0.97), Event::log("warn", "a \"quoted\"\nline"),
+                           Event::status("running"), Event::error("boom"),
+                           Event::checkpoint("/tmp/x.ckpt", std::string(64, 'a'), 230, 10)}) {
+        const std::string line = encodeEvent(e);
+        CHECK(line.find('\n') == std::string::npos);
+        const Event back = decodeEvent(line);
+        CHECK(back.type == e.type);
+        CHECK(back.key == e.key);
+        CHECK(back.step == e.step);
+        CHECK(back.value == Approx(e.value));
+        CHECK(back.text == e.text);
+        CHECK(back.level == (e.type == Event::Type::Log ? e.level : ""));
+        CHECK(back.sha256 == e.sha256);
+        CHECK(back.wallTime == Approx(e.wallTime));
+    }
+}
+
+TEST_CASE("non-finite metric values survive the stream", "[events]") {
+    auto nan = decodeEvent(encodeEvent(Event::metric("train/loss", 3, std::nan(""))));
+    CHECK(std::isnan(nan.value));
+    auto inf = decodeEvent(encodeEvent(Event::metric("train/loss", 3, -HUGE_VAL)));
+    CHECK(std::isinf(inf.value));
+    CHECK(inf.value < 0);
+}
+
+TEST_CASE("bad records are rejected with a clear message", "[events]") {
+    CHECK_THROWS_WITH(decodeEvent("{not json"), Catch::Contains("not JSON"));
+    CHECK_THROWS_WITH(decodeEvent("[1,2]"), Catch::Contains("not a JSON object"));
+    CHECK_THROWS_WITH(decodeEvent(R"({"v":99,"type":"metric"})"), Catch::Contains("version 99") && Catch::Contains("upgrade"));
+    CHECK_THROWS_WITH(decodeEvent(R"({"v":1,"type":"teleport"})"), Catch::Contains("unknown record type"));
+    CHECK_THROWS_WITH(decodeEvent(R"({"v":1,"type":"metric","key":"a","step":"x","value":1})"),
+                      Catch::Contains("\"step\""));
+    CHECK_THROWS_AS(decodeEvent(R"({"type":"log","msg":"x"})"), EventStreamError);
+}
+
+TEST_CASE("a stream reader names the line of a bad record", "[events]") {
+    std::stringstream in;
+    in << encodeEvent(Event::status("running")) << "\n\n" << encodeEvent(Event::metric("a", 1, 2)) << "\n{oops\n";
+    int seen = 0;
+    CHECK_THROWS_WITH(readEventStream(in, [&](const Event&) { ++seen; }), Catch::Contains("line 4"));
+    CHECK(seen == 2);
+}

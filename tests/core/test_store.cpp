@@ -1,0 +1,180 @@
+#include <sqlite3.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <thread>
+
+#include "lathe/core/error.h"
+#include "lathe/core/store.h"
+#include "temp_dir.h"
+
+using namespace lathe::core;
+using lathe::test::readFile;
+using lathe::test::TempDir;
+using lathe::test::writeFile;
+
+namespace {
+
+int64_t newRun(Store& s, const std::string& name = "r") {
+    return s.createRun("exp", name, "mlp", "digits", "epochs = 1\n", {{"lr", "0.001"}}, "localhost");
+}
+
+void sqlExec(const std::string& path, const char* sql) {
+    sqlite3* db = nullptr;
+    REQUIRE(sqlite3_open(path.c_str(), &db) == SQLITE_OK);
+    REQUIRE(sqlite3_exec(db, sql, nullptr, nullptr, nullptr) == SQLITE_OK);
+    sqlite3_close(db);
+}
+
+}  // namespace
+
+TEST_CASE("a new workspace gets the current schema and keeps what is written", "[store]") {
+    TempDir dir;
+    const auto path = dir.file("sub/dir/lathe.db");  // parent folders are created
+    int64_t id = 0;
+    {
+        Store s(path);
+        CHECK(s.schemaVersion() == Store::kSchemaVersion);
+        id = newRun(s, "it's \"quoted\"; DROP TABLE runs; --");
+        s.setRunStatus(id, "running");
+        for (int i = 0; i < 1000; ++i) s.appendMetric(id, "train/loss", i, 1.0 * i, 1.0 / (i + 1));
+        s.appendMetric(id, "val/accuracy", 999, 1.0, 0.97);
+        s.appendLog(id, 1.0, "info", "hello");
+        s.addArtifact(id, "checkpoint", "/x/last.ckpt", std::string(64, 'f'));
+        s.setRunStatus(id, "completed");
+        s.flush();
+    }
+    Store s(path);  // reopen: everything is still there
+    const auto run = s.run(id);
+    REQUIRE(run);
+    CHECK(run->name == "it's \"quoted\"; DROP TABLE runs; --");  // bound parameters, stored literally
+    CHECK(run->experiment == "exp");
+    CHECK(run->status == "completed");
+    CHECK(run->startedAt > 0);
+    CHECK(run->endedAt >= run->startedAt);
+    CHECK(s.params(id).at("lr") == "0.001");
+    const auto pts = s.metrics(id, "train/loss");
+    REQUIRE(pts.size() == 1000);
+    CHECK(pts[10].step == 10);
+    CHECK(pts[10].value == Approx(1.0 / 11));
+    CHECK(s.metrics(id, "train/loss", 989).size() == 10);
+    CHECK(s.metricKeys(id) == std::vector<std::string>{"train/loss", "val/accuracy"});
+    CHECK(s.lastMetrics(id).at("val/accuracy") == Approx(0.97));
+    CHECK(s.logs(id).at(0).text == "hello");
+    CHECK(s.artifacts(id).at(0).path == "/x/last.ckpt");
+    CHECK(s.listRuns().size() == 1);
+    CHECK_FALSE(s.run(id + 1));
+}
+
+TEST_CASE("an empty run name is generated and failures keep their error", "[store]") {
+    TempDir dir;
+    Store s(dir.file("lathe.db"));
+    const auto id = newRun(s, "");
+    s.setRunStatus(id, "running");
+    s.setRunStatus(id, "failed", "data file missing");
+    s.flush();
+    CHECK(s.run(id)->name == "run-" + std::to_string(id));
+    CHECK(s.run(id)->error == "data file missing");
+}
+
+TEST_CASE("dropMetricsAfter removes only later points of that run", "[store]") {
+    TempDir dir;
+    Store s(dir.file("lathe.db"));
+    const auto a = newRun(s), b = newRun(s);
+    for (int i = 1; i <= 10; ++i) {
+        s.appendMetric(a, "k", i, 0, i);
+        s.appendMetric(b, "k", i, 0, i);
+    }
+    s.dropMetricsAfter(a, 4);
+    s.flush();
+    CHECK(s.metrics(a, "k").size() == 4);
+    CHECK(s.metrics(b, "k").size() == 10);
+}
+
+TEST_CASE("a write for a missing run is reported by flush and loses nothing else", "[store]") {
+    TempDir dir;
+    Store s(dir.file("lathe.db"));
+    const auto id = newRun(s);
+    s.appendMetric(id, "k", 1, 0, 1);
+    s.setRunStatus(id + 100, "completed");
+    s.appendMetric(id, "k", 2, 0, 2);
+    CHECK_THROWS_AS(s.flush(), StoreError);
+    CHECK(s.metrics(id, "k").size() == 2);
+    s.flush();  // the error was reported once
+}
+
+TEST_CASE("files that are not Lathe workspaces are refused and left untouched", "[store]") {
+    TempDir dir;
+    SECTION("a text file") {
+        const auto path = dir.file("notes.db");
+        writeFile(path, "just some notes, not a database at all.................................................");
+        const auto before = readFile(path);
+        CHECK_THROWS_WITH(Store(path), Catch::Contains("not a Lathe workspace"));
+        CHECK(readFile(path) == before);
+    }
+    SECTION("another program's SQLite database") {
+        const auto path = dir.file("other.db");
+        sqlExec(path, "CREATE TABLE customers(id INTEGER, name TEXT); INSERT INTO customers VALUES(1, 'a');");
+        const auto before = readFile(path);
+        CHECK_THROWS_WITH(Store(path), Catch::Contains("another program"));
+        CHECK(readFile(path) == before);
+        CHECK_FALSE(std::filesystem::exists(path + "-wal"));
+    }
+    SECTION("a workspace from a newer Lathe") {
+        const auto path = dir.file("future.db");
+        { Store s(path); }
+        sqlExec(path, "PRAGMA user_version = 99");
+        const auto before = readFile(path);
+        CHECK_THROWS_WITH(Store(path), Catch::Contains("schema version 99") && Catch::Contains("upgrade Lathe"));
+        CHECK(readFile(path) == before);
+    }
+    SECTION("a directory") {
+        CHECK_THROWS_WITH(Store(dir.path()), Catch::Contains("is a directory"));
+    }
+}
+
+TEST_CASE("an empty SQLite file is migrated to the current schema", "[store]") {
+    TempDir dir;
+    const auto path = dir.file("empty.db");
+    sqlExec(path, "PRAGMA user_version = 0");
+    Store s(path);
+    CHECK(s.schemaVersion() == Store::kSchemaVersion);
+    CHECK(newRun(s) == 1);
+}
+
+TEST_CASE("readers see committed data while the writer keeps writing", "[store]") {
+    TempDir dir;
+    Store s(dir.file("lathe.db"));
+    const auto id = newRun(s);
+    std::atomic<bool> done{false};
+    std::vector<size_t> seen;
+    std::thread reader([&] {
+        while (!done.load()) {
+            seen.push_back(s.metrics(id, "k").size());
+            s.listRuns();
+        }
+    });
+    for (int i = 0; i < 200000; ++i) s.appendMetric(id, "k", i, 0, i);
+    s.flush();
+    done = true;
+    reader.join();
+    REQUIRE(seen.size() >= 2);  // the reader was never blocked out for the whole write
+    CHECK(std::is_sorted(seen.begin(), seen.end()));
+    // Another connection (another process, e.g. the GUI) reads the same data.
+    Store other(s.path());
+    CHECK(other.metrics(id, "k").size() == 200000);
+}
+
+TEST_CASE("the workspace path follows --db, LATHE_DB, then XDG", "[store]") {
+    CHECK(Store::resolvePath("/x/y.db") == "/x/y.db");
+    setenv("LATHE_DB", "/env/l.db", 1);
+    CHECK(Store::resolvePath() == "/env/l.db");
+    unsetenv("LATHE_DB");
+    setenv("XDG_DATA_HOME", "/xdg", 1);
+    CHECK(Store::resolvePath() == "/xdg/lathe/lathe.db");
+    unsetenv("XDG_DATA_HOME");
+    const std::string home = getenv("HOME") ? getenv("HOME") : "";
+    setenv("HOME", "/home/u", 1);
+    CHECK(Store::resolvePath() == "/home/u/.local/share/lathe/lathe.db");
+    setenv("HOME", home.c_str(), 1);
+}

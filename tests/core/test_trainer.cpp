@@ -1,0 +1,168 @@
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <fstream>
+
+#include "lathe/core/checkpoint.h"
+#include "lathe/core/error.h"
+#include "lathe/core/store.h"
+#include "lathe/core/training.h"
+#include "temp_dir.h"
+
+using namespace lathe::core;
+using lathe::test::TempDir;
+
+namespace {
+
+std::vector<double> values(const Store& s, int64_t run, const std::string& key) {
+    std::vector<double> out;
+    for (const auto& p : s.metrics(run, key)) out.push_back(p.value);
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("the default MLP learns digits to at least 95% validation accuracy", "[trainer]") {
+    TempDir dir;
+    Store store(dir.file("lathe.db"));
+    std::vector<Event> events;
+    const auto rec = trainAndRecord(store, RunSpec{}, {}, [&](const Event& e) { events.push_back(e); });
+    REQUIRE(rec.result.status == "completed");
+    CHECK(rec.result.epochsDone == 20);
+    CHECK(rec.result.finalMetrics.at("val/accuracy") >= 0.95);
+    for (const char* key : {"train/loss", "train/accuracy", "val/loss", "val/accuracy", "perf/samples_per_s", "perf/step_ms"})
+        CHECK(store.metrics(rec.runId, key).size() >= 20);
+    const auto loss = values(store, rec.runId, "val/loss");
+    CHECK(loss.back() < loss.front() / 5);
+    const auto run = store.run(rec.runId);
+    CHECK(run->status == "completed");
+    // The observer saw the same stream the store recorded, starting with "running".
+    REQUIRE_FALSE(events.empty());
+    CHECK(events.front().type == Event::Type::Status);
+    CHECK(events.front().text == "running");
+    CHECK(events.front().value == 20 * 23);  // total steps for the progress bar
+    const auto arts = store.artifacts(rec.runId);
+    REQUIRE_FALSE(arts.empty());
+    CHECK(readCheckpointInfo(arts.back().path).epoch == 20);
+}
+
+TEST_CASE("the cnn and the other optimizers and schedules train", "[trainer]") {
+    TempDir dir;
+    Store store(dir.file("lathe.db"));
+    RunSpec spec;
+    spec.epochs = 3;
+    SECTION("cnn") { spec.model = "cnn"; }
+    SECTION("sgd with step decay and clipping") {
+        spec.optimizer = "sgd";
+        spec.lr = 0.05;
+        spec.schedule = "step";
+        spec.stepEpochs = 1;
+        spec.gamma = 0.5;
+        spec.clipGradNorm = 1.0;
+    }
+    SECTION("adamw with warm-up and cosine") {
+        spec.optimizer = "adamw";
+        spec.weightDecay = 0.01;
+        spec.schedule = "cosine";
+        spec.warmupSteps = 10;
+        spec.minLr = 1e-5;
+    }
+    const auto rec = trainAndRecord(store, spec, {});
+    REQUIRE(rec.result.status == "completed");
+    const auto loss = values(store, rec.runId, "val/loss");
+    REQUIRE(loss.size() == 3);
+    CHECK(loss.back() < loss.front());
+    const auto lr = values(store, rec.runId, "train/lr");
+    if (spec.schedule == "step") CHECK(lr == std::vector<double>{0.05, 0.025, 0.0125});
+    if (spec.schedule == "cosine") CHECK(lr.back() < lr.front());
+}
+
+TEST_CASE("training is reproducible from its seed", "[trainer]") {
+    TempDir dir;
+    Store store(dir.file("lathe.db"));
+    RunSpec spec;
+    spec.epochs = 3;
+    spec.threads = 1;
+    const auto a = trainAndRecord(store, spec, {});
+    const auto b = trainAndRecord(store, spec, {});
+    CHECK(values(store, a.runId, "train/loss") == values(store, b.runId, "train/loss"));
+    CHECK(values(store, a.runId, "val/accuracy") == values(store, b.runId, "val/accuracy"));
+    spec.seed = 7;
+    const auto c = trainAndRecord(store, spec, {});
+    CHECK(values(store, a.runId, "train/loss") != values(store, c.runId, "train/loss"));
+}
+
+TEST_CASE("resuming from a checkpoint continues exactly where the run stopped", "[trainer]") {
+    TempDir dir;
+    Store store(dir.file("lathe.db"));
+    RunSpec spec;
+    spec.epochs = 6;
+    spec.threads = 1;
+    const auto straight = trainAndRecord(store, spec, {});
+    REQUIRE(straight.result.status == "completed");
+
+    // Stop after the third epoch's checkpoint, then resume the same run.
+    std::atomic<bool> stop{false};
+    RecordOptions first;
+    first.stop = &stop;
+    const auto partial = trainAndRecord(store, spec, first, [&](const Event& e) {
+        if (e.type == Event::Type::Checkpoint && e.value == 3) stop = true;
+    });
+    REQUIRE(partial.result.status == "stopped");
+    CHECK(store.run(partial.runId)->status == "stopped");
+    RecordOptions again;
+    again.resumeRunId = partial.runId;
+    const auto resumed = trainAndRecord(store, spec, again);
+    REQUIRE(resumed.runId == partial.runId);
+    REQUIRE(resumed.result.status == "completed");
+    CHECK(resumed.result.epochsDone == 6);
+
+    for (const char* key : {"train/loss", "val/loss", "val/accuracy", "train/accuracy"}) {
+        const auto a = values(store, straight.runId, key);
+        const auto b = values(store, resumed.runId, key);
+        REQUIRE(a.size() == b.size());
+        for (size_t i = 0; i < a.size(); ++i) CHECK(b[i] == Approx(a[i]).epsilon(1e-6));
+    }
+}
+
+TEST_CASE("a corrupt checkpoint is refused and the run's history is kept", "[trainer]") {
+    TempDir dir;
+    Store store(dir.file("lathe.db"));
+    RunSpec spec;
+    spec.epochs = 2;
+    const auto rec = trainAndRecord(store, spec, {});
+    const auto ckpt = store.artifacts(rec.runId).back().path;
+    const auto pointsBefore = store.metrics(rec.runId, "train/loss").size();
+    {
+        std::fstream f(ckpt, std::ios::in | std::ios::out | std::ios::binary);
+        f.seekp(-10, std::ios::end);
+        f.put('\x42');
+    }
+    CHECK_THROWS_WITH(readCheckpointInfo(ckpt), Catch::Contains("checksum"));
+    RecordOptions again;
+    again.resumeRunId = rec.runId;
+    CHECK_THROWS_AS(trainAndRecord(store, spec, again), CheckpointError);
+    CHECK(store.metrics(rec.runId, "train/loss").size() == pointsBefore);
+    // Truncation is named as such.
+    std::filesystem::resize_file(ckpt, std::filesystem::file_size(ckpt) / 2);
+    CHECK_THROWS_WITH(readCheckpointInfo(ckpt), Catch::Contains("truncated"));
+    lathe::test::writeFile(ckpt, "hello");
+    CHECK_THROWS_WITH(readCheckpointInfo(ckpt), Catch::Contains("not a Lathe checkpoint"));
+}
+
+TEST_CASE("a run that cannot start is recorded as failed with its error", "[trainer]") {
+    TempDir dir;
+    Store store(dir.file("lathe.db"));
+    RunSpec spec;
+    spec.data = "csv:" + dir.file("missing.csv");
+    const auto rec = trainAndRecord(store, spec, {});
+    CHECK(rec.result.status == "failed");
+    CHECK_THAT(rec.result.error, Catch::Contains("does not exist"));
+    const auto run = store.run(rec.runId);
+    CHECK(run->status == "failed");
+    CHECK_THAT(run->error, Catch::Contains("missing.csv"));
+    // An invalid spec is refused before any run is created.
+    spec = RunSpec{};
+    spec.batch = 0;
+    CHECK_THROWS_AS(trainAndRecord(store, spec, {}), ConfigError);
+    CHECK(store.listRuns().size() == 1);
+}

@@ -1,0 +1,152 @@
+// lathectl as a user runs it: exit codes, JSON output, the workspace it writes.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "lathe/core/store.h"
+#include "run_process.h"
+
+using lathe::test::binPath;
+using lathe::test::runShell;
+using lathe::test::TempDir;
+using nlohmann::json;
+
+namespace {
+
+std::string lathectl(const std::string& args) { return binPath("lathectl") + " " + args; }
+
+}  // namespace
+
+TEST_CASE("lathectl train --json prints one object with the run id, status and final metrics", "[cli]") {
+    TempDir dir;
+    const auto db = dir.file("ws/lathe.db");
+    const auto r = runShell(lathectl("train --db " + db + " --epochs 3 --json"));
+    REQUIRE(r.exitCode == 0);
+    const auto j = json::parse(r.out);  // stdout holds nothing but the JSON object
+    CHECK(j.at("status") == "completed");
+    CHECK(j.at("run_id") == 1);
+    CHECK(j.at("val/accuracy").get<double>() > 0.8);
+    CHECK(j.contains("perf/samples_per_s"));
+    CHECK(j.at("workspace") == db);
+
+    const auto list = runShell(lathectl("runs list --json --db " + db));
+    REQUIRE(list.exitCode == 0);
+    const auto runs = json::parse(list.out);
+    REQUIRE(runs.size() == 1);
+    CHECK(runs[0].at("status") == "completed");
+    CHECK(runs[0].at("val/accuracy") == j.at("val/accuracy"));
+
+    const auto show = runShell(lathectl("runs show 1 --json --db " + db));
+    REQUIRE(show.exitCode == 0);
+    const auto s = json::parse(show.out);
+    CHECK(s.at("params").at("epochs") == "3");
+    CHECK(s.at("artifacts").size() >= 1);
+
+    const auto csv = runShell(lathectl("metrics 1 --key val/accuracy --csv --db " + db));
+    REQUIRE(csv.exitCode == 0);
+    CHECK(csv.out.rfind("key,step,wall_time,value\n", 0) == 0);
+    CHECK(std::count(csv.out.begin(), csv.out.end(), '\n') == 4);  // header + 3 epochs
+
+    const auto m = runShell(lathectl("metrics 1 --json --db " + db));
+    REQUIRE(m.exitCode == 0);
+    CHECK(json::parse(m.out).at("metrics").at("val/loss").size() == 3);
+}
+
+TEST_CASE("lathectl prints plain progress lines when not on a terminal", "[cli]") {
+    TempDir dir;
+    const auto r = runShell(lathectl("train --db " + dir.file("l.db") + " --epochs 2 --data synthetic:spirals"));
+    REQUIRE(r.exitCode == 0);
+    CHECK_THAT(r.out, Catch::Contains("epoch 1/2") && Catch::Contains("epoch 2/2") && Catch::Contains("run 1 completed"));
+    CHECK(r.out.find('\r') == std::string::npos);
+}
+
+TEST_CASE("a TOML config is read and flags override it", "[cli]") {
+    TempDir dir;
+    lathe::test::writeFile(dir.file("run.toml"), "epochs = 5\nbatch = 32\ndata = \"synthetic:spirals\"\nname = \"from-file\"\n");
+    const auto r = runShell(lathectl("train " + dir.file("run.toml") + " --epochs 2 --json --db " + dir.file("l.db")));
+    REQUIRE(r.exitCode == 0);
+    CHECK(json::parse(r.out).at("epochs") == 2);
+    lathe::core::Store store(dir.file("l.db"));
+    const auto params = store.params(1);
+    CHECK(params.at("batch") == "32");
+    CHECK(params.at("data") == "synthetic:spirals");
+    CHECK(store.run(1)->name == "from-file");
+}
+
+TEST_CASE("bad flags and configs exit with 2 and one clear line", "[cli]") {
+    TempDir dir;
+    const auto db = " --db " + dir.file("l.db");
+    auto expectUsage = [&](const std::string& args, const std::string& fragment) {
+        const auto r = runShell(lathectl(args + db));
+        CHECK(r.exitCode == 2);
+        CHECK_THAT(r.err, Catch::Contains(fragment));
+        CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    };
+    expectUsage("train --lr -1", "`lr` must be a number > 0");
+    expectUsage("train --epochs many", "`epochs`");
+    expectUsage("train --optimizer lbfgs", "sgd, adam, adamw");
+    expectUsage("train --no-such-flag", "no-such-flag");
+    expectUsage("train /nonexistent.toml", "cannot read config");
+    lathe::test::writeFile(dir.file("bad.toml"), "epochs = 3\nlr = \"fast\"\n");
+    expectUsage("train " + dir.file("bad.toml"), "line 2");
+    expectUsage("runs show 99", "no run 99");
+    expectUsage("metrics 99", "no run 99");
+    expectUsage("train --resume 42", "no run 42");
+    // No run was recorded for any of these.
+    lathe::core::Store store(dir.file("l.db"));
+    CHECK(store.listRuns().empty());
+}
+
+TEST_CASE("a run that fails exits with 1 and is recorded as failed", "[cli]") {
+    TempDir dir;
+    const auto db = dir.file("l.db");
+    const auto r = runShell(lathectl("train --data csv:" + dir.file("none.csv") + " --json --db " + db));
+    CHECK(r.exitCode == 1);
+    const auto j = json::parse(r.out);
+    CHECK(j.at("status") == "failed");
+    CHECK_THAT(j.at("error").get<std::string>(), Catch::Contains("does not exist"));
+    lathe::core::Store store(db);
+    CHECK(store.run(j.at("run_id").get<int64_t>())->status == "failed");
+}
+
+TEST_CASE("a foreign --db file is refused with exit code 2 and left untouched", "[cli]") {
+    TempDir dir;
+    const auto path = dir.file("notes.txt");
+    lathe::test::writeFile(path, "shopping list: eggs, flour, milk, and a very long line to look like a file......");
+    const auto r = runShell(lathectl("runs list --db " + path));
+    CHECK(r.exitCode == 2);
+    CHECK_THAT(r.err, Catch::Contains("not a Lathe workspace"));
+    CHECK(lathe::test::readFile(path).rfind("shopping list", 0) == 0);
+}
+
+TEST_CASE("LATHE_DB selects the workspace when --db is absent", "[cli]") {
+    TempDir dir;
+    const auto r = runShell("LATHE_DB=" + dir.file("env.db") + " " + lathectl("train --epochs 1 -q --json"));
+    REQUIRE(r.exitCode == 0);
+    CHECK(json::parse(r.out).at("workspace") == dir.file("env.db"));
+    CHECK(std::filesystem::exists(dir.file("env.db")));
+}
+
+TEST_CASE("train --resume continues a stopped run", "[cli]") {
+    TempDir dir;
+    const auto db = dir.file("l.db");
+    REQUIRE(runShell(lathectl("train --epochs 2 -q --db " + db)).exitCode == 0);
+    const auto r = runShell(lathectl("train --resume 1 --epochs 4 --json --db " + db));
+    REQUIRE(r.exitCode == 0);
+    const auto j = json::parse(r.out);
+    CHECK(j.at("run_id") == 1);
+    CHECK(j.at("epochs") == 4);
+    lathe::core::Store store(db);
+    CHECK(store.metrics(1, "val/accuracy").size() == 4);
+}
+
+TEST_CASE("Ctrl+C stops the run cleanly and records it as stopped", "[cli]") {
+    TempDir dir;
+    const auto db = dir.file("l.db");
+    // SIGINT arrives while training (a long run); lathectl finishes the step and exits 130.
+    const auto r = runShell("(" + lathectl("train --epochs 100000 -q --json --db " + db) +
+                            " & pid=$!; sleep 1.5; kill -INT $pid; wait $pid)");
+    CHECK(r.exitCode == 130);
+    CHECK(json::parse(r.out).at("status") == "stopped");
+    lathe::core::Store store(db);
+    CHECK(store.run(1)->status == "stopped");
+}

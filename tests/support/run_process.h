@@ -1,0 +1,35 @@
+#pragma once
+// Runs a program through /bin/sh and captures its exit code, stdout and stderr.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <string>
+
+#include "temp_dir.h"
+
+namespace lathe::test {
+
+struct ProcessResult {
+    int exitCode = -1;
+    std::string out;
+    std::string err;
+};
+
+inline ProcessResult runShell(const std::string& command) {
+    TempDir tmp;
+    const std::string errFile = tmp.file("stderr");
+    ProcessResult r;
+    std::FILE* p = popen((command + " 2>" + errFile).c_str(), "r");
+    if (!p) return r;
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+    const int status = pclose(p);
+    r.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    r.err = readFile(errFile);
+    return r;
+}
+
+inline std::string binPath(const std::string& program) { return std::string(LATHE_BIN_DIR) + "/" + program; }
+
+}  // namespace lathe::test
