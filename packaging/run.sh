@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, and starts the Lathe workbench.
+#   ./packaging/run.sh [--db PATH]             the GUI (lathe)
+#   ./packaging/run.sh --headless [FLAGS...]   no display: the demo pipeline, i.e. train the
+#                                              built-in MLP on digits into the default workspace
+# Without a display (no $DISPLAY / $WAYLAND_DISPLAY) the headless demo is chosen.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+
+headless=0
+args=()
+for a in "$@"; do
+  if [[ "$a" == "--headless" ]]; then headless=1; else args+=("$a"); fi
+done
+if [[ -z "${DISPLAY:-}" && -z "${WAYLAND_DISPLAY:-}" ]]; then
+  [[ $headless == 1 ]] || echo "run.sh: no display found; running the headless demo instead of the GUI"
+  headless=1
+fi
+
+if [[ $headless == 1 ]]; then
+  "$root/packaging/deps-debian.sh" --headless
+  LATHE_CMAKE_ARGS="${LATHE_CMAKE_ARGS:-} -DLATHE_GUI=OFF -DLATHE_TESTS=OFF" "$root/packaging/build.sh"
+  bin="$root/build/bin"
+  echo
+  echo "== Lathe demo: training the built-in MLP on the UCI digits data set =="
+  "$bin/lathectl" train --model mlp --data digits --name demo --experiment demo ${args[@]+"${args[@]}"}
+  echo
+  "$bin/lathectl" runs list ${args[@]+"${args[@]}"} | head -n 6
+  exit 0
+fi
+
+"$root/packaging/deps-debian.sh"
+LATHE_CMAKE_ARGS="${LATHE_CMAKE_ARGS:-} -DLATHE_GUI=ON" "$root/packaging/build.sh"
+exec "$root/build/bin/lathe" ${args[@]+"${args[@]}"}
