@@ -1,0 +1,29 @@
+#pragma once
+// Where to reach a remote host and how to authenticate to it.
+
+#include <string>
+#include <string_view>
+
+namespace lathe::remote {
+
+struct HostSpec {
+    std::string host;
+    int port = 22;
+    std::string user;            // empty: the local user name
+    std::string identityFile;    // private key; empty: ssh-agent, then the default ~/.ssh keys
+    std::string knownHostsFile;  // empty: ~/.ssh/known_hosts (from $HOME, not the passwd home)
+    int connectTimeoutSec = 10;
+
+    // How messages name the host: "gpu-2", "127.0.0.2:2222", "[::1]:2222".
+    std::string label() const;
+    // "user@host:port" in the form parseHostSpec() reads (user and port only when set/non-22).
+    std::string toString() const;
+};
+
+// Parses "[user@]host[:port]"; an IPv6 address with a port goes in brackets ("[::1]:2222");
+// an unbracketed address with several colons is taken as an IPv6 host without a port. Other
+// fields keep their defaults. Throws std::invalid_argument with a message naming the input,
+// e.g. "host spec 'gpu:99999': port must be a number from 1 to 65535".
+HostSpec parseHostSpec(std::string_view text);
+
+}  // namespace lathe::remote
