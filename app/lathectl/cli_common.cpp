@@ -1,6 +1,7 @@
 #include "cli_common.h"
 
 #include <cmath>
+#include <csignal>
 #include <ctime>
 
 #include "lathe/core/error.h"
@@ -20,6 +21,64 @@ std::unique_ptr<core::Store> openStore(const CommonOptions& opts) {
     } catch (const core::StoreError& ex) {
         throw UsageError(ex.what());
     }
+}
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+extern "C" void onInterrupt(int) {
+    // First Ctrl+C: finish the current step and record the run as stopped. Second: the default.
+    g_stop.store(true);
+    std::signal(SIGINT, SIG_DFL);
+    std::signal(SIGTERM, SIG_DFL);
+}
+
+std::string flagName(const std::string& key) {
+    std::string f = "--" + key;
+    for (auto& c : f)
+        if (c == '_') c = '-';
+    return f;
+}
+
+}  // namespace
+
+std::atomic<bool>& installStopHandler() {
+    g_stop.store(false);
+    std::signal(SIGINT, onInterrupt);
+    std::signal(SIGTERM, onInterrupt);
+    return g_stop;
+}
+
+void removeStopHandler() {
+    std::signal(SIGINT, SIG_DFL);
+    std::signal(SIGTERM, SIG_DFL);
+}
+
+void addSpecFlags(CLI::App* cmd, SpecFlags& flags) {
+    cmd->add_option("config", flags.config, "TOML run configuration; flags override its keys");
+    for (const auto& k : core::specKeys()) {
+        std::string typeName = k.kind == "int" ? "INT" : k.kind == "float" ? "X" : k.kind == "int-list" ? "N,N…" : "TEXT";
+        if (k.kind == "choice") {
+            typeName.clear();
+            for (const auto& c : k.choices) typeName += (typeName.empty() ? "" : "|") + c;
+        }
+        flags.options[k.name] = cmd->add_option(flagName(k.name), flags.values[k.name], k.help)->type_name(typeName);
+    }
+}
+
+core::RunSpec buildSpec(const SpecFlags& flags, core::RunSpec base) {
+    core::RunSpec spec = flags.config.empty() ? std::move(base) : core::loadRunSpec(flags.config);
+    for (const auto& [key, opt] : flags.options) {
+        if (opt->count() == 0) continue;
+        try {
+            core::setSpecValue(spec, key, flags.values.at(key));
+        } catch (const core::ConfigError& ex) {
+            throw UsageError(flagName(key) + ": " + ex.what());
+        }
+    }
+    core::validateOrThrow(spec);
+    return spec;
 }
 
 std::string formatTime(double t) {

@@ -2,10 +2,13 @@
 // Shared pieces of the lathectl command tree: exit codes, --db handling, output helpers.
 #include <CLI/CLI.hpp>
 
+#include <atomic>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "lathe/core/run_spec.h"
 #include "lathe/core/store.h"
 
 namespace lathe::cli {
@@ -32,6 +35,22 @@ std::string formatDuration(double seconds);  // "3.2 s", "4 min 05 s"
 std::string formatValue(double v);           // metrics: up to 6 significant digits
 nlohmann::json metricJson(double v);         // NaN/inf as strings
 
+/// A RunSpec from flags: the optional CONFIG.toml positional and one --flag per spec key.
+struct SpecFlags {
+    std::string config;
+    std::map<std::string, std::string> values;
+    std::map<std::string, CLI::Option*> options;
+};
+void addSpecFlags(CLI::App* cmd, SpecFlags& flags);
+/// Applies the flags that were given on top of `base` (or of CONFIG when given); throws
+/// UsageError / ConfigError naming the flag or the file line.
+core::RunSpec buildSpec(const SpecFlags& flags, core::RunSpec base = {});
+
+/// SIGINT/SIGTERM request a clean stop through this flag while a run is in progress.
+std::atomic<bool>& installStopHandler();
+void removeStopHandler();
+
+void registerWorker(CLI::App& app, int& exitCode);
 void registerTrain(CLI::App& app, int& exitCode);
 void registerRuns(CLI::App& app, int& exitCode);
 void registerInfo(CLI::App& app, int& exitCode);

@@ -14,22 +14,6 @@
 namespace lathe::cli {
 namespace {
 
-std::atomic<bool> g_stop{false};
-
-extern "C" void onInterrupt(int) {
-    // First Ctrl+C: finish the current step, record the run as stopped. Second: the default.
-    g_stop.store(true);
-    std::signal(SIGINT, SIG_DFL);
-    std::signal(SIGTERM, SIG_DFL);
-}
-
-std::string flagName(const std::string& key) {
-    std::string f = "--" + key;
-    for (auto& c : f)
-        if (c == '_') c = '-';
-    return f;
-}
-
 // Prints progress: a redrawn bar on a terminal, one line per epoch otherwise.
 class Progress {
 public:
@@ -100,11 +84,9 @@ private:
 
 struct TrainState {
     CommonOptions common;
-    std::string config;
+    SpecFlags spec;
     int64_t resume = 0;
     bool quiet = false;
-    std::map<std::string, std::string> values;
-    std::map<std::string, CLI::Option*> options;
 };
 
 int runTrain(const TrainState& st) {
@@ -113,20 +95,11 @@ int runTrain(const TrainState& st) {
     if (st.resume > 0) {
         const auto run = store->run(st.resume);
         if (!run) throw UsageError("--resume: no run " + std::to_string(st.resume) + " in " + store->path());
-        spec = core::parseRunSpec(run->config, "run " + std::to_string(st.resume) + " config");
-        if (!st.config.empty()) throw UsageError("--resume continues a recorded run; give no CONFIG file with it");
-    } else if (!st.config.empty()) {
-        spec = core::loadRunSpec(st.config);
+        if (!st.spec.config.empty()) throw UsageError("--resume continues a recorded run; give no CONFIG file with it");
+        spec = buildSpec(st.spec, core::parseRunSpec(run->config, "run " + std::to_string(st.resume) + " config"));
+    } else {
+        spec = buildSpec(st.spec);
     }
-    for (const auto& [key, opt] : st.options) {
-        if (opt->count() == 0) continue;
-        try {
-            core::setSpecValue(spec, key, st.values.at(key));
-        } catch (const core::ConfigError& ex) {
-            throw UsageError(flagName(key) + ": " + ex.what());
-        }
-    }
-    core::validateOrThrow(spec);
 
     const bool humanOut = !st.common.json;
     std::FILE* progressOut = humanOut ? stdout : stderr;
@@ -134,18 +107,14 @@ int runTrain(const TrainState& st) {
     core::EventSink observer;
     if (!st.quiet) observer = [&](const core::Event& e) { progress(e); };
 
-    g_stop.store(false);
-    std::signal(SIGINT, onInterrupt);
-    std::signal(SIGTERM, onInterrupt);
     core::RecordOptions ro;
     ro.resumeRunId = st.resume;
-    ro.stop = &g_stop;
+    ro.stop = &installStopHandler();
     char host[256] = "localhost";
     gethostname(host, sizeof host - 1);
     ro.host = host;
     const auto rec = core::trainAndRecord(*store, spec, ro, observer);
-    std::signal(SIGINT, SIG_DFL);
-    std::signal(SIGTERM, SIG_DFL);
+    removeStopHandler();
     progress.finish();
 
     const auto run = store->run(rec.runId);
@@ -183,18 +152,10 @@ int runTrain(const TrainState& st) {
 void registerTrain(CLI::App& app, int& exitCode) {
     auto st = std::make_shared<TrainState>();
     auto* cmd = app.add_subcommand("train", "train a model and record the run in the workspace");
-    cmd->add_option("config", st->config, "TOML run configuration; flags override its keys");
+    addSpecFlags(cmd, st->spec);
     addCommonOptions(cmd, st->common);
     cmd->add_option("--resume", st->resume, "continue run ID from its last checkpoint (flags such as --epochs apply)");
     cmd->add_flag("--quiet,-q", st->quiet, "no progress output");
-    for (const auto& k : core::specKeys()) {
-        std::string typeName = k.kind == "int" ? "INT" : k.kind == "float" ? "X" : k.kind == "int-list" ? "N,N…" : "TEXT";
-        if (k.kind == "choice") {
-            typeName.clear();
-            for (const auto& c : k.choices) typeName += (typeName.empty() ? "" : "|") + c;
-        }
-        st->options[k.name] = cmd->add_option(flagName(k.name), st->values[k.name], k.help)->type_name(typeName);
-    }
     cmd->callback([st, &exitCode] { exitCode = runTrain(*st); });
 }
 

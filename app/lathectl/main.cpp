@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
     int exitCode = lathe::cli::kOk;
     lathe::cli::registerTrain(app, exitCode);
     lathe::cli::registerRuns(app, exitCode);
+    lathe::cli::registerWorker(app, exitCode);
     lathe::cli::registerInfo(app, exitCode);
     try {
         app.parse(argc, argv);

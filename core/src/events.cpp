@@ -12,6 +12,15 @@ namespace lathe::core {
 
 using nlohmann::json;
 
+Event Event::run(std::string configToml, std::string host) {
+    Event e;
+    e.type = Type::Run;
+    e.wallTime = nowSeconds();
+    e.text = std::move(configToml);
+    e.level = std::move(host);
+    return e;
+}
+
 Event Event::metric(std::string key, int64_t step, double value) {
     Event e;
     e.type = Type::Metric;
@@ -65,6 +74,7 @@ double nowSeconds() {
 
 const char* typeName(Event::Type t) {
     switch (t) {
+        case Event::Type::Run: return "run";
         case Event::Type::Metric: return "metric";
         case Event::Type::Log: return "log";
         case Event::Type::Status: return "status";
@@ -81,6 +91,10 @@ std::string encodeEvent(const Event& e) {
     j["t"] = e.wallTime;
     if (e.rank != 0) j["rank"] = e.rank;
     switch (e.type) {
+        case Event::Type::Run:
+            j["config"] = e.text;
+            j["host"] = e.level;
+            break;
         case Event::Type::Metric:
             j["key"] = e.key;
             j["step"] = e.step;
@@ -153,7 +167,11 @@ Event decodeEvent(const std::string& line) {
     const auto type = field<std::string>(j, "type");
     e.wallTime = j.value("t", 0.0);
     e.rank = j.value("rank", 0);
-    if (type == "metric") {
+    if (type == "run") {
+        e.type = Event::Type::Run;
+        e.text = field<std::string>(j, "config");
+        e.level = j.value("host", "");
+    } else if (type == "metric") {
         e.type = Event::Type::Metric;
         e.key = field<std::string>(j, "key");
         e.step = field<int64_t>(j, "step");

@@ -1,5 +1,6 @@
 // Ties a training run to the workspace: the store records every event of the stream.
 #include <filesystem>
+#include <istream>
 
 #include "lathe/core/checkpoint.h"
 #include "lathe/core/error.h"
@@ -10,6 +11,7 @@ namespace lathe::core {
 
 void recordEvent(Store& store, int64_t runId, const Event& e) {
     switch (e.type) {
+        case Event::Type::Run: break;  // consumed by ingestEventStream, which creates the run
         case Event::Type::Metric: store.appendMetric(runId, e.key, e.step, e.wallTime, e.value); break;
         case Event::Type::Log: store.appendLog(runId, e.wallTime, e.level.empty() ? "info" : e.level, e.text); break;
         case Event::Type::Status: store.setRunStatus(runId, e.text); break;
@@ -82,6 +84,58 @@ RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOption
     // A resumed run's final metrics include those recorded before it was interrupted.
     for (const auto& [k, v] : store.lastMetrics(rec.runId)) rec.result.finalMetrics.emplace(k, v);
     return rec;
+}
+
+IngestResult ingestEventStream(Store& store, std::istream& in, const EventSink& observer) {
+    IngestResult res;
+    std::string line;
+    int64_t lineNo = 0;
+    auto fail = [&](const std::string& why) {
+        res.status = "failed";
+        res.error = why;
+        store.appendLog(res.runId, nowSeconds(), "error", why);
+        store.setRunStatus(res.runId, "failed", why);
+    };
+    while (std::getline(in, line)) {
+        ++lineNo;
+        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+        Event e;
+        try {
+            e = decodeEvent(line);
+        } catch (const EventStreamError& ex) {
+            const std::string why = "event stream line " + std::to_string(lineNo) + ": " + ex.what();
+            if (res.runId == 0) throw EventStreamError(why);
+            fail(why);
+            store.flush();
+            return res;
+        }
+        if (res.runId == 0) {
+            if (e.type != Event::Type::Run)
+                throw EventStreamError("event stream line " + std::to_string(lineNo) +
+                                       ": expected a \"run\" record first (is this the output of lathectl worker?)");
+            RunSpec spec;
+            try {
+                spec = parseRunSpec(e.text, "event stream run record");
+            } catch (const ConfigError& ex) {
+                throw EventStreamError(ex.what());
+            }
+            res.runId = store.createRun(spec.experiment, spec.name, spec.model, spec.data, toToml(spec),
+                                        specParams(spec), e.level);
+            store.setRunStatus(res.runId, "running");
+            if (observer) observer(e);
+            continue;
+        }
+        if (e.type == Event::Type::Status) res.status = e.text;
+        if (e.type == Event::Type::Error) res.error = e.text;
+        recordEvent(store, res.runId, e);
+        if (observer) observer(e);
+    }
+    if (res.runId == 0) throw EventStreamError("event stream is empty (no run record)");
+    if (res.status != "completed" && res.status != "failed" && res.status != "stopped")
+        fail("event stream ended before the run finished (worker killed or connection lost) after line " +
+             std::to_string(lineNo));
+    store.flush();
+    return res;
 }
 
 }  // namespace lathe::core

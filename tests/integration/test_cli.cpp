@@ -150,3 +150,34 @@ TEST_CASE("Ctrl+C stops the run cleanly and records it as stopped", "[cli]") {
     lathe::core::Store store(db);
     CHECK(store.run(1)->status == "stopped");
 }
+
+TEST_CASE("lathectl worker writes the event stream and ingest records it", "[cli][events]") {
+    TempDir dir;
+    const auto db = dir.file("l.db");
+    const auto r = runShell(lathectl("worker --epochs 2 --data synthetic:spirals --name piped") + " | " +
+                            lathectl("ingest - --json --db " + db));
+    REQUIRE(r.exitCode == 0);
+    const auto j = json::parse(r.out);
+    CHECK(j.at("status") == "completed");
+    lathe::core::Store store(db);
+    const auto run = store.run(j.at("run_id").get<int64_t>());
+    CHECK(run->name == "piped");
+    CHECK(run->data == "synthetic:spirals");
+    CHECK(store.metrics(run->id, "val/accuracy").size() == 2);
+
+    // A stream cut short (a killed worker) keeps what arrived and fails the run with the reason.
+    const auto cut = runShell(lathectl("worker --epochs 2") + " | head -n 6 | " + lathectl("ingest --db " + db));
+    CHECK(cut.exitCode == 1);
+    CHECK_THAT(cut.out, Catch::Contains("ended before the run finished"));
+    const auto runs = store.listRuns();
+    REQUIRE(runs.size() == 2);
+    CHECK(runs.front().status == "failed");
+    CHECK_FALSE(store.metrics(runs.front().id, "train/loss").empty());
+
+    // A stream from a newer Lathe, or not a stream at all, is refused with exit code 2.
+    lathe::test::writeFile(dir.file("future.ndjson"), R"({"v":2,"type":"run","config":""})" "\n");
+    const auto future = runShell(lathectl("ingest " + dir.file("future.ndjson") + " --db " + db));
+    CHECK(future.exitCode == 2);
+    CHECK_THAT(future.err, Catch::Contains("version 2") && Catch::Contains("upgrade"));
+    CHECK(store.listRuns().size() == 2);
+}

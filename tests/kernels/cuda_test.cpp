@@ -4,7 +4,7 @@
 
 #include "lathe/kernels/cuda_device.hpp"
 #include "lathe/kernels/scale_and_check.hpp"
-#include "skip.hpp"
+#include "skip.h"
 #include "test_inputs.hpp"
 
 #include <cmath>

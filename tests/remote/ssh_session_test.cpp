@@ -3,7 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "lathe/remote/ssh_session.hpp"
-#include "skip.hpp"
+#include "skip.h"
 #include "sshd_fixture.hpp"
 
 #include <arpa/inet.h>

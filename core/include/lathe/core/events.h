@@ -12,7 +12,7 @@ namespace lathe::core {
 inline constexpr int kEventStreamVersion = 1;
 
 struct Event {
-    enum class Type { Metric, Log, Status, Checkpoint, Error };
+    enum class Type { Run, Metric, Log, Status, Checkpoint, Error };
     Type type = Type::Log;
     int rank = 0;
     double wallTime = 0.0;  // seconds since the Unix epoch
@@ -20,6 +20,7 @@ struct Event {
     std::string key;
     int64_t step = 0;
     double value = 0.0;
+    // Run (first record of a worker's stream): text = the RunSpec as TOML, level = host.
     // Log: level + text; Status: text = "running" | "completed" | "failed" | "stopped", step =
     // global step reached, value = total steps planned (for progress bars);
     // Error: text = message; Checkpoint: text = path, sha256, step = global step, value = epoch
@@ -27,6 +28,7 @@ struct Event {
     std::string text;
     std::string sha256;
 
+    static Event run(std::string configToml, std::string host);
     static Event metric(std::string key, int64_t step, double value);
     static Event log(std::string level, std::string text);
     static Event status(std::string status);

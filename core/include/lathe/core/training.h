@@ -50,6 +50,18 @@ struct RecordOptions {
 RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOptions& options,
                            const EventSink& observer = {});
 
+struct IngestResult {
+    int64_t runId = 0;
+    std::string status;
+    std::string error;
+};
+
+/// Records an event stream (from `lathectl worker` on a pipe, a saved file, or SSH) as a new
+/// run. The stream must start with a Run record. Everything up to a malformed line or an
+/// early end is kept; the run is then marked failed with the reason. Throws EventStreamError
+/// only when the stream has no usable Run record (nothing is recorded then).
+IngestResult ingestEventStream(Store& store, std::istream& in, const EventSink& observer = {});
+
 /// Writes one event into the store for `runId` (metrics, logs, status, artifacts).
 void recordEvent(Store& store, int64_t runId, const Event& e);
 

@@ -1,6 +1,6 @@
 #pragma once
 // Catch2 2.x has no SKIP(). A test that cannot run prints "SKIPPED: <reason>" and returns;
-// this directory's CMakeLists gives its tests SKIP_REGULAR_EXPRESSION "SKIPPED: " so ctest
+// lathe_add_test (tests/CMakeLists.txt) gives every test SKIP_REGULAR_EXPRESSION "SKIPPED: " so ctest
 // reports them as skipped rather than passed.
 
 #include <iostream>

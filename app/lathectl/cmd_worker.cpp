@@ -1,0 +1,103 @@
+// lathectl worker: one run whose event stream goes to stdout (what the SSH and multi-process
+// executors read); lathectl ingest: records such a stream into the workspace.
+#include <unistd.h>
+
+#include <fstream>
+#include <iostream>
+
+#include "cli_common.h"
+#include "lathe/core/error.h"
+#include "lathe/core/training.h"
+
+namespace lathe::cli {
+namespace {
+
+struct WorkerState {
+    SpecFlags spec;
+    std::string checkpointDir;
+    std::string resume;
+};
+
+int runWorker(const WorkerState& st) {
+    const core::RunSpec spec = buildSpec(st.spec);
+    char host[256] = "localhost";
+    gethostname(host, sizeof host - 1);
+    // One line per event, flushed at once so a reader sees the run live.
+    const core::EventSink out = [](const core::Event& e) { std::cout << core::encodeEvent(e) << std::endl; };
+    out(core::Event::run(core::toToml(spec), host));
+    core::TrainOptions opts;
+    opts.checkpointDir = st.checkpointDir;
+    opts.resumeFrom = st.resume;
+    opts.stop = &installStopHandler();
+    core::TrainResult result;
+    try {
+        result = core::train(spec, opts, out);
+    } catch (const core::Error& ex) {
+        out(core::Event::error(ex.what()));
+        out(core::Event::status("failed"));
+        result.status = "failed";
+    } catch (const std::exception& ex) {
+        out(core::Event::error(std::string("internal error: ") + ex.what()));
+        out(core::Event::status("failed"));
+        result.status = "failed";
+    }
+    removeStopHandler();
+    if (result.status == "completed") return kOk;
+    if (result.status == "stopped") return kInterrupted;
+    return kRunFailed;
+}
+
+struct IngestState {
+    CommonOptions common;
+    std::string file = "-";
+};
+
+int runIngest(const IngestState& st) {
+    auto store = openStore(st.common);
+    std::ifstream file;
+    std::istream* in = &std::cin;
+    if (st.file != "-") {
+        file.open(st.file, std::ios::binary);
+        if (!file) throw UsageError("cannot read event stream " + st.file);
+        in = &file;
+    }
+    core::IngestResult res;
+    try {
+        res = core::ingestEventStream(*store, *in);
+    } catch (const core::EventStreamError& ex) {
+        throw UsageError(ex.what());
+    }
+    if (st.common.json) {
+        nlohmann::json j{{"run_id", res.runId}, {"status", res.status}, {"workspace", store->path()}};
+        if (!res.error.empty()) j["error"] = res.error;
+        for (const auto& [k, v] : store->lastMetrics(res.runId)) j[k] = metricJson(v);
+        std::cout << j.dump() << std::endl;
+    } else {
+        std::printf("recorded run %lld (%s)%s%s\n", static_cast<long long>(res.runId), res.status.c_str(),
+                    res.error.empty() ? "" : ": ", res.error.c_str());
+    }
+    return res.status == "completed" ? kOk : kRunFailed;
+}
+
+}  // namespace
+
+void registerWorker(CLI::App& app, int& exitCode) {
+    {
+        auto st = std::make_shared<WorkerState>();
+        auto* cmd = app.add_subcommand(
+            "worker", "run training and write its event stream (newline-delimited JSON) to stdout; no workspace");
+        addSpecFlags(cmd, st->spec);
+        cmd->add_option("--checkpoint-dir", st->checkpointDir, "write checkpoints here (default: none)");
+        cmd->add_option("--resume", st->resume, "continue from this checkpoint file");
+        cmd->callback([st, &exitCode] { exitCode = runWorker(*st); });
+    }
+    {
+        auto st = std::make_shared<IngestState>();
+        auto* cmd = app.add_subcommand("ingest", "record an event stream (a file, or - for stdin) as a new run");
+        cmd->add_option("FILE", st->file, "event stream from lathectl worker; - reads stdin");
+        addCommonOptions(cmd, st->common);
+        cmd->callback([st, &exitCode] { exitCode = runIngest(*st); });
+    }
+}
+
+}  // namespace lathe::cli
