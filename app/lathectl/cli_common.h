@@ -54,5 +54,6 @@ void registerWorker(CLI::App& app, int& exitCode);
 void registerTrain(CLI::App& app, int& exitCode);
 void registerRuns(CLI::App& app, int& exitCode);
 void registerInfo(CLI::App& app, int& exitCode);
+void registerHosts(CLI::App& app, int& exitCode);
 
 }  // namespace lathe::cli

@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
     lathe::cli::registerTrain(app, exitCode);
     lathe::cli::registerRuns(app, exitCode);
     lathe::cli::registerWorker(app, exitCode);
+    lathe::cli::registerHosts(app, exitCode);
     lathe::cli::registerInfo(app, exitCode);
     try {
         app.parse(argc, argv);

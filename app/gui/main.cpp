@@ -1,0 +1,75 @@
+// lathe: the Qt workbench. `lathe [--db PATH]` opens (or creates) a workspace and shows its
+// runs; the same --db / $LATHE_DB / XDG default as lathectl, so both see the same runs.
+#include <QApplication>
+#include <QCommandLineParser>
+#include <QDir>
+#include <QFileInfo>
+#include <QGuiApplication>
+#include <QMessageBox>
+#include <QTimer>
+
+#include <cstdio>
+#include <exception>
+#include <memory>
+
+#include "lathe/core/error.h"
+#include "lathe/core/store.h"
+#include "main_window.h"
+
+int main(int argc, char** argv) {
+    QApplication app(argc, argv);
+    QApplication::setApplicationName(QStringLiteral("lathe"));
+    QApplication::setApplicationDisplayName(QStringLiteral("Lathe"));
+    QApplication::setApplicationVersion(QStringLiteral("0.1.0"));
+
+    QCommandLineParser parser;
+    parser.setApplicationDescription(QStringLiteral("Lathe workbench: configure, train and compare runs."));
+    parser.addHelpOption();
+    parser.addVersionOption();
+    QCommandLineOption dbOption(QStringLiteral("db"),
+                                QStringLiteral("Workspace database (default: $LATHE_DB, else $XDG_DATA_HOME/lathe/lathe.db)."),
+                                QStringLiteral("PATH"));
+    // For smoke tests on a real display server: save a grab of the window, then quit.
+    QCommandLineOption screenshotOption(QStringLiteral("screenshot"),
+                                        QStringLiteral("Save a PNG of the window after it is shown."), QStringLiteral("FILE"));
+    QCommandLineOption quitAfterOption(QStringLiteral("quit-after"), QStringLiteral("Quit after MS milliseconds."),
+                                       QStringLiteral("MS"));
+    parser.addOption(dbOption);
+    parser.addOption(screenshotOption);
+    parser.addOption(quitAfterOption);
+    parser.process(app);
+
+    std::string path;
+    std::unique_ptr<lathe::core::Store> store;
+    try {
+        path = lathe::core::Store::resolvePath(parser.value(dbOption).toStdString());
+        // A first start with the XDG default has no directory yet.
+        QDir().mkpath(QFileInfo(QString::fromStdString(path)).absolutePath());
+        store = std::make_unique<lathe::core::Store>(path);
+    } catch (const std::exception& e) {
+        const QString message = QStringLiteral("Cannot open workspace %1:\n%2")
+                                    .arg(QString::fromStdString(path), QString::fromUtf8(e.what()));
+        std::fprintf(stderr, "lathe: %s\n", message.toLocal8Bit().constData());
+        // No one could dismiss a dialog on the headless platforms.
+        const QString platform = QGuiApplication::platformName();
+        if (platform != QLatin1String("offscreen") && platform != QLatin1String("minimal"))
+            QMessageBox::critical(nullptr, QStringLiteral("Lathe"), message);
+        return 2;
+    }
+
+    lathe::app::MainWindow window(std::move(store));
+    window.show();
+
+    if (parser.isSet(screenshotOption)) {
+        const QString file = parser.value(screenshotOption);
+        QTimer::singleShot(1500, &window, [&window, file] {
+            if (!window.grab().save(file)) std::fprintf(stderr, "lathe: could not save %s\n", qPrintable(file));
+        });
+    }
+    if (parser.isSet(quitAfterOption)) {
+        bool ok = false;
+        const int ms = parser.value(quitAfterOption).toInt(&ok);
+        if (ok && ms >= 0) QTimer::singleShot(ms, &window, &QWidget::close);
+    }
+    return app.exec();
+}

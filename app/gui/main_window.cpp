@@ -1,0 +1,312 @@
+#include "main_window.h"
+
+#include <QAction>
+#include <QCloseEvent>
+#include <QFileDialog>
+#include <QFileInfo>
+#include <QHeaderView>
+#include <QItemSelectionModel>
+#include <QPushButton>
+#include <QLabel>
+#include <QMenuBar>
+#include <QMessageBox>
+#include <QScrollArea>
+#include <QSortFilterProxyModel>
+#include <QSplitter>
+#include <QStatusBar>
+#include <QTableView>
+#include <QTimer>
+#include <QVBoxLayout>
+#include <QGroupBox>
+
+#include <algorithm>
+#include <exception>
+
+#include "lathe/core/error.h"
+#include "lathe/widgets/dashboard.h"
+#include "lathe/widgets/run_form.h"
+#include "lathe/widgets/run_list_model.h"
+#include "training_session.h"
+
+namespace lathe::app {
+
+namespace {
+
+// Runs written by another process (lathectl train into the same workspace) show up
+// without a manual refresh; the read is a few milliseconds.
+constexpr int kRefreshMs = 3000;
+
+bool isFinal(const std::string& status) {
+    return status == "completed" || status == "failed" || status == "stopped";
+}
+
+}  // namespace
+
+MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
+    : QMainWindow(parent), m_store(std::move(store)) {
+    m_form = new widgets::RunForm;
+    m_form->setObjectName(QStringLiteral("runForm"));
+    auto* formBox = new QGroupBox(tr("New run"));
+    auto* formLayout = new QVBoxLayout(formBox);
+    formLayout->addWidget(m_form);
+    auto* formScroll = new QScrollArea;
+    formScroll->setWidget(formBox);
+    formScroll->setWidgetResizable(true);
+    formScroll->setFrameShape(QFrame::NoFrame);
+    formScroll->setMinimumWidth(300);
+
+    m_runModel = new widgets::RunListModel(this);
+    m_proxy = new QSortFilterProxyModel(this);
+    m_proxy->setSourceModel(m_runModel);
+    m_proxy->setSortRole(widgets::RunListModel::SortRole);
+    m_table = new QTableView;
+    m_table->setObjectName(QStringLiteral("runTable"));
+    m_table->setModel(m_proxy);
+    m_table->setSelectionBehavior(QAbstractItemView::SelectRows);
+    m_table->setSelectionMode(QAbstractItemView::ExtendedSelection);
+    m_table->setSortingEnabled(true);
+    m_table->sortByColumn(widgets::RunListModel::ColId, Qt::DescendingOrder);
+    m_table->verticalHeader()->hide();
+    m_table->verticalHeader()->setDefaultSectionSize(fontMetrics().height() + 6);
+    m_table->horizontalHeader()->setStretchLastSection(true);
+    m_table->setAlternatingRowColors(true);
+    m_table->setWordWrap(false);
+    m_table->setToolTip(tr("Select several runs (Ctrl/Shift) to overlay their curves"));
+
+    m_dashboard = new widgets::Dashboard;
+    m_dashboard->setObjectName(QStringLiteral("dashboard"));
+
+    auto* right = new QSplitter(Qt::Vertical);
+    right->addWidget(m_table);
+    right->addWidget(m_dashboard);
+    right->setStretchFactor(0, 1);
+    right->setStretchFactor(1, 3);
+    right->setSizes({220, 660});
+    auto* main = new QSplitter(Qt::Horizontal);
+    main->addWidget(formScroll);
+    main->addWidget(right);
+    main->setStretchFactor(0, 0);
+    main->setStretchFactor(1, 1);
+    main->setSizes({320, 1080});
+    setCentralWidget(main);
+
+    m_progress = new QLabel;
+    statusBar()->addPermanentWidget(m_progress);
+
+    m_session = std::make_unique<TrainingSession>(*m_store);
+    connectSession();
+    connect(m_form, &widgets::RunForm::startRequested, this, &MainWindow::onStartRequested);
+    connect(m_form, &widgets::RunForm::stopRequested, this, [this] {
+        m_session->requestStop();
+        statusBar()->showMessage(tr("Stopping after the current step…"));
+    });
+    connect(m_table->selectionModel(), &QItemSelectionModel::selectionChanged, this, &MainWindow::onSelectionChanged);
+
+    m_refreshTimer = new QTimer(this);
+    m_refreshTimer->setInterval(kRefreshMs);
+    connect(m_refreshTimer, &QTimer::timeout, this, &MainWindow::refreshRuns);
+    m_refreshTimer->start();
+
+    buildMenus();
+    updateTitle();
+    resize(1400, 900);
+    refreshRuns();
+    for (int c = 0; c < widgets::RunListModel::ColumnCount - 1; ++c) m_table->resizeColumnToContents(c);
+    statusBar()->showMessage(tr("%n run(s) in this workspace", nullptr, m_runModel->rowCount()), 5000);
+}
+
+MainWindow::~MainWindow() {
+    // The session references the store: end it (stop + join) before the store goes.
+    m_session.reset();
+}
+
+void MainWindow::buildMenus() {
+    QMenu* file = menuBar()->addMenu(tr("&File"));
+    QAction* open = file->addAction(tr("&Open workspace…"), this, &MainWindow::openWorkspaceDialog);
+    open->setShortcut(QKeySequence::Open);
+    QAction* exportAction = file->addAction(tr("&Export chart…"), this, &MainWindow::exportChartsDialog);
+    exportAction->setShortcut(QKeySequence(tr("Ctrl+E")));
+    file->addSeparator();
+    QAction* quit = file->addAction(tr("&Quit"), this, &QWidget::close);
+    quit->setShortcut(QKeySequence::Quit);
+
+    QMenu* run = menuBar()->addMenu(tr("&Run"));
+    QAction* start = run->addAction(tr("&Start"), m_form->startButton(), &QAbstractButton::click);
+    start->setShortcut(QKeySequence(tr("Ctrl+Return")));
+    run->addAction(tr("S&top"), m_form->stopButton(), &QAbstractButton::click);
+    run->addSeparator();
+    QAction* refresh = run->addAction(tr("&Refresh runs"), this, &MainWindow::refreshRuns);
+    refresh->setShortcut(QKeySequence::Refresh);
+}
+
+void MainWindow::connectSession() {
+    connect(m_session.get(), &TrainingSession::started, this, &MainWindow::onStarted);
+    connect(m_session.get(), &TrainingSession::eventsArrived, this, &MainWindow::onEvents);
+    connect(m_session.get(), &TrainingSession::finished, this, &MainWindow::onFinished);
+}
+
+void MainWindow::updateTitle() {
+    setWindowTitle(tr("Lathe — %1").arg(QString::fromStdString(m_store->path())));
+}
+
+void MainWindow::refreshRuns() {
+    std::vector<core::RunRecord> runs;
+    try {
+        runs = m_store->listRuns();
+        for (const auto& r : runs) {
+            if (m_valAccuracyFinal.count(r.id)) continue;
+            const auto last = m_store->lastMetrics(r.id);
+            auto it = last.find("val/accuracy");
+            if (it != last.end()) m_valAccuracy[r.id] = it->second;
+            if (isFinal(r.status)) m_valAccuracyFinal.insert(r.id);
+        }
+    } catch (const std::exception& e) {
+        statusBar()->showMessage(tr("Could not read the runs: %1").arg(QString::fromUtf8(e.what())));
+        return;
+    }
+    m_runModel->setRuns(std::move(runs), m_valAccuracy);
+}
+
+std::vector<int64_t> MainWindow::selectedRuns() const {
+    std::vector<int64_t> ids;
+    for (const QModelIndex& idx : m_table->selectionModel()->selectedRows())
+        ids.push_back(idx.data(widgets::RunListModel::RunIdRole).toLongLong());
+    std::sort(ids.begin(), ids.end());
+    return ids;
+}
+
+void MainWindow::selectRuns(const std::vector<int64_t>& runIds) {
+    QItemSelection selection;
+    for (int64_t id : runIds) {
+        const int row = m_runModel->rowOfRun(id);
+        if (row < 0) continue;
+        const QModelIndex src = m_runModel->index(row, 0);
+        const QModelIndex idx = m_proxy->mapFromSource(src);
+        selection.select(idx, idx.siblingAtColumn(widgets::RunListModel::ColumnCount - 1));
+    }
+    m_table->selectionModel()->select(selection, QItemSelectionModel::ClearAndSelect | QItemSelectionModel::Rows);
+    if (!selection.isEmpty()) m_table->scrollTo(selection.indexes().first());
+}
+
+void MainWindow::onSelectionChanged() {
+    try {
+        m_dashboard->showRuns(*m_store, selectedRuns());
+    } catch (const std::exception& e) {
+        showError(tr("Could not load metrics"), QString::fromUtf8(e.what()));
+    }
+}
+
+void MainWindow::onStartRequested(const core::RunSpec& spec) {
+    if (!m_session->start(spec)) {
+        statusBar()->showMessage(tr("A run is already in progress."), 5000);
+        return;
+    }
+    m_form->setRunning(true);
+    m_progress->setText(tr("starting…"));
+    statusBar()->showMessage(tr("Starting run on %1…").arg(QString::fromStdString(spec.data)));
+}
+
+void MainWindow::onStarted(qint64 runId) {
+    if (m_liveRunId != 0 && m_liveRunId != runId) m_dashboard->forgetLive(m_liveRunId);
+    m_liveRunId = runId;
+    refreshRuns();
+    // Show the new run on its own: its live curves are what the user wants to watch now.
+    selectRuns({runId});
+    statusBar()->showMessage(tr("Run %1 training").arg(runId));
+}
+
+void MainWindow::onEvents(qint64 runId, const std::vector<core::Event>& events) {
+    m_dashboard->onEvents(runId, events);
+    for (auto it = events.rbegin(); it != events.rend(); ++it) {
+        if (it->type == core::Event::Type::Metric) {
+            m_progress->setText(tr("run %1 · step %2 · %3 %4")
+                                    .arg(runId)
+                                    .arg(it->step)
+                                    .arg(QString::fromStdString(it->key))
+                                    .arg(it->value, 0, 'g', 4));
+            break;
+        }
+    }
+    for (const auto& e : events) {
+        if (e.type == core::Event::Type::Error) statusBar()->showMessage(QString::fromStdString(e.text));
+    }
+}
+
+void MainWindow::onFinished(qint64 runId, const QString& status, const QString& error) {
+    m_form->setRunning(false);
+    refreshRuns();
+    m_progress->setText(runId ? tr("run %1 %2").arg(runId).arg(status) : QString());
+    if (status == QLatin1String("failed")) {
+        const QString what = runId ? tr("Run %1 failed").arg(runId) : tr("The run could not start");
+        showError(what, error.isEmpty() ? tr("No error message was recorded.") : error);
+    } else {
+        statusBar()->showMessage(tr("Run %1 %2").arg(runId).arg(status), 10000);
+    }
+}
+
+void MainWindow::showError(const QString& title, const QString& message) {
+    m_lastError = message;
+    statusBar()->showMessage(title + QStringLiteral(": ") + message);
+    // Window-modal but not blocking, so a failing run never stalls the event loop.
+    auto* box = new QMessageBox(QMessageBox::Warning, title, message, QMessageBox::Ok, this);
+    box->setAttribute(Qt::WA_DeleteOnClose);
+    box->open();
+}
+
+bool MainWindow::openWorkspace(const QString& path) {
+    if (m_session->isRunning()) {
+        showError(tr("Cannot switch workspace"), tr("Stop the current run first."));
+        return false;
+    }
+    std::unique_ptr<core::Store> next;
+    try {
+        next = std::make_unique<core::Store>(path.toStdString());
+    } catch (const std::exception& e) {
+        showError(tr("Cannot open workspace"), tr("%1: %2").arg(path, QString::fromUtf8(e.what())));
+        return false;
+    }
+    m_session.reset();
+    m_dashboard->clear();
+    if (m_liveRunId) m_dashboard->forgetLive(m_liveRunId);
+    m_liveRunId = 0;
+    m_valAccuracy.clear();
+    m_valAccuracyFinal.clear();
+    m_runModel->setRuns({});
+    m_store = std::move(next);
+    m_session = std::make_unique<TrainingSession>(*m_store);
+    connectSession();
+    updateTitle();
+    refreshRuns();
+    statusBar()->showMessage(tr("Opened %1 (%n run(s))", nullptr, m_runModel->rowCount()).arg(path), 5000);
+    return true;
+}
+
+void MainWindow::openWorkspaceDialog() {
+    const QString path = QFileDialog::getSaveFileName(
+        this, tr("Open or create a workspace"), QFileInfo(QString::fromStdString(m_store->path())).absolutePath(),
+        tr("Lathe workspace (*.db);;All files (*)"), nullptr, QFileDialog::DontConfirmOverwrite);
+    if (!path.isEmpty()) openWorkspace(path);
+}
+
+void MainWindow::exportChartsDialog() {
+    QString selected;
+    QString path = QFileDialog::getSaveFileName(this, tr("Export charts"), QStringLiteral("lathe-charts.png"),
+                                                tr("PNG image (*.png);;PDF document (*.pdf)"), &selected);
+    if (path.isEmpty()) return;
+    if (QFileInfo(path).suffix().isEmpty())
+        path += selected.contains(QLatin1String("pdf")) ? QStringLiteral(".pdf") : QStringLiteral(".png");
+    if (m_dashboard->exportCharts(path))
+        statusBar()->showMessage(tr("Saved %1").arg(path), 5000);
+    else
+        showError(tr("Export failed"), tr("Could not write %1.").arg(path));
+}
+
+void MainWindow::closeEvent(QCloseEvent* event) {
+    if (m_session->isRunning()) {
+        statusBar()->showMessage(tr("Stopping the run…"));
+        m_session->stopAndWait();
+    }
+    event->accept();
+}
+
+}  // namespace lathe::app

@@ -1,0 +1,86 @@
+#pragma once
+// The main window wires the run form, the runs table, the dashboard and the training
+// session together; the work itself happens in those classes.
+#include <QMainWindow>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "lathe/core/events.h"
+#include "lathe/core/run_spec.h"
+#include "lathe/core/store.h"
+
+class QLabel;
+class QSortFilterProxyModel;
+class QTableView;
+class QTimer;
+
+namespace lathe::widgets {
+class Dashboard;
+class RunForm;
+class RunListModel;
+}  // namespace lathe::widgets
+
+namespace lathe::app {
+
+class TrainingSession;
+
+class MainWindow : public QMainWindow {
+    Q_OBJECT
+public:
+    explicit MainWindow(std::unique_ptr<core::Store> store, QWidget* parent = nullptr);
+    ~MainWindow() override;
+
+    core::Store& store() const { return *m_store; }
+    widgets::RunForm* runForm() const { return m_form; }
+    widgets::Dashboard* dashboard() const { return m_dashboard; }
+    widgets::RunListModel* runModel() const { return m_runModel; }
+    QTableView* runTable() const { return m_table; }
+    TrainingSession* session() const { return m_session.get(); }
+    /// The last error shown to the user (for tests and the status bar).
+    QString lastError() const { return m_lastError; }
+
+    /// Re-reads the runs list; selection and scroll position are kept.
+    void refreshRuns();
+    /// Selects exactly these runs in the table (the dashboard follows the selection).
+    void selectRuns(const std::vector<int64_t>& runIds);
+    std::vector<int64_t> selectedRuns() const;
+    /// Switches to another workspace file. Refused while training; errors are shown.
+    bool openWorkspace(const QString& path);
+
+protected:
+    void closeEvent(QCloseEvent* event) override;
+
+private:
+    void buildMenus();
+    void connectSession();
+    void onStartRequested(const core::RunSpec& spec);
+    void onStarted(qint64 runId);
+    void onEvents(qint64 runId, const std::vector<core::Event>& events);
+    void onFinished(qint64 runId, const QString& status, const QString& error);
+    void onSelectionChanged();
+    void openWorkspaceDialog();
+    void exportChartsDialog();
+    void showError(const QString& title, const QString& message);
+    void updateTitle();
+
+    std::unique_ptr<core::Store> m_store;
+    std::unique_ptr<TrainingSession> m_session;
+    widgets::RunForm* m_form = nullptr;
+    widgets::Dashboard* m_dashboard = nullptr;
+    widgets::RunListModel* m_runModel = nullptr;
+    QSortFilterProxyModel* m_proxy = nullptr;
+    QTableView* m_table = nullptr;
+    QLabel* m_progress = nullptr;
+    QTimer* m_refreshTimer = nullptr;
+    // Final val/accuracy per run; runs in a final state are not asked again.
+    std::map<int64_t, double> m_valAccuracy;
+    std::set<int64_t> m_valAccuracyFinal;
+    int64_t m_liveRunId = 0;
+    QString m_lastError;
+};
+
+}  // namespace lathe::app

@@ -1,0 +1,74 @@
+#pragma once
+// Runs core::trainAndRecord on its own thread, one run at a time. The training thread never
+// touches widgets: it appends events to a mutex-protected staging vector and posts at most
+// one drain request at a time; the GUI thread drains in bulk and re-emits the events.
+#include <QObject>
+#include <QString>
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "lathe/core/events.h"
+#include "lathe/core/run_spec.h"
+#include "lathe/core/store.h"
+#include "lathe/core/training.h"
+
+namespace lathe::app {
+
+class TrainingSession : public QObject {
+    Q_OBJECT
+public:
+    explicit TrainingSession(core::Store& store, QObject* parent = nullptr);
+    /// Requests a stop and joins, so closing the window never leaves a thread behind.
+    ~TrainingSession() override;
+
+    /// Starts a run in the background. Returns false when a run is already in progress.
+    bool start(const core::RunSpec& spec);
+    /// Asks the trainer to stop after the current step; finished() follows.
+    void requestStop();
+    /// Stops and blocks until the training thread has ended (used on close).
+    void stopAndWait();
+
+    bool isRunning() const { return m_running; }
+    bool stopRequested() const { return m_stop.load(); }
+    /// The id of the current (or last) run; 0 until the store has created it.
+    int64_t runId() const;
+
+Q_SIGNALS:
+    void started(qint64 runId);
+    /// Emitted on the GUI thread with every event since the previous emission, in order.
+    void eventsArrived(qint64 runId, const std::vector<lathe::core::Event>& events);
+    /// status: "completed" | "stopped" | "failed"; runId is 0 when the spec was rejected
+    /// before a run was created.
+    void finished(qint64 runId, const QString& status, const QString& error);
+
+private:
+    void observe(const core::Event& event);  // training thread
+    int64_t resolveRunId() const;           // training thread
+    void drain();                           // GUI thread
+    void onWorkerDone();                    // GUI thread
+
+    core::Store& m_store;
+    std::thread m_thread;
+    std::atomic<bool> m_stop{false};
+    bool m_running = false;  // GUI thread only
+    bool m_startedEmitted = false;
+
+    // Set before the thread starts, read by it.
+    std::set<int64_t> m_knownRunIds;
+    std::string m_specToml;
+
+    mutable std::mutex m_mutex;  // guards everything below
+    std::vector<core::Event> m_staged;
+    bool m_drainPending = false;
+    int64_t m_runId = 0;
+    std::string m_status;
+    std::string m_error;
+};
+
+}  // namespace lathe::app
