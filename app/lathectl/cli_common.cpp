@@ -58,7 +58,7 @@ void removeStopHandler() {
 void addSpecFlags(CLI::App* cmd, SpecFlags& flags) {
     cmd->add_option("config", flags.config, "TOML run configuration; flags override its keys");
     for (const auto& k : core::specKeys()) {
-        std::string typeName = k.kind == "int" ? "INT" : k.kind == "float" ? "X" : k.kind == "int-list" ? "N,N…" : "TEXT";
+        std::string typeName = k.kind == "int" ? "INT" : k.kind == "float" ? "X" : k.kind == "int-list" ? "N,N,..." : "TEXT";
         if (k.kind == "choice") {
             typeName.clear();
             for (const auto& c : k.choices) typeName += (typeName.empty() ? "" : "|") + c;

@@ -1,4 +1,5 @@
 #include <catch2/catch.hpp>
+#include <filesystem>
 
 #include "lathe/core/error.h"
 #include "lathe/core/run_spec.h"
@@ -61,4 +62,15 @@ TEST_CASE("TOML errors name the file, the line and the key", "[spec]") {
     const RunSpec ok = parseRunSpec("lr = 1\nhidden = [8]\nmodel = \"cnn\"\n", "r");
     CHECK(ok.lr == 1.0);  // an integer is accepted where a float is expected
     CHECK(ok.model == "cnn");
+}
+
+TEST_CASE("every shipped config in resources/configs is valid", "[spec]") {
+    int n = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(std::string(LATHE_SOURCE_DIR) + "/resources/configs")) {
+        if (entry.path().extension() != ".toml") continue;
+        INFO(entry.path());
+        CHECK_NOTHROW(loadRunSpec(entry.path().string()));
+        ++n;
+    }
+    CHECK(n >= 3);
 }
