@@ -4,12 +4,14 @@
 #include <QCloseEvent>
 #include <QFileDialog>
 #include <QFileInfo>
+#include <QGroupBox>
 #include <QHeaderView>
 #include <QItemSelectionModel>
-#include <QPushButton>
 #include <QLabel>
 #include <QMenuBar>
 #include <QMessageBox>
+#include <QProgressBar>
+#include <QPushButton>
 #include <QScrollArea>
 #include <QSortFilterProxyModel>
 #include <QSplitter>
@@ -17,7 +19,6 @@
 #include <QTableView>
 #include <QTimer>
 #include <QVBoxLayout>
-#include <QGroupBox>
 
 #include <algorithm>
 #include <exception>
@@ -92,6 +93,11 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
 
     m_progress = new QLabel;
     statusBar()->addPermanentWidget(m_progress);
+    m_progressBar = new QProgressBar;
+    m_progressBar->setMaximumWidth(180);
+    m_progressBar->setTextVisible(true);
+    m_progressBar->hide();
+    statusBar()->addPermanentWidget(m_progressBar);
 
     m_session = std::make_unique<TrainingSession>(*m_store);
     connectSession();
@@ -100,7 +106,8 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
         m_session->requestStop();
         statusBar()->showMessage(tr("Stopping after the current step…"));
     });
-    connect(m_table->selectionModel(), &QItemSelectionModel::selectionChanged, this, &MainWindow::onSelectionChanged);
+    connect(m_table->selectionModel(), &QItemSelectionModel::selectionChanged, this,
+            &MainWindow::onSelectionChanged);
 
     m_refreshTimer = new QTimer(this);
     m_refreshTimer->setInterval(kRefreshMs);
@@ -111,7 +118,6 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
     updateTitle();
     resize(1400, 900);
     refreshRuns();
-    for (int c = 0; c < widgets::RunListModel::ColumnCount - 1; ++c) m_table->resizeColumnToContents(c);
     statusBar()->showMessage(tr("%n run(s) in this workspace", nullptr, m_runModel->rowCount()), 5000);
 }
 
@@ -164,7 +170,12 @@ void MainWindow::refreshRuns() {
         statusBar()->showMessage(tr("Could not read the runs: %1").arg(QString::fromUtf8(e.what())));
         return;
     }
+    const int before = m_runModel->rowCount();
     m_runModel->setRuns(std::move(runs), m_valAccuracy);
+    // Fit the columns to real content once rows arrive, not on every refresh: a user's
+    // manual column widths survive the periodic refresh.
+    if (m_runModel->rowCount() != before)
+        for (int c = 0; c < widgets::RunListModel::ColumnCount - 1; ++c) m_table->resizeColumnToContents(c);
 }
 
 std::vector<int64_t> MainWindow::selectedRuns() const {
@@ -184,7 +195,8 @@ void MainWindow::selectRuns(const std::vector<int64_t>& runIds) {
         const QModelIndex idx = m_proxy->mapFromSource(src);
         selection.select(idx, idx.siblingAtColumn(widgets::RunListModel::ColumnCount - 1));
     }
-    m_table->selectionModel()->select(selection, QItemSelectionModel::ClearAndSelect | QItemSelectionModel::Rows);
+    m_table->selectionModel()->select(selection,
+                                      QItemSelectionModel::ClearAndSelect | QItemSelectionModel::Rows);
     if (!selection.isEmpty()) m_table->scrollTo(selection.indexes().first());
 }
 
@@ -217,6 +229,17 @@ void MainWindow::onStarted(qint64 runId) {
 
 void MainWindow::onEvents(qint64 runId, const std::vector<core::Event>& events) {
     m_dashboard->onEvents(runId, events);
+    // Status events carry the planned number of steps; metric steps then give the progress.
+    int64_t step = -1;
+    for (const auto& e : events) {
+        if (e.type == core::Event::Type::Status && e.value > 0) {
+            m_progressBar->setRange(0, int(std::min<double>(e.value, 2e9)));
+            m_progressBar->show();
+        }
+        if (e.type == core::Event::Type::Metric) step = std::max(step, e.step);
+    }
+    if (step >= 0 && m_progressBar->maximum() > 0)
+        m_progressBar->setValue(int(std::min<int64_t>(step, m_progressBar->maximum())));
     for (auto it = events.rbegin(); it != events.rend(); ++it) {
         if (it->type == core::Event::Type::Metric) {
             m_progress->setText(tr("run %1 · step %2 · %3 %4")
@@ -234,6 +257,8 @@ void MainWindow::onEvents(qint64 runId, const std::vector<core::Event>& events) 
 
 void MainWindow::onFinished(qint64 runId, const QString& status, const QString& error) {
     m_form->setRunning(false);
+    m_progressBar->hide();
+    m_progressBar->setRange(0, 0);
     refreshRuns();
     m_progress->setText(runId ? tr("run %1 %2").arg(runId).arg(status) : QString());
     if (status == QLatin1String("failed")) {
@@ -283,7 +308,8 @@ bool MainWindow::openWorkspace(const QString& path) {
 
 void MainWindow::openWorkspaceDialog() {
     const QString path = QFileDialog::getSaveFileName(
-        this, tr("Open or create a workspace"), QFileInfo(QString::fromStdString(m_store->path())).absolutePath(),
+        this, tr("Open or create a workspace"),
+        QFileInfo(QString::fromStdString(m_store->path())).absolutePath(),
         tr("Lathe workspace (*.db);;All files (*)"), nullptr, QFileDialog::DontConfirmOverwrite);
     if (!path.isEmpty()) openWorkspace(path);
 }

@@ -14,6 +14,7 @@
 #include "lathe/core/store.h"
 
 class QLabel;
+class QProgressBar;
 class QSortFilterProxyModel;
 class QTableView;
 class QTimer;
@@ -75,6 +76,7 @@ private:
     QSortFilterProxyModel* m_proxy = nullptr;
     QTableView* m_table = nullptr;
     QLabel* m_progress = nullptr;
+    QProgressBar* m_progressBar = nullptr;
     QTimer* m_refreshTimer = nullptr;
     // Final val/accuracy per run; runs in a final state are not asked again.
     std::map<int64_t, double> m_valAccuracy;

@@ -1,0 +1,166 @@
+#include <catch2/catch.hpp>
+
+#include <QPushButton>
+#include <QSignalSpy>
+#include <QTableView>
+#include <QTemporaryDir>
+
+#include <memory>
+
+#include "lathe/core/store.h"
+#include "lathe/widgets/dashboard.h"
+#include "lathe/widgets/metric_chart.h"
+#include "lathe/widgets/run_form.h"
+#include "lathe/widgets/run_list_model.h"
+#include "main_window.h"
+#include "test_helpers.h"
+#include "training_session.h"
+
+using lathe::app::MainWindow;
+using lathe::app::TrainingSession;
+using lathe::test::outputPath;
+using lathe::test::waitUntil;
+
+namespace {
+
+std::unique_ptr<MainWindow> openWindow(const QString& db) {
+    auto w = std::make_unique<MainWindow>(std::make_unique<lathe::core::Store>(db.toStdString()));
+    w->resize(1400, 900);
+    w->show();
+    return w;
+}
+
+constexpr int kRunTimeoutMs = 180000;
+
+}  // namespace
+
+TEST_CASE("End to end: train from the window, watch live curves, stop, reopen", "[widgets][e2e]") {
+    QTemporaryDir dir;
+    REQUIRE(dir.isValid());
+    const QString db = dir.path() + "/workspace.db";
+    int64_t completedRun = 0, stoppedRun = 0;
+
+    {
+        auto window = openWindow(db);
+        auto* form = window->runForm();
+        auto* loss = window->dashboard()->lossChart();
+        CHECK(window->runModel()->rowCount() == 0);
+
+        // ---- a short run that completes --------------------------------------------------
+        form->setFieldText("name", "gui-e2e");
+        form->setFieldText("data", "synthetic:spirals");
+        form->setFieldText("epochs", "4");
+        form->setFieldText("lr", "0.01");
+        REQUIRE(form->isValid());
+
+        QSignalSpy started(window->session(), &TrainingSession::started);
+        QSignalSpy finished(window->session(), &TrainingSession::finished);
+        QTest::mouseClick(form->startButton(), Qt::LeftButton);
+        CHECK(form->stopButton()->isEnabled());
+        CHECK_FALSE(form->startButton()->isEnabled());
+
+        REQUIRE(waitUntil([&] { return finished.count() == 1; }, kRunTimeoutMs));
+        REQUIRE(started.count() == 1);
+        completedRun = started.at(0).at(0).toLongLong();
+        REQUIRE(completedRun > 0);
+        CHECK(finished.at(0).at(0).toLongLong() == completedRun);
+        INFO("error: " << finished.at(0).at(2).toString().toStdString());
+        CHECK(finished.at(0).at(1).toString() == "completed");
+        CHECK(form->startButton()->isEnabled());
+
+        // Live points arrive through the coalescing timer; then the chart matches the store.
+        auto* accuracy = window->dashboard()->accuracyChart();
+        REQUIRE(waitUntil(
+            [&] {
+                return loss->stagedCount() == 0 && accuracy->stagedCount() == 0 &&
+                       loss->pointCount(completedRun, "train/loss") > 0;
+            },
+            2000));
+        const auto stored = window->store().metrics(completedRun, "train/loss");
+        CHECK(loss->pointCount(completedRun, "train/loss") == int(stored.size()));
+        CHECK(loss->pointCount(completedRun, "val/loss") == 4);
+        CHECK(accuracy->pointCount(completedRun, "val/accuracy") == 4);
+        CHECK(window->selectedRuns() == std::vector<int64_t>{completedRun});
+        REQUIRE(window->runModel()->rowCount() == 1);
+        CHECK(window->runModel()->runById(completedRun)->status == "completed");
+        CHECK_FALSE(window->runModel()
+                        ->index(0, lathe::widgets::RunListModel::ColValAccuracy)
+                        .data()
+                        .toString()
+                        .isEmpty());
+
+        QTest::qWait(100);
+        REQUIRE(window->grab().save(outputPath("gui_training.png")));
+
+        // ---- a long run: points must appear while it trains; Stop ends it cleanly ---------
+        form->setFieldText("name", "gui-stop");
+        form->setFieldText("epochs", "5000");
+        form->setFieldText("log_every", "1");
+        REQUIRE(form->isValid());
+        started.clear();
+        finished.clear();
+        QTest::mouseClick(form->startButton(), Qt::LeftButton);
+        REQUIRE(waitUntil([&] { return started.count() == 1; }, kRunTimeoutMs));
+        stoppedRun = started.at(0).at(0).toLongLong();
+        CHECK(stoppedRun != completedRun);
+        REQUIRE(waitUntil([&] { return loss->pointCount(stoppedRun, "train/loss") >= 20; }, kRunTimeoutMs));
+        CHECK(window->session()->isRunning());  // curves update while training, not at the end
+        CHECK(window->runModel()->runById(stoppedRun) != nullptr);
+        // Coalescing: many points per flush, far fewer flushes than points.
+        CHECK(loss->flushCount() < loss->pointCount(stoppedRun, "train/loss"));
+        QTest::qWait(300);
+        window->grab().save(outputPath("gui_training_live.png"));
+        QTest::mouseClick(form->stopButton(), Qt::LeftButton);
+        REQUIRE(waitUntil([&] { return finished.count() == 1; }, 60000));
+        CHECK(finished.at(0).at(1).toString() == "stopped");
+        CHECK(window->runModel()->runById(stoppedRun)->status == "stopped");
+
+        // ---- a spec the form would reject, sent anyway: the error is shown ---------------
+        lathe::core::RunSpec bad;
+        bad.lr = -1;
+        finished.clear();
+        Q_EMIT form->startRequested(bad);
+        REQUIRE(waitUntil([&] { return finished.count() == 1; }, 10000));
+        CHECK(finished.at(0).at(0).toLongLong() == 0);
+        CHECK(finished.at(0).at(1).toString() == "failed");
+        CHECK(window->lastError().contains("lr"));
+        CHECK(window->runModel()->rowCount() == 2);
+    }
+
+    // ---- reopening shows every earlier run and its curves --------------------------------
+    {
+        auto window = openWindow(db);
+        REQUIRE(window->runModel()->rowCount() == 2);
+        window->selectRuns({completedRun, stoppedRun});
+        auto* loss = window->dashboard()->lossChart();
+        CHECK(loss->pointCount(completedRun, "train/loss") > 0);
+        CHECK(loss->pointCount(stoppedRun, "train/loss") >= 20);
+        CHECK(window->dashboard()->shownRuns().size() == 2);
+        QTest::qWait(100);
+        window->grab().save(outputPath("gui_reopened.png"));
+    }
+}
+
+TEST_CASE("Closing the window while training stops and joins", "[widgets][e2e]") {
+    QTemporaryDir dir;
+    REQUIRE(dir.isValid());
+    const QString db = dir.path() + "/workspace.db";
+    auto window = openWindow(db);
+    auto* form = window->runForm();
+    form->setFieldText("data", "synthetic:spirals");
+    form->setFieldText("epochs", "5000");
+    QSignalSpy started(window->session(), &TrainingSession::started);
+    QTest::mouseClick(form->startButton(), Qt::LeftButton);
+    REQUIRE(waitUntil([&] { return started.count() == 1; }, kRunTimeoutMs));
+    const int64_t id = started.at(0).at(0).toLongLong();
+    QElapsedTimer t;
+    t.start();
+    window->close();
+    CHECK(window->session()->stopRequested());
+    window.reset();  // joins the training thread
+    CHECK(t.elapsed() < 30000);
+    lathe::core::Store store(db.toStdString());
+    const auto run = store.run(id);
+    REQUIRE(run);
+    CHECK(run->status == "stopped");
+}

@@ -1,0 +1,59 @@
+#pragma once
+// The training dashboard: a loss chart above an accuracy chart for the selected runs. History
+// comes from the store; the live run's points come from the event stream and are merged with
+// the history by step, so selecting a run while it trains neither loses nor doubles points.
+#include <QWidget>
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "lathe/core/events.h"
+#include "lathe/core/store.h"
+
+namespace lathe::widgets {
+
+class MetricChart;
+
+class Dashboard : public QWidget {
+    Q_OBJECT
+public:
+    explicit Dashboard(QWidget* parent = nullptr);
+
+    MetricChart* lossChart() const { return m_loss; }
+    MetricChart* accuracyChart() const { return m_accuracy; }
+    /// The chart a metric key belongs to, or nullptr for keys the dashboard does not plot.
+    MetricChart* chartFor(const std::string& key) const;
+
+    /// Shows exactly these runs, loading their history from the store.
+    void showRuns(const core::Store& store, const std::vector<int64_t>& runIds);
+    std::vector<int64_t> shownRuns() const { return {m_shown.begin(), m_shown.end()}; }
+    bool isShown(int64_t runId) const { return m_shown.count(runId) != 0; }
+    void clear();
+
+    /// Live events of a running run (metrics are plotted, other types ignored here).
+    void onEvent(int64_t runId, const core::Event& event);
+    void onEvents(int64_t runId, const std::vector<core::Event>& events);
+    /// Drops the live cache of a run (e.g. when another run starts).
+    void forgetLive(int64_t runId);
+
+    /// Renders both charts stacked into one PNG or PDF (by suffix).
+    bool exportCharts(const QString& path, int width = 1200, int height = 900);
+
+private:
+    using SeriesKey = std::pair<int64_t, std::string>;
+    void plotLive(int64_t runId, const std::string& key, const core::MetricPoint& p);
+
+    MetricChart* m_loss = nullptr;
+    MetricChart* m_accuracy = nullptr;
+    std::set<int64_t> m_shown;
+    // Every live point seen this session, so a run selected mid-training gets what the store
+    // writer has not committed yet.
+    std::map<SeriesKey, std::vector<core::MetricPoint>> m_live;
+    // Last step plotted per series; live points at or before it are already on the chart.
+    std::map<SeriesKey, int64_t> m_lastStep;
+};
+
+}  // namespace lathe::widgets

@@ -1,0 +1,304 @@
+#include "lathe/widgets/run_form.h"
+
+#include <QComboBox>
+#include <QFileDialog>
+#include <QFormLayout>
+#include <QHBoxLayout>
+#include <QLabel>
+#include <QLineEdit>
+#include <QPushButton>
+#include <QToolButton>
+#include <QVBoxLayout>
+
+#include <algorithm>
+#include <exception>
+
+namespace lathe::widgets {
+
+namespace {
+
+// The keys an engineer changes on almost every run, in reading order; the rest of the spec
+// table goes into the collapsed "Advanced" section so the form stays short.
+const char* const kPrimaryKeys[] = {"name", "experiment", "model",  "data", "optimizer",
+                                    "lr",   "batch",      "epochs", "seed", "hidden"};
+
+bool isPrimary(const std::string& key) {
+    return std::any_of(std::begin(kPrimaryKeys), std::end(kPrimaryKeys),
+                       [&](const char* k) { return key == k; });
+}
+
+QString labelFor(const std::string& key) {
+    QString s = QString::fromStdString(key);
+    s.replace(QLatin1Char('_'), QLatin1Char(' '));
+    if (s == QLatin1String("lr")) return QStringLiteral("learning rate");
+    if (s == QLatin1String("hidden")) return QStringLiteral("hidden widths");
+    return s;
+}
+
+const char* const kInvalidStyle = "border: 1px solid #d32f2f; border-radius: 2px; background: #fff5f5;";
+
+}  // namespace
+
+RunForm::RunForm(QWidget* parent) : QWidget(parent) {
+    const core::RunSpec defaults;
+    auto* outer = new QVBoxLayout(this);
+    outer->setContentsMargins(0, 0, 0, 0);
+
+    auto* primary = new QFormLayout;
+    primary->setFieldGrowthPolicy(QFormLayout::AllNonFixedFieldsGrow);
+    const auto& keys = core::specKeys();
+    for (const char* name : kPrimaryKeys) {
+        auto it =
+            std::find_if(keys.begin(), keys.end(), [&](const core::SpecKey& k) { return k.name == name; });
+        if (it != keys.end()) addField(primary, *it, defaults);
+    }
+    outer->addLayout(primary);
+
+    // Advanced keys: everything else the spec table knows, so a new core key shows up here
+    // without a GUI change.
+    auto* toggle = new QToolButton(this);
+    toggle->setText(tr("Advanced"));
+    toggle->setCheckable(true);
+    toggle->setToolButtonStyle(Qt::ToolButtonTextBesideIcon);
+    toggle->setArrowType(Qt::RightArrow);
+    toggle->setAutoRaise(true);
+    auto* advanced = new QWidget(this);
+    auto* advancedLayout = new QFormLayout(advanced);
+    advancedLayout->setContentsMargins(0, 0, 0, 0);
+    advancedLayout->setFieldGrowthPolicy(QFormLayout::AllNonFixedFieldsGrow);
+    for (const auto& k : keys)
+        if (!isPrimary(k.name)) addField(advancedLayout, k, defaults);
+    advanced->setVisible(false);
+    connect(toggle, &QToolButton::toggled, this, [toggle, advanced](bool on) {
+        toggle->setArrowType(on ? Qt::DownArrow : Qt::RightArrow);
+        advanced->setVisible(on);
+    });
+    if (advancedLayout->rowCount() > 0) {
+        outer->addWidget(toggle);
+        outer->addWidget(advanced);
+    } else {
+        toggle->hide();
+    }
+
+    m_errors = new QLabel(this);
+    m_errors->setWordWrap(true);
+    m_errors->setStyleSheet(QStringLiteral("color: #c62828;"));
+    m_errors->setTextInteractionFlags(Qt::TextSelectableByMouse);
+    m_errors->hide();
+    outer->addWidget(m_errors);
+
+    auto* buttons = new QHBoxLayout;
+    m_start = new QPushButton(tr("Start"), this);
+    m_start->setObjectName(QStringLiteral("startButton"));
+    m_start->setDefault(true);
+    m_stop = new QPushButton(tr("Stop"), this);
+    m_stop->setObjectName(QStringLiteral("stopButton"));
+    m_stop->setEnabled(false);
+    buttons->addStretch(1);
+    buttons->addWidget(m_start);
+    buttons->addWidget(m_stop);
+    outer->addLayout(buttons);
+    outer->addStretch(1);
+
+    connect(m_start, &QPushButton::clicked, this, &RunForm::onStartClicked);
+    connect(m_stop, &QPushButton::clicked, this, &RunForm::stopRequested);
+
+    revalidate();
+}
+
+void RunForm::addField(QFormLayout* layout, const core::SpecKey& key, const core::RunSpec& defaults) {
+    Field f;
+    f.key = key;
+    const QString name = QString::fromStdString(key.name);
+    const QString value = QString::fromStdString(core::specValue(defaults, key.name));
+    QWidget* widget = nullptr;
+
+    if (key.kind == "choice" && !key.choices.empty()) {
+        f.combo = new QComboBox(this);
+        for (const auto& c : key.choices) f.combo->addItem(QString::fromStdString(c));
+        f.combo->setCurrentText(value);
+        connect(f.combo, &QComboBox::currentTextChanged, this, &RunForm::revalidate);
+        widget = f.combo;
+    } else if (key.name == "data") {
+        // Free text with the common sources offered; csv:/idx: need a path typed or browsed.
+        f.combo = new QComboBox(this);
+        f.combo->setEditable(true);
+        f.combo->setInsertPolicy(QComboBox::NoInsert);
+        f.combo->addItems({QStringLiteral("digits"), QStringLiteral("synthetic:spirals"),
+                           QStringLiteral("csv:"), QStringLiteral("idx:")});
+        f.combo->setEditText(value);
+        f.edit = f.combo->lineEdit();
+        connect(f.edit, &QLineEdit::textChanged, this, &RunForm::revalidate);
+        auto* browse = new QToolButton(this);
+        browse->setText(QStringLiteral("…"));
+        browse->setToolTip(tr("Choose a CSV file"));
+        QComboBox* combo = f.combo;
+        connect(browse, &QToolButton::clicked, this, [this, combo] {
+            const QString file = QFileDialog::getOpenFileName(this, tr("CSV data set"), {},
+                                                              tr("CSV (*.csv *.csv.gz);;All files (*)"));
+            if (!file.isEmpty()) combo->setEditText(QStringLiteral("csv:") + file);
+        });
+        auto* row = new QWidget(this);
+        auto* h = new QHBoxLayout(row);
+        h->setContentsMargins(0, 0, 0, 0);
+        h->addWidget(f.combo, 1);
+        h->addWidget(browse);
+        widget = row;
+    } else {
+        f.edit = new QLineEdit(this);
+        f.edit->setText(value);
+        if (key.name == "name") f.edit->setPlaceholderText(tr("generated"));
+        connect(f.edit, &QLineEdit::textChanged, this, &RunForm::revalidate);
+        widget = f.edit;
+    }
+    QWidget* target = f.combo ? static_cast<QWidget*>(f.combo) : f.edit;
+    target->setObjectName(name);
+    target->setToolTip(QString::fromStdString(key.help));
+    target->setAccessibleName(labelFor(key.name));
+
+    auto* label = new QLabel(labelFor(key.name), this);
+    label->setToolTip(QString::fromStdString(key.help));
+    label->setBuddy(target);
+    layout->addRow(label, widget);
+
+    m_index[name] = m_fields.size();
+    m_fields.push_back(std::move(f));
+}
+
+QString RunForm::textOf(const Field& f) const {
+    if (f.edit) return f.edit->text().trimmed();
+    if (f.combo) return f.combo->currentText();
+    return {};
+}
+
+core::RunSpec RunForm::spec() const {
+    core::RunSpec s;
+    for (const auto& f : m_fields) {
+        const QString text = textOf(f);
+        if (f.key.name == "name" && text.isEmpty()) continue;  // empty name = core generates one
+        try {
+            core::setSpecValue(s, f.key.name, text.toStdString());
+        } catch (const std::exception&) {
+            // isValid() is false in this case; the caller must not start such a spec.
+        }
+    }
+    return s;
+}
+
+void RunForm::setSpec(const core::RunSpec& spec) {
+    for (auto& f : m_fields) {
+        const QString value = QString::fromStdString(core::specValue(spec, f.key.name));
+        if (f.combo && !f.edit)
+            f.combo->setCurrentText(value);
+        else if (f.combo)
+            f.combo->setEditText(value);
+        else
+            f.edit->setText(value);
+    }
+    revalidate();
+}
+
+bool RunForm::isValid() const { return m_valid; }
+
+bool RunForm::hasField(const QString& key) const { return m_index.count(key) != 0; }
+
+QString RunForm::fieldText(const QString& key) const {
+    auto it = m_index.find(key);
+    return it == m_index.end() ? QString() : textOf(m_fields[it->second]);
+}
+
+void RunForm::setFieldText(const QString& key, const QString& text) {
+    auto it = m_index.find(key);
+    if (it == m_index.end()) return;
+    Field& f = m_fields[it->second];
+    if (f.combo && !f.edit)
+        f.combo->setCurrentText(text);
+    else if (f.combo)
+        f.combo->setEditText(text);
+    else
+        f.edit->setText(text);
+    revalidate();  // setText with an unchanged value emits nothing
+}
+
+QString RunForm::fieldError(const QString& key) const {
+    auto it = m_index.find(key);
+    return it == m_index.end() ? QString() : m_fields[it->second].error;
+}
+
+QWidget* RunForm::fieldWidget(const QString& key) const {
+    auto it = m_index.find(key);
+    if (it == m_index.end()) return nullptr;
+    const Field& f = m_fields[it->second];
+    return f.combo ? static_cast<QWidget*>(f.combo) : f.edit;
+}
+
+QString RunForm::errorText() const { return m_errors->text(); }
+
+void RunForm::applyFieldStyle(Field& f) {
+    QWidget* w = f.combo ? static_cast<QWidget*>(f.combo) : f.edit;
+    if (f.error.isEmpty()) {
+        w->setStyleSheet({});
+        w->setToolTip(QString::fromStdString(f.key.help));
+    } else {
+        w->setStyleSheet(QString::fromLatin1(kInvalidStyle));
+        w->setToolTip(f.error);
+    }
+}
+
+void RunForm::revalidate() {
+    QStringList messages;
+    for (auto& f : m_fields) {
+        const QString text = textOf(f);
+        std::string msg;
+        if (!(f.key.name == "name" && text.isEmpty())) {
+            try {
+                msg = core::checkSpecValue(f.key.name, text.toStdString());
+            } catch (const std::exception& e) {
+                msg = e.what();
+            }
+        }
+        const QString error = QString::fromStdString(msg);
+        if (error != f.error || error.isEmpty()) {
+            f.error = error;
+            applyFieldStyle(f);
+        }
+        if (!error.isEmpty()) messages << error;
+    }
+    // Cross-field rules (e.g. warm-up longer than the run) only make sense once every field
+    // parses on its own.
+    if (messages.isEmpty()) {
+        try {
+            for (const auto& m : core::validate(spec())) messages << QString::fromStdString(m);
+        } catch (const std::exception& e) {
+            messages << QString::fromUtf8(e.what());
+        }
+    }
+    m_errors->setText(messages.join(QLatin1Char('\n')));
+    m_errors->setVisible(!messages.isEmpty());
+
+    const bool valid = messages.isEmpty();
+    m_start->setEnabled(valid && !m_running);
+    if (valid != m_valid) {
+        m_valid = valid;
+        Q_EMIT validityChanged(valid);
+    }
+}
+
+void RunForm::setRunning(bool running) {
+    m_running = running;
+    // The spec of a running run is fixed; greying the fields says so.
+    for (auto& f : m_fields) {
+        if (f.combo) f.combo->setEnabled(!running);
+        if (f.edit && !f.combo) f.edit->setEnabled(!running);
+    }
+    m_start->setEnabled(m_valid && !running);
+    m_stop->setEnabled(running);
+}
+
+void RunForm::onStartClicked() {
+    revalidate();
+    if (!m_valid || m_running) return;
+    Q_EMIT startRequested(spec());
+}
+
+}  // namespace lathe::widgets
