@@ -140,15 +140,29 @@ void exec(sqlite3* db, const char* sql) {
     }
 }
 
+// A metric point as queued: 40 bytes, the key interned (Impl::keyNames), so a million queued
+// points cost ~40 MB rather than a full WriteOp each.
+struct MetricRow {
+    int64_t run;
+    uint32_t key;
+    int64_t step;
+    double t, value;
+};
+
 struct WriteOp {
-    enum class Kind { CreateRun, Status, Metric, Log, Artifact, DropMetrics, Flush } kind;
+    enum class Kind { CreateRun, Status, Metrics, Log, Artifact, DropMetrics, Flush } kind;
     int64_t run = 0;
     std::string a, b, c, d, e, f;  // meaning per kind
     int64_t step = 0;
-    double t = 0, value = 0;
+    double t = 0;
     std::map<std::string, std::string> params;
+    std::vector<MetricRow> rows;   // Kind::Metrics: consecutive points, in order
     std::shared_ptr<std::promise<int64_t>> reply;
 };
+
+// Producers wait once this many points are queued: memory stays bounded when a run logs
+// faster than the disk takes it.
+constexpr size_t kMaxQueuedRows = size_t{1} << 20;
 
 }  // namespace
 
@@ -161,12 +175,17 @@ struct Store::Impl {
 
     std::mutex queueMutex;
     std::condition_variable queueCv;
+    std::condition_variable spaceCv;
     std::deque<WriteOp> queue;
+    size_t queuedRows = 0;
+    std::unordered_map<std::string, uint32_t> keyIndex;  // metric key -> index in keyNames
+    std::vector<std::string> keyNames;                   // both guarded by queueMutex
     bool stopping = false;
     std::exception_ptr writerError;
     std::thread writer;
-    // Writer-thread state: metric key ids, so each point is one insert.
-    std::unordered_map<std::string, int64_t> keyIds;
+    // Writer-thread state: metric_keys ids per (run, interned key), so each point is one insert.
+    std::vector<std::string> writerKeyNames;  // the writer's copy of keyNames
+    std::map<std::pair<int64_t, uint32_t>, int64_t> keyIds;
     std::unique_ptr<Stmt> insertMetric, insertLog;
 
     ~Impl() {
@@ -188,7 +207,7 @@ struct Store::Impl {
     void migrate();
     void writerLoop();
     int64_t apply(const WriteOp& op);
-    int64_t keyId(int64_t run, const std::string& key);
+    int64_t keyId(int64_t run, uint32_t key);
     void enqueue(WriteOp op) {
         {
             std::lock_guard<std::mutex> lk(queueMutex);
@@ -282,14 +301,15 @@ void Store::Impl::migrate() {
     }
 }
 
-int64_t Store::Impl::keyId(int64_t run, const std::string& key) {
-    const std::string cacheKey = std::to_string(run) + '\x1f' + key;
+int64_t Store::Impl::keyId(int64_t run, uint32_t key) {
+    const auto cacheKey = std::make_pair(run, key);
     auto it = keyIds.find(cacheKey);
     if (it != keyIds.end()) return it->second;
+    const std::string& name = writerKeyNames.at(key);
     Stmt insert(writeDb, "INSERT OR IGNORE INTO metric_keys(run_id, key) VALUES(?, ?)");
-    insert.bind(1, run).bind(2, key).run();
+    insert.bind(1, run).bind(2, name).run();
     Stmt select(writeDb, "SELECT id FROM metric_keys WHERE run_id = ? AND key = ?");
-    select.bind(1, run).bind(2, key);
+    select.bind(1, run).bind(2, name);
     if (!select.step()) throw StoreError("metric key lookup failed");
     const int64_t id = select.i64(0);
     keyIds.emplace(cacheKey, id);
@@ -303,11 +323,21 @@ int64_t Store::Impl::apply(const WriteOp& op) {
         insertLog = std::make_unique<Stmt>(writeDb, "INSERT INTO events(run_id, wall_time, level, text) VALUES(?,?,?,?)");
     }
     switch (op.kind) {
-        case WriteOp::Kind::Metric: {
+        case WriteOp::Kind::Metrics: {
             auto& s = *insertMetric;
-            s.bind(1, keyId(op.run, op.a)).bind(2, op.step).bind(3, op.t);
-            if (std::isnan(op.value)) s.bindNull(4); else s.bind(4, op.value);
-            s.run();
+            std::exception_ptr firstError;
+            for (const auto& r : op.rows) {
+                try {
+                    s.bind(1, keyId(r.run, r.key)).bind(2, r.step).bind(3, r.t);
+                    if (std::isnan(r.value)) s.bindNull(4); else s.bind(4, r.value);
+                    s.run();
+                } catch (...) {
+                    // A point for a missing run must not cost the other runs' points.
+                    s.reset();
+                    if (!firstError) firstError = std::current_exception();
+                }
+            }
+            if (firstError) std::rethrow_exception(firstError);
             return 0;
         }
         case WriteOp::Kind::Log:
@@ -364,7 +394,10 @@ void Store::Impl::writerLoop() {
             queueCv.wait(lk, [&] { return stopping || !queue.empty(); });
             if (queue.empty() && stopping) return;
             batch.swap(queue);
+            queuedRows = 0;
+            for (size_t i = writerKeyNames.size(); i < keyNames.size(); ++i) writerKeyNames.push_back(keyNames[i]);
         }
+        spaceCv.notify_all();
         // One transaction per drained batch: thousands of points cost one fsync.
         std::vector<std::pair<std::shared_ptr<std::promise<int64_t>>, int64_t>> replies;
         std::vector<std::pair<std::shared_ptr<std::promise<int64_t>>, std::exception_ptr>> failures;
@@ -449,13 +482,18 @@ void Store::setRunStatus(int64_t runId, const std::string& status, const std::st
 }
 
 void Store::appendMetric(int64_t runId, const std::string& key, int64_t step, double wallTime, double value) {
-    WriteOp op{WriteOp::Kind::Metric};
-    op.run = runId;
-    op.a = key;
-    op.step = step;
-    op.t = wallTime;
-    op.value = value;
-    d->enqueue(std::move(op));
+    {
+        std::unique_lock<std::mutex> lk(d->queueMutex);
+        d->spaceCv.wait(lk, [&] { return d->queuedRows < kMaxQueuedRows || d->stopping; });
+        auto [it, added] = d->keyIndex.try_emplace(key, static_cast<uint32_t>(d->keyNames.size()));
+        if (added) d->keyNames.push_back(key);
+        // Consecutive points share one queued op.
+        if (d->queue.empty() || d->queue.back().kind != WriteOp::Kind::Metrics)
+            d->queue.push_back(WriteOp{WriteOp::Kind::Metrics});
+        d->queue.back().rows.push_back({runId, it->second, step, wallTime, value});
+        ++d->queuedRows;
+    }
+    d->queueCv.notify_one();
 }
 
 void Store::appendLog(int64_t runId, double wallTime, const std::string& level, const std::string& text) {

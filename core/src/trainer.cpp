@@ -1,4 +1,6 @@
 // The trainer: LibTorch training loop behind the torch-free facade in training.h.
+#include <dlfcn.h>
+
 #include <chrono>
 #include <cmath>
 #include <numeric>
@@ -80,6 +82,15 @@ EvalResult evaluate(torch::nn::Sequential& model, const Tensors& data) {
     return {lossSum / static_cast<double>(n), static_cast<double>(correct) / static_cast<double>(n)};
 }
 
+// LibTorch's intra-op threads do not bound OpenBLAS's own pool, which then oversubscribes the
+// cores. OpenBLAS is the BLAS we install, but not one we link directly (Debian picks it
+// through the libblas.so.3 alternative), so it is looked up at run time.
+void setThreads(int n) {
+    torch::set_num_threads(n);
+    using SetFn = void (*)(int);
+    if (auto fn = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) fn(n);
+}
+
 std::string fmt(double v, int prec = 4) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.*g", prec, v);
@@ -98,7 +109,7 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
         last[key] = value;
     };
 
-    if (spec.threads > 0) torch::set_num_threads(static_cast<int>(spec.threads));
+    if (spec.threads > 0) setThreads(static_cast<int>(spec.threads));
     torch::manual_seed(static_cast<uint64_t>(spec.seed));
 
     auto split = data::loadSplit(spec);

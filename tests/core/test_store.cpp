@@ -178,3 +178,15 @@ TEST_CASE("the workspace path follows --db, LATHE_DB, then XDG", "[store]") {
     CHECK(Store::resolvePath() == "/home/u/.local/share/lathe/lathe.db");
     setenv("HOME", home.c_str(), 1);
 }
+
+TEST_CASE("points for a missing run are reported without losing other runs' points", "[store]") {
+    TempDir dir;
+    Store s(dir.file("lathe.db"));
+    const auto id = newRun(s);
+    for (int i = 0; i < 10; ++i) {
+        s.appendMetric(id, "k", i, 0, i);
+        s.appendMetric(id + 7, "k", i, 0, i);  // no such run
+    }
+    CHECK_THROWS_WITH(s.flush(), Catch::Contains("FOREIGN KEY"));
+    CHECK(s.metrics(id, "k").size() == 10);
+}
