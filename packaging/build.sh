@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Configures and builds Lathe into build/ (Release, Ninja, ccache when present).
+#   packaging/build.sh [TARGET...]   (default: everything)
 # Extra CMake arguments: LATHE_CMAKE_ARGS="-DLATHE_CUDA=OFF ..."; an official LibTorch 2.x is
 # picked up through CMAKE_PREFIX_PATH.
 set -euo pipefail
@@ -11,4 +12,6 @@ mkdir -p "$build"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${LATHE_CMAKE_ARGS:-} >"$build/configure.log" 2>&1 \
   || { cat "$build/configure.log"; echo "configure failed (log: $build/configure.log)" >&2; exit 1; }
 grep -A100 -- '-- The following features have been enabled' "$build/configure.log" | grep -v '^--  *$' || true
-cmake --build "$build" -j "$jobs"
+targets=()
+for t in "$@"; do targets+=(--target "$t"); done
+cmake --build "$build" -j "$jobs" ${targets[@]+"${targets[@]}"}

@@ -19,7 +19,11 @@ fi
 
 if [[ $headless == 1 ]]; then
   "$root/packaging/deps-debian.sh" --headless
-  LATHE_CMAKE_ARGS="${LATHE_CMAKE_ARGS:-} -DLATHE_GUI=OFF -DLATHE_TESTS=OFF" "$root/packaging/build.sh"
+  # Only lathectl is needed; keep the GUI on in the build tree when Qt is there, so switching
+  # between run.sh and test.sh does not reconfigure and rebuild.
+  gui=ON
+  dpkg-query -W -f='${Status}' qt6-base-dev libqcustomplot-dev 2>/dev/null | grep -q "install ok installed.*install ok installed" || gui=OFF
+  LATHE_CMAKE_ARGS="${LATHE_CMAKE_ARGS:-} -DLATHE_GUI=$gui" "$root/packaging/build.sh" lathectl
   bin="$root/build/bin"
   echo
   echo "== Lathe demo: training the built-in MLP on the UCI digits data set =="
@@ -30,5 +34,5 @@ if [[ $headless == 1 ]]; then
 fi
 
 "$root/packaging/deps-debian.sh"
-LATHE_CMAKE_ARGS="${LATHE_CMAKE_ARGS:-} -DLATHE_GUI=ON" "$root/packaging/build.sh"
+LATHE_CMAKE_ARGS="${LATHE_CMAKE_ARGS:-} -DLATHE_GUI=ON" "$root/packaging/build.sh" lathe
 exec "$root/build/bin/lathe" ${args[@]+"${args[@]}"}

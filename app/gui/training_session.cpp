@@ -30,19 +30,13 @@ bool TrainingSession::start(const core::RunSpec& spec) {
         m_status.clear();
         m_error.clear();
     }
-    // trainAndRecord reports the run id only when it returns; until then the new run is
-    // recognised in the store as the one that did not exist before (see the report).
-    m_knownRunIds.clear();
-    try {
-        for (const auto& r : m_store.listRuns()) m_knownRunIds.insert(r.id);
-    } catch (const std::exception&) {
-        // A failing read shows up again, with its message, when the run starts.
-    }
-    m_specToml = core::toToml(spec);
-
     m_thread = std::thread([this, spec] {
         core::RecordOptions options;
         options.stop = &m_stop;
+        options.onRunCreated = [this](int64_t id) {
+            std::lock_guard<std::mutex> lock(m_mutex);
+            m_runId = id;
+        };
         std::string status, error;
         int64_t id = 0;
         try {
@@ -79,32 +73,8 @@ void TrainingSession::stopAndWait() {
     if (m_thread.joinable()) m_thread.join();
 }
 
-int64_t TrainingSession::resolveRunId() const {
-    std::vector<core::RunRecord> runs;
-    try {
-        runs = m_store.listRuns();
-    } catch (const std::exception&) {
-        return 0;
-    }
-    int64_t fallback = 0;
-    for (const auto& r : runs) {  // newest first
-        if (m_knownRunIds.count(r.id)) continue;
-        if (r.config == m_specToml) return r.id;
-        if (fallback == 0) fallback = r.id;
-    }
-    return fallback;
-}
-
 void TrainingSession::observe(const core::Event& event) {
-    int64_t id;
-    {
-        std::lock_guard<std::mutex> lock(m_mutex);
-        id = m_runId;
-    }
-    if (id == 0) id = resolveRunId();  // outside the lock: it reads the store
-
     std::lock_guard<std::mutex> lock(m_mutex);
-    if (m_runId == 0) m_runId = id;
     m_staged.push_back(event);
     if (!m_drainPending) {
         m_drainPending = true;

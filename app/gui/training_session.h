@@ -49,7 +49,6 @@ Q_SIGNALS:
 
 private:
     void observe(const core::Event& event);  // training thread
-    int64_t resolveRunId() const;           // training thread
     void drain();                           // GUI thread
     void onWorkerDone();                    // GUI thread
 
@@ -59,14 +58,10 @@ private:
     bool m_running = false;  // GUI thread only
     bool m_startedEmitted = false;
 
-    // Set before the thread starts, read by it.
-    std::set<int64_t> m_knownRunIds;
-    std::string m_specToml;
-
     mutable std::mutex m_mutex;  // guards everything below
     std::vector<core::Event> m_staged;
     bool m_drainPending = false;
-    int64_t m_runId = 0;
+    int64_t m_runId = 0;  // set by trainAndRecord's onRunCreated
     std::string m_status;
     std::string m_error;
 };

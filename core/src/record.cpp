@@ -55,6 +55,7 @@ RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOption
         store.setRunStatus(rec.runId, "running");
     }
     topts.checkpointDir = store.artifactDir(rec.runId);
+    if (options.onRunCreated) options.onRunCreated(rec.runId);
 
     const EventSink sink = [&](const Event& e) {
         // Points after the checkpoint are replayed by the resumed run: drop the old ones once

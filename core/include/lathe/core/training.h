@@ -3,6 +3,7 @@
 // reports everything through the event stream.
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -41,6 +42,8 @@ struct RecordOptions {
     int64_t resumeRunId = 0;              // continue this run from its last checkpoint
     std::string host = "localhost";
     const std::atomic<bool>* stop = nullptr;
+    /// Called (on the training thread) once the run exists in the store, before any event.
+    std::function<void(int64_t runId)> onRunCreated;
 };
 
 /// Creates (or resumes) a run in the store, trains, records every event, and sets the final
