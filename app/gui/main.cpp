@@ -34,7 +34,11 @@ int main(int argc, char** argv) {
                                         QStringLiteral("Save a PNG of the window after it is shown."), QStringLiteral("FILE"));
     QCommandLineOption quitAfterOption(QStringLiteral("quit-after"), QStringLiteral("Quit after MS milliseconds."),
                                        QStringLiteral("MS"));
+    QCommandLineOption selectOption(QStringLiteral("select"),
+                                    QStringLiteral("Runs to show on start, overlaid (default: the newest)."),
+                                    QStringLiteral("ID,ID,..."));
     parser.addOption(dbOption);
+    parser.addOption(selectOption);
     parser.addOption(screenshotOption);
     parser.addOption(quitAfterOption);
     parser.process(app);
@@ -59,6 +63,19 @@ int main(int argc, char** argv) {
 
     lathe::app::MainWindow window(std::move(store));
     window.show();
+    if (parser.isSet(selectOption)) {
+        std::vector<int64_t> ids;
+        for (const QString& part : parser.value(selectOption).split(QLatin1Char(','), Qt::SkipEmptyParts)) {
+            bool ok = false;
+            const qlonglong id = part.trimmed().toLongLong(&ok);
+            if (!ok || id <= 0) {
+                std::fprintf(stderr, "lathe: --select: '%s' is not a run id\n", qPrintable(part));
+                return 2;
+            }
+            ids.push_back(id);
+        }
+        window.selectRuns(ids);
+    }
 
     if (parser.isSet(screenshotOption)) {
         const QString file = parser.value(screenshotOption);

@@ -1,5 +1,7 @@
 #include "main_window.h"
 
+#include <algorithm>
+
 #include <QAction>
 #include <QCloseEvent>
 #include <QFileDialog>
@@ -118,6 +120,7 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
     updateTitle();
     resize(1400, 900);
     refreshRuns();
+    selectNewestRun();
     statusBar()->showMessage(tr("%n run(s) in this workspace", nullptr, m_runModel->rowCount()), 5000);
 }
 
@@ -198,6 +201,13 @@ void MainWindow::selectRuns(const std::vector<int64_t>& runIds) {
     m_table->selectionModel()->select(selection,
                                       QItemSelectionModel::ClearAndSelect | QItemSelectionModel::Rows);
     if (!selection.isEmpty()) m_table->scrollTo(selection.indexes().first());
+}
+
+void MainWindow::selectNewestRun() {
+    // Reopening a workspace shows where one left off: the latest run and its curves.
+    int64_t newest = 0;
+    for (int row = 0; row < m_runModel->rowCount(); ++row) newest = std::max(newest, m_runModel->runIdAt(row));
+    if (newest > 0) selectRuns({newest});
 }
 
 void MainWindow::onSelectionChanged() {
@@ -302,6 +312,7 @@ bool MainWindow::openWorkspace(const QString& path) {
     connectSession();
     updateTitle();
     refreshRuns();
+    selectNewestRun();
     statusBar()->showMessage(tr("Opened %1 (%n run(s))", nullptr, m_runModel->rowCount()).arg(path), 5000);
     return true;
 }

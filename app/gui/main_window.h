@@ -48,6 +48,7 @@ public:
     void refreshRuns();
     /// Selects exactly these runs in the table (the dashboard follows the selection).
     void selectRuns(const std::vector<int64_t>& runIds);
+    void selectNewestRun();
     std::vector<int64_t> selectedRuns() const;
     /// Switches to another workspace file. Refused while training; errors are shown.
     bool openWorkspace(const QString& path);
