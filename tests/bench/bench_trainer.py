@@ -14,8 +14,10 @@ recording). Lathe records per epoch; the first epoch of every run is treated as 
 dropped on both sides, and throughput is (samples over the remaining epochs) / (their step
 time). The median over the repeats is reported, and the ratio Lathe / PyTorch.
 
-Both sides run in the same environment (OMP_* / OPENBLAS_* inherited), with
-`torch.set_num_threads(T)` here and `--threads T` for lathectl. Lathe runs with recording on
+Both sides run in the same environment (OMP_* / OPENBLAS_* inherited), with T threads:
+`--threads T` for lathectl, which sets LibTorch's intra-op threads and OpenBLAS's pool, and
+here `torch.set_num_threads(T)` plus `openblas_set_num_threads(T)` through ctypes, so both
+sides compute with the same number of BLAS threads. Lathe runs with recording on
 (`--db TMP --log-every 10`), so its batched SQLite writer thread is part of what is measured.
 
 Exit codes: 0 = measured (whatever the ratios), 1 = something broke (a run failed, output
@@ -145,10 +147,24 @@ def run_lathe(lathectl, cfg, data_arg, threads, epochs, workdir, rep):
             "loss": res["train/loss"], "process_wall_s": wall}
 
 
+def set_openblas_threads(threads):
+    """What lathectl --threads does: OpenBLAS keeps its own pool whatever torch.set_num_threads says."""
+    import ctypes
+    # torch loads BLAS with RTLD_LOCAL, so look the library up by name (the handle is the
+    # one already loaded).
+    for name in (None, "libopenblas.so.0"):
+        try:
+            ctypes.CDLL(name).openblas_set_num_threads(ctypes.c_int(threads))
+            return
+        except (AttributeError, OSError):
+            continue  # not OpenBLAS (reference BLAS, MKL): nothing to align
+
+
 def run_torch(torch, cfg, x, y, threads, epochs, rep):
     import torch.nn as nn
     import torch.nn.functional as F
     torch.set_num_threads(threads)
+    set_openblas_threads(threads)
     torch.manual_seed(1 + rep)
     layers = [nn.Flatten()]
     width = x[0].numel()
@@ -245,9 +261,7 @@ def main():
           (torch.__version__, sys.executable, args.lathectl, os.cpu_count() or 0, args.repeats,
            ", quick" if args.quick else ""))
     print("environment: " + (", ".join("%s=%s" % (k, os.environ[k]) for k in env_keys) or "no OMP_/OPENBLAS_ settings"))
-    if "OPENBLAS_NUM_THREADS" not in os.environ:
-        print("note: OPENBLAS_NUM_THREADS is unset, so OpenBLAS runs its own thread pool on both sides whatever "
-              "T is; on a busy machine that makes figures noisy (OPENBLAS_NUM_THREADS=1 gives steadier ones)")
+
     sys.stdout.flush()
 
     t_start = time.perf_counter()
