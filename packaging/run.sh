@@ -6,6 +6,7 @@
 # Without a display (no $DISPLAY / $WAYLAND_DISPLAY) the headless demo is chosen.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+build="${LATHE_BUILD_DIR:-$root/build}"
 
 headless=0
 args=()
@@ -24,15 +25,22 @@ if [[ $headless == 1 ]]; then
   gui=ON
   dpkg-query -W -f='${Status}' qt6-base-dev libqcustomplot-dev 2>/dev/null | grep -q "install ok installed.*install ok installed" || gui=OFF
   LATHE_CMAKE_ARGS="${LATHE_CMAKE_ARGS:-} -DLATHE_GUI=$gui" "$root/packaging/build.sh" lathectl
-  bin="$root/build/bin"
   echo
   echo "== Lathe demo: training the built-in MLP on the UCI digits data set =="
-  "$bin/lathectl" train --model mlp --data digits --name demo --experiment demo ${args[@]+"${args[@]}"}
+  "$build/bin/lathectl" train --model mlp --data digits --name demo --experiment demo ${args[@]+"${args[@]}"}
+  # The newest runs of the same workspace (only --db / LATHE_DB matter here).
+  db=()
+  for ((i = 0; i < ${#args[@]}; i++)); do
+    case "${args[$i]}" in
+      --db) db=(--db "${args[$((i + 1))]:-}") ;;
+      --db=*) db=("${args[$i]}") ;;
+    esac
+  done
   echo
-  "$bin/lathectl" runs list ${args[@]+"${args[@]}"} | head -n 6
+  "$build/bin/lathectl" runs list ${db[@]+"${db[@]}"} | head -n 6 || true
   exit 0
 fi
 
 "$root/packaging/deps-debian.sh"
 LATHE_CMAKE_ARGS="${LATHE_CMAKE_ARGS:-} -DLATHE_GUI=ON" "$root/packaging/build.sh" lathe
-exec "$root/build/bin/lathe" ${args[@]+"${args[@]}"}
+exec "$build/bin/lathe" ${args[@]+"${args[@]}"}

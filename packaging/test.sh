@@ -6,7 +6,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/packaging/deps-debian.sh"
 LATHE_CMAKE_ARGS="${LATHE_CMAKE_ARGS:-} -DLATHE_GUI=ON -DLATHE_TESTS=ON" "$root/packaging/build.sh"
-cd "$root/build"
+cd "${LATHE_BUILD_DIR:-$root/build}"
 # No display is needed: GUI tests use the offscreen platform or start their own Xvfb.
 export QT_QPA_PLATFORM=offscreen
 ctest --output-on-failure --timeout 600 -j "${LATHE_TEST_JOBS:-2}" "$@"

@@ -53,8 +53,8 @@ int runCheck(const HostsState& st) {
             const auto key = line.substr(0, eq), value = line.substr(eq + 1);
             if (key == "gpu")
                 j["gpus"].push_back(value);
-            else
-                j[key] = value;
+            else if (key == "os" || key == "cores" || key == "lathectl")
+                j[key] = value;  // only the probe's own keys: the remote shell may print anything
         }
         j["ok"] = res.exitStatus == 0;
     } catch (const remote::SshError& ex) {

@@ -2,6 +2,8 @@
 // executors read); lathectl ingest: records such a stream into the workspace.
 #include <unistd.h>
 
+#include <csignal>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
@@ -26,7 +28,8 @@ int runWorker(const WorkerState& st) {
     const core::EventSink out = [](const core::Event& e) { std::cout << core::encodeEvent(e) << std::endl; };
     out(core::Event::run(core::toToml(spec), host));
     core::TrainOptions opts;
-    opts.checkpointDir = st.checkpointDir;
+    // Absolute, since the path travels in the event stream and is recorded as an artifact.
+    opts.checkpointDir = st.checkpointDir.empty() ? std::string() : std::filesystem::absolute(st.checkpointDir).string();
     opts.resumeFrom = st.resume;
     opts.stop = &installStopHandler();
     core::TrainResult result;
@@ -61,12 +64,17 @@ int runIngest(const IngestState& st) {
         if (!file) throw UsageError("cannot read event stream " + st.file);
         in = &file;
     }
+    // In `lathectl worker | lathectl ingest`, Ctrl+C reaches both: the worker stops cleanly
+    // and ends its stream with "stopped", so ingest keeps reading to the end instead of dying.
+    std::signal(SIGINT, SIG_IGN);
     core::IngestResult res;
     try {
         res = core::ingestEventStream(*store, *in);
     } catch (const core::EventStreamError& ex) {
+        std::signal(SIGINT, SIG_DFL);
         throw UsageError(ex.what());
     }
+    std::signal(SIGINT, SIG_DFL);
     if (st.common.json) {
         nlohmann::json j{{"run_id", res.runId}, {"status", res.status}, {"workspace", store->path()}};
         if (!res.error.empty()) j["error"] = res.error;
@@ -76,7 +84,8 @@ int runIngest(const IngestState& st) {
         std::printf("recorded run %lld (%s)%s%s\n", static_cast<long long>(res.runId), res.status.c_str(),
                     res.error.empty() ? "" : ": ", res.error.c_str());
     }
-    return res.status == "completed" ? kOk : kRunFailed;
+    if (res.status == "completed") return kOk;
+    return res.status == "stopped" ? kInterrupted : kRunFailed;
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <algorithm>
 
 #include "checkpoint_io.h"
 #include "lathe/core/error.h"
@@ -31,8 +32,18 @@ void writeAll(int fd, const char* p, size_t n, const std::string& path) {
     }
 }
 
+// The checksum covers the header's epoch and step as well as the payload, so a flipped digit
+// in the header is caught too.
+std::string checksum(int64_t epoch, int64_t step, const std::string& payload) {
+    const std::string fields = "epoch " + std::to_string(epoch) + "\nstep " + std::to_string(step) + "\n";
+    return sha256Hex((fields + payload).data(), fields.size() + payload.size());
+}
+
 // Reads the header, checks size and checksum, and returns the payload.
 std::string readVerified(const std::string& path, CheckpointInfo& info) {
+    std::error_code ec;
+    const auto fileSize = fs::file_size(path, ec);
+    if (ec) throw CheckpointError("checkpoint " + path + " cannot be read: " + ec.message());
     std::ifstream in(path, std::ios::binary);
     if (!in) throw CheckpointError("checkpoint " + path + " cannot be read: " + std::strerror(errno));
     std::string line;
@@ -59,6 +70,16 @@ std::string readVerified(const std::string& path, CheckpointInfo& info) {
     }
     if (!in || !haveSize || info.sha256.size() != 64 || info.payloadBytes < 0)
         throw CheckpointError("checkpoint " + path + " has a malformed or truncated header");
+    headerBytes += 1;  // the blank line
+    // Check the promised size against the file before allocating: a damaged header must not
+    // make us allocate gigabytes.
+    if (static_cast<uint64_t>(info.payloadBytes) != fileSize - std::min<uint64_t>(fileSize, headerBytes)) {
+        if (static_cast<uint64_t>(info.payloadBytes) > fileSize - std::min<uint64_t>(fileSize, headerBytes))
+            throw CheckpointError("checkpoint " + path + " is truncated (header promises " +
+                                  std::to_string(info.payloadBytes) + " bytes, file holds " +
+                                  std::to_string(fileSize - std::min<uint64_t>(fileSize, headerBytes)) + ")");
+        throw CheckpointError("checkpoint " + path + " has trailing bytes after its payload");
+    }
     std::string payload(static_cast<size_t>(info.payloadBytes), '\0');
     in.read(payload.data(), info.payloadBytes);
     if (in.gcount() != info.payloadBytes)
@@ -67,7 +88,7 @@ std::string readVerified(const std::string& path, CheckpointInfo& info) {
                               std::to_string(in.gcount()) + ")");
     if (in.peek() != std::char_traits<char>::eof())
         throw CheckpointError("checkpoint " + path + " has trailing bytes after its payload");
-    if (sha256Hex(payload.data(), payload.size()) != info.sha256)
+    if (checksum(info.epoch, info.step, payload) != info.sha256)
         throw CheckpointError("checkpoint " + path + " fails its SHA-256 checksum (corrupt file)");
     return payload;
 }
@@ -96,7 +117,7 @@ CheckpointInfo saveCheckpoint(const std::string& path, torch::nn::Module& model,
     info.epoch = epoch;
     info.step = step;
     info.payloadBytes = static_cast<int64_t>(payload.size());
-    info.sha256 = sha256Hex(payload.data(), payload.size());
+    info.sha256 = checksum(epoch, step, payload);
     std::ostringstream header;
     header << kMagic << ' ' << kCheckpointFormat << "\nepoch " << epoch << "\nstep " << step << "\nsize "
            << payload.size() << "\nsha256 " << info.sha256 << "\n\n";

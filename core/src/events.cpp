@@ -150,7 +150,21 @@ double numberOrSpecial(const json& v) {
 
 }  // namespace
 
+namespace {
+Event decodeEventUnchecked(const std::string& line);
+}  // namespace
+
 Event decodeEvent(const std::string& line) {
+    try {
+        return decodeEventUnchecked(line);
+    } catch (const json::exception& ex) {
+        // A field of the wrong type (e.g. "step": "5"), from a foreign or damaged stream.
+        throw EventStreamError(std::string("malformed record: ") + ex.what());
+    }
+}
+
+namespace {
+Event decodeEventUnchecked(const std::string& line) {
     json j;
     try {
         j = json::parse(line);
@@ -200,6 +214,7 @@ Event decodeEvent(const std::string& line) {
     }
     return e;
 }
+}  // namespace
 
 void readEventStream(std::istream& in, const EventSink& sink) {
     std::string line;

@@ -1,5 +1,6 @@
 // Ties a training run to the workspace: the store records every event of the stream.
 #include <filesystem>
+#include <optional>
 #include <istream>
 
 #include "lathe/core/checkpoint.h"
@@ -33,22 +34,29 @@ RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOption
     RecordedRun rec;
     TrainOptions topts;
     int64_t resumeStep = -1;
+    std::string previousStatus, previousError;
     topts.stop = options.stop;
     if (options.resumeRunId > 0) {
         const auto run = store.run(options.resumeRunId);
         if (!run) throw ConfigError("cannot resume: no run " + std::to_string(options.resumeRunId) + " in " + store.path());
-        std::string ckpt;
+        std::optional<ArtifactRecord> ckpt;
         for (const auto& a : store.artifacts(run->id))
-            if (a.kind == "checkpoint") ckpt = a.path;
-        if (ckpt.empty())
+            if (a.kind == "checkpoint") ckpt = a;
+        if (!ckpt)
             throw ConfigError("cannot resume run " + std::to_string(run->id) +
                               ": it has no checkpoint (it stopped before its first epoch ended)");
         // Verify before touching the run: a corrupt checkpoint must not cost the recorded history.
-        const auto info = readCheckpointInfo(ckpt);
+        const auto info = readCheckpointInfo(ckpt->path);
+        if (info.sha256 != ckpt->sha256)
+            throw CheckpointError("checkpoint " + ckpt->path + " is not the one run " + std::to_string(run->id) +
+                                  " recorded (checksum differs); was it overwritten?");
         rec.runId = run->id;
-        topts.resumeFrom = ckpt;
+        topts.resumeFrom = ckpt->path;
         resumeStep = info.step;
-        store.setRunStatus(rec.runId, "running");
+        previousStatus = run->status;
+        previousError = run->error;
+        // The run's status changes only once the trainer has loaded the checkpoint and says
+        // "running" (recordEvent), so a resume that cannot start leaves the run as it was.
     } else {
         rec.runId = store.createRun(spec.experiment, spec.name, spec.model, spec.data, toToml(spec), specParams(spec),
                                     options.host);
@@ -63,6 +71,7 @@ RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOption
         // resume that fails early loses nothing.
         if (resumeStep >= 0 && e.type == Event::Type::Status && e.text == "running") {
             store.dropMetricsAfter(rec.runId, resumeStep);
+            store.updateRunConfig(rec.runId, toToml(spec), specParams(spec));  // e.g. a new --epochs
             resumeStep = -1;
         }
         recordEvent(store, rec.runId, e);
@@ -76,6 +85,14 @@ RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOption
     try {
         rec.result = train(spec, topts, sink);
     } catch (const Error& ex) {
+        if (resumeStep >= 0) {
+            // The resume never started (model or data do not fit the checkpoint): keep the
+            // run's recorded state, note the attempt, and let the caller report the error.
+            store.appendLog(rec.runId, nowSeconds(), "warn", std::string("resume failed: ") + ex.what());
+            store.setRunStatus(rec.runId, previousStatus, previousError);
+            store.flush();
+            throw;
+        }
         fail(ex.what());
     } catch (const std::exception& ex) {
         fail(std::string("internal error: ") + ex.what());

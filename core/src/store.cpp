@@ -107,8 +107,12 @@ public:
         throw StoreError(std::string("SQL failed: ") + sqlite3_errmsg(m_db));
     }
     void run() {
+        // Reset even when the step fails: a statement left mid-step refuses every later bind.
+        struct Reset {
+            Stmt* s;
+            ~Reset() { s->reset(); }
+        } guard{this};
         step();
-        reset();
     }
     void reset() {
         sqlite3_reset(m_stmt);
@@ -150,7 +154,7 @@ struct MetricRow {
 };
 
 struct WriteOp {
-    enum class Kind { CreateRun, Status, Metrics, Log, Artifact, DropMetrics, Flush } kind;
+    enum class Kind { CreateRun, Status, UpdateConfig, Metrics, Log, Artifact, DropMetrics, Flush } kind;
     int64_t run = 0;
     std::string a, b, c, d, e, f;  // meaning per kind
     int64_t step = 0;
@@ -206,6 +210,7 @@ struct Store::Impl {
     void open();
     void migrate();
     void writerLoop();
+    void beginWrite();
     int64_t apply(const WriteOp& op);
     int64_t keyId(int64_t run, uint32_t key);
     void enqueue(WriteOp op) {
@@ -286,6 +291,15 @@ void Store::Impl::open() {
 void Store::Impl::migrate() {
     while (schema < kLatestSchema) {
         exec(writeDb, "BEGIN IMMEDIATE");
+        // Another process may have migrated while we waited for the write lock.
+        {
+            Stmt v(writeDb, "PRAGMA user_version");
+            if (v.step()) schema = static_cast<int>(v.i64(0));
+        }
+        if (schema >= kLatestSchema) {
+            exec(writeDb, "COMMIT");
+            break;
+        }
         try {
             exec(writeDb, kMigrations[schema]);
             const std::string set = "PRAGMA application_id=" + std::to_string(kApplicationId) +
@@ -370,6 +384,14 @@ int64_t Store::Impl::apply(const WriteOp& op) {
             if (sqlite3_changes(writeDb) == 0) throw StoreError("no run " + std::to_string(op.run));
             return 0;
         }
+        case WriteOp::Kind::UpdateConfig: {
+            Stmt r(writeDb, "UPDATE runs SET config = ? WHERE id = ?");
+            r.bind(1, op.e).bind(2, op.run).run();
+            if (sqlite3_changes(writeDb) == 0) throw StoreError("no run " + std::to_string(op.run));
+            Stmt p(writeDb, "INSERT OR REPLACE INTO params(run_id, key, value) VALUES(?,?,?)");
+            for (const auto& [k, v] : op.params) p.bind(1, op.run).bind(2, k).bind(3, v).run();
+            return 0;
+        }
         case WriteOp::Kind::Artifact: {
             Stmt s(writeDb, "INSERT INTO artifacts(run_id, kind, path, sha256, created_at) VALUES(?,?,?,?,?)");
             s.bind(1, op.run).bind(2, op.a).bind(3, op.b).bind(4, op.c).bind(5, op.t).run();
@@ -386,6 +408,17 @@ int64_t Store::Impl::apply(const WriteOp& op) {
     return 0;
 }
 
+void Store::Impl::beginWrite() {
+    // BEGIN IMMEDIATE waits busy_timeout for another process's write lock; a long writer
+    // elsewhere (another lathectl, the GUI) must delay this batch, not drop it.
+    for (int attempt = 0;; ++attempt) {
+        const int rc = sqlite3_exec(writeDb, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr);
+        if (rc == SQLITE_OK) return;
+        if ((rc != SQLITE_BUSY && rc != SQLITE_LOCKED) || attempt >= 60)
+            throw StoreError(std::string("cannot start a write transaction: ") + sqlite3_errmsg(writeDb));
+    }
+}
+
 void Store::Impl::writerLoop() {
     std::deque<WriteOp> batch;
     for (;;) {
@@ -398,44 +431,49 @@ void Store::Impl::writerLoop() {
             for (size_t i = writerKeyNames.size(); i < keyNames.size(); ++i) writerKeyNames.push_back(keyNames[i]);
         }
         spaceCv.notify_all();
-        // One transaction per drained batch: thousands of points cost one fsync.
-        std::vector<std::pair<std::shared_ptr<std::promise<int64_t>>, int64_t>> replies;
-        std::vector<std::pair<std::shared_ptr<std::promise<int64_t>>, std::exception_ptr>> failures;
+        // One transaction per drained batch: thousands of points cost one commit. Replies are
+        // answered only after the commit, so a caller never sees data that is not durable.
+        std::vector<std::pair<int64_t, std::exception_ptr>> results(batch.size());
+        std::exception_ptr batchError;
         try {
-            exec(writeDb, "BEGIN IMMEDIATE");
-            for (const auto& op : batch) {
+            beginWrite();
+            for (size_t i = 0; i < batch.size(); ++i) {
                 try {
-                    const int64_t r = apply(op);
-                    if (op.reply) replies.emplace_back(op.reply, r);
+                    results[i].first = apply(batch[i]);
                 } catch (...) {
                     // One bad record (e.g. for a deleted run) must not lose the rest of the batch.
-                    if (op.reply)
-                        failures.emplace_back(op.reply, std::current_exception());
-                    else {
-                        std::lock_guard<std::mutex> lk(queueMutex);
-                        if (!writerError) writerError = std::current_exception();
-                    }
+                    results[i].second = std::current_exception();
                 }
             }
             exec(writeDb, "COMMIT");
         } catch (...) {
             sqlite3_exec(writeDb, "ROLLBACK", nullptr, nullptr, nullptr);
-            auto err = std::current_exception();
-            for (auto& [p, r] : replies) failures.emplace_back(p, err);
-            replies.clear();
-            std::lock_guard<std::mutex> lk(queueMutex);
-            if (!writerError) writerError = err;
+            batchError = std::current_exception();
+            keyIds.clear();  // ids inserted in the rolled-back transaction no longer exist
         }
-        for (auto& [p, r] : replies) p->set_value(r);
-        for (auto& [p, e] : failures) p->set_exception(e);
+        for (size_t i = 0; i < batch.size(); ++i) {
+            const auto err = batchError ? batchError : results[i].second;
+            if (batch[i].reply) {
+                if (err)
+                    batch[i].reply->set_exception(err);
+                else
+                    batch[i].reply->set_value(results[i].first);
+            } else if (err) {
+                std::lock_guard<std::mutex> lk(queueMutex);
+                if (!writerError) writerError = err;
+            }
+        }
         batch.clear();
     }
 }
 
 Store::Store(const std::string& path) : d(std::make_unique<Impl>()) {
-    d->path = path;
+    // Absolute, so artifact paths recorded in the workspace stay valid from any directory.
+    std::error_code ec;
+    const auto abs = fs::absolute(path, ec);
+    d->path = ec ? path : abs.lexically_normal().string();
     d->open();
-    d->writer = std::thread([this] { d->writerLoop(); });
+    d->writer = std::thread([impl = d.get()] { impl->writerLoop(); });
 }
 
 Store::~Store() = default;
@@ -470,6 +508,15 @@ int64_t Store::createRun(const std::string& experiment, const std::string& name,
     op.t = nowSeconds();
     op.params = params;
     return d->enqueueAndWait(std::move(op));
+}
+
+void Store::updateRunConfig(int64_t runId, const std::string& configToml,
+                            const std::map<std::string, std::string>& params) {
+    WriteOp op{WriteOp::Kind::UpdateConfig};
+    op.run = runId;
+    op.e = configToml;
+    op.params = params;
+    d->enqueue(std::move(op));
 }
 
 void Store::setRunStatus(int64_t runId, const std::string& status, const std::string& error) {

@@ -134,3 +134,15 @@ TEST_CASE("malformed idx files give a clear error", "[data]") {
     TempDir empty;
     CHECK_THROWS_WITH(describe("idx:" + empty.path()), Catch::Contains("train-images-idx3-ubyte"));
 }
+
+TEST_CASE("crafted idx dimensions cannot overflow, and a CSV byte-order mark is ignored", "[data]") {
+    TempDir dir;
+    writeFile(dir.file("train-labels-idx1-ubyte"), idxLabels(10));
+    // 131072 * 65536 * 2^31 = 2^64 would wrap to 0 and match an empty body.
+    writeFile(dir.file("train-images-idx3-ubyte"), be32(0x803) + be32(131072) + be32(65536) + be32(0x80000000u));
+    CHECK_THROWS_WITH(describe("idx:" + dir.path()), Catch::Contains("implausibly large"));
+    writeFile(dir.file("train-images-idx3-ubyte"), be32(0x803) + be32(10) + be32(0) + be32(5));
+    CHECK_THROWS_WITH(describe("idx:" + dir.path()), Catch::Contains("is zero"));
+    writeFile(dir.file("bom.csv"), "\xEF\xBB\xBFlabel,x\na,1\nb,2\n");
+    CHECK(describe("csv:" + dir.file("bom.csv")).classNames.size() == 2);
+}

@@ -51,3 +51,9 @@ TEST_CASE("a stream reader names the line of a bad record", "[events]") {
     CHECK_THROWS_WITH(readEventStream(in, [&](const Event&) { ++seen; }), Catch::Contains("line 4"));
     CHECK(seen == 2);
 }
+
+TEST_CASE("fields of the wrong type are stream errors, not crashes", "[events]") {
+    CHECK_THROWS_AS(decodeEvent(R"({"v":1,"type":"status","status":"running","step":"5"})"), EventStreamError);
+    CHECK_THROWS_AS(decodeEvent(R"({"v":1,"type":"log","msg":"x","t":null})"), EventStreamError);
+    CHECK_THROWS_AS(decodeEvent(R"({"v":1,"type":"run","config":"","host":7})"), EventStreamError);
+}

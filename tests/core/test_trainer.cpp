@@ -142,6 +142,7 @@ TEST_CASE("a corrupt checkpoint is refused and the run's history is kept", "[tra
     again.resumeRunId = rec.runId;
     CHECK_THROWS_AS(trainAndRecord(store, spec, again), CheckpointError);
     CHECK(store.metrics(rec.runId, "train/loss").size() == pointsBefore);
+    CHECK(store.run(rec.runId)->status == "completed");  // the failed resume changed nothing
     // Truncation is named as such.
     std::filesystem::resize_file(ckpt, std::filesystem::file_size(ckpt) / 2);
     CHECK_THROWS_WITH(readCheckpointInfo(ckpt), Catch::Contains("truncated"));
@@ -165,4 +166,50 @@ TEST_CASE("a run that cannot start is recorded as failed with its error", "[trai
     spec.batch = 0;
     CHECK_THROWS_AS(trainAndRecord(store, spec, {}), ConfigError);
     CHECK(store.listRuns().size() == 1);
+}
+
+TEST_CASE("a resume that does not fit the checkpoint leaves the run as it was", "[trainer]") {
+    TempDir dir;
+    Store store(dir.file("lathe.db"));
+    RunSpec spec;
+    spec.epochs = 2;
+    const auto rec = trainAndRecord(store, spec, {});
+    const auto before = store.metrics(rec.runId, "train/loss").size();
+    RunSpec other = spec;
+    other.hidden = {32};  // a different model
+    other.epochs = 4;
+    RecordOptions again;
+    again.resumeRunId = rec.runId;
+    CHECK_THROWS_WITH(trainAndRecord(store, other, again), Catch::Contains("does not fit"));
+    CHECK(store.run(rec.runId)->status == "completed");
+    CHECK(store.metrics(rec.runId, "train/loss").size() == before);
+    CHECK_THAT(store.logs(rec.runId).back().text, Catch::Contains("resume failed"));
+
+    // A resume with more epochs records the new config.
+    spec.epochs = 3;
+    const auto resumed = trainAndRecord(store, spec, again);
+    CHECK(resumed.result.status == "completed");
+    CHECK(store.params(rec.runId).at("epochs") == "3");
+    CHECK(parseRunSpec(store.run(rec.runId)->config).epochs == 3);
+}
+
+TEST_CASE("a checkpoint whose header was edited fails its checksum", "[trainer]") {
+    TempDir dir;
+    Store store(dir.file("lathe.db"));
+    RunSpec spec;
+    spec.epochs = 1;
+    const auto rec = trainAndRecord(store, spec, {});
+    const auto ckpt = store.artifacts(rec.runId).back().path;
+    auto bytes = lathe::test::readFile(ckpt);
+    const auto pos = bytes.find("\nepoch 1\n");
+    REQUIRE(pos != std::string::npos);
+    bytes[pos + 7] = '7';
+    lathe::test::writeFile(ckpt, bytes);
+    CHECK_THROWS_WITH(readCheckpointInfo(ckpt), Catch::Contains("checksum"));
+    // A header promising more bytes than the file holds is refused before any allocation.
+    auto big = lathe::test::readFile(ckpt);
+    const auto sizePos = big.find("\nsize ");
+    big.replace(sizePos, big.find('\n', sizePos + 1) - sizePos, "\nsize 99999999999");
+    lathe::test::writeFile(ckpt, big);
+    CHECK_THROWS_WITH(readCheckpointInfo(ckpt), Catch::Contains("truncated"));
 }

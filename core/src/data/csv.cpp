@@ -108,6 +108,7 @@ RawSet parseCsv(const std::string& text, const std::string& labelColumn, const s
     size_t nFeatures = 0;
     forEachLine(text, [&](int64_t lineNo, std::string_view line) {
         const std::string where = source + " line " + std::to_string(lineNo);
+        if (header.empty() && line.substr(0, 3) == "\xEF\xBB\xBF") line.remove_prefix(3);  // UTF-8 BOM (Excel)
         auto fields = splitCsvLine(line, where);
         if (header.empty()) {
             header = std::move(fields);

@@ -28,10 +28,14 @@ std::vector<uint32_t> idxDims(const std::string& buf, int expectedRank, const st
     if (buf.size() < headerSize) throw DataError(what + ": truncated IDX header");
     std::vector<uint32_t> dims;
     unsigned long long total = 1;
+    constexpr unsigned long long kMaxElements = 1ull << 34;  // 16 GiB of pixels
     for (int i = 0; i < rank; ++i) {
         dims.push_back(be32(buf, 4 + 4 * static_cast<size_t>(i)));
+        if (dims.back() == 0 && i > 0) throw DataError(what + ": IDX dimension " + std::to_string(i) + " is zero");
+        // Checked before multiplying, so crafted dimensions cannot wrap the product around.
+        if (dims.back() != 0 && total > kMaxElements / dims.back())
+            throw DataError(what + ": IDX dimensions are implausibly large");
         total *= dims.back();
-        if (total > (1ull << 34)) throw DataError(what + ": IDX dimensions are implausibly large");
     }
     if (buf.size() - headerSize != total)
         throw DataError(what + ": truncated or padded (header promises " + std::to_string(total) + " bytes of data, file has " +

@@ -1,6 +1,6 @@
 #pragma once
-// Checkpoint files: a small text header (format, epoch, step, payload size, SHA-256 of the
-// payload) followed by the LibTorch archive. Written to a temporary name and renamed, so a
+// Checkpoint files: a small text header (format, epoch, step, payload size, SHA-256 of epoch,
+// step and payload) followed by the LibTorch archive. Written to a temporary name and renamed, so a
 // crash never leaves a half-written checkpoint under the real name.
 #include <cstdint>
 #include <string>
@@ -11,7 +11,7 @@ inline constexpr int kCheckpointFormat = 1;
 
 struct CheckpointInfo {
     std::string path;
-    std::string sha256;   // of the payload
+    std::string sha256;   // of "epoch E\nstep S\n" followed by the payload
     int64_t epoch = 0;    // epochs completed
     int64_t step = 0;     // global steps completed
     int64_t payloadBytes = 0;

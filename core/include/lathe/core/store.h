@@ -50,7 +50,7 @@ class Store {
 public:
     static constexpr int kSchemaVersion = 1;
 
-    /// Opens or creates a workspace. Throws StoreError (file untouched) when the file is not
+    /// Opens or creates a workspace (the path is made absolute). Throws StoreError (file untouched) when the file is not
     /// a Lathe workspace or has a newer schema than this build knows.
     explicit Store(const std::string& path);
     ~Store();
@@ -71,6 +71,9 @@ public:
                       const std::string& data, const std::string& configToml,
                       const std::map<std::string, std::string>& params, const std::string& host);
     void setRunStatus(int64_t runId, const std::string& status, const std::string& error = {});
+    /// A resumed run's config and params after flags such as --epochs changed them.
+    void updateRunConfig(int64_t runId, const std::string& configToml,
+                         const std::map<std::string, std::string>& params);
     void appendMetric(int64_t runId, const std::string& key, int64_t step, double wallTime, double value);
     void appendLog(int64_t runId, double wallTime, const std::string& level, const std::string& text);
     void addArtifact(int64_t runId, const std::string& kind, const std::string& path, const std::string& sha256);
