@@ -63,6 +63,12 @@ void addSpecFlags(CLI::App* cmd, SpecFlags& flags) {
             typeName.clear();
             for (const auto& c : k.choices) typeName += (typeName.empty() ? "" : "|") + c;
         }
+        if (k.kind == "bool") {
+            // `--profile` alone means true; `--profile false` is accepted too.
+            flags.options[k.name] =
+                cmd->add_option(flagName(k.name), flags.values[k.name], k.help)->expected(0, 1)->type_name("[true|false]");
+            continue;
+        }
         flags.options[k.name] = cmd->add_option(flagName(k.name), flags.values[k.name], k.help)->type_name(typeName);
     }
 }
@@ -72,7 +78,9 @@ core::RunSpec buildSpec(const SpecFlags& flags, core::RunSpec base) {
     for (const auto& [key, opt] : flags.options) {
         if (opt->count() == 0) continue;
         try {
-            core::setSpecValue(spec, key, flags.values.at(key));
+            const std::string& value = flags.values.at(key);
+            const bool isBool = opt->get_expected_min() == 0;
+            core::setSpecValue(spec, key, value.empty() && isBool ? "true" : value);
         } catch (const core::ConfigError& ex) {
             throw UsageError(flagName(key) + ": " + ex.what());
         }

@@ -55,5 +55,6 @@ void registerTrain(CLI::App& app, int& exitCode);
 void registerRuns(CLI::App& app, int& exitCode);
 void registerInfo(CLI::App& app, int& exitCode);
 void registerHosts(CLI::App& app, int& exitCode);
+void registerProfile(CLI::App& app, int& exitCode);
 
 }  // namespace lathe::cli

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
     lathe::cli::registerRuns(app, exitCode);
     lathe::cli::registerWorker(app, exitCode);
     lathe::cli::registerHosts(app, exitCode);
+    lathe::cli::registerProfile(app, exitCode);
     lathe::cli::registerInfo(app, exitCode);
     try {
         app.parse(argc, argv);

@@ -102,9 +102,10 @@ CheckpointInfo readCheckpointInfo(const std::string& path) {
 }
 
 CheckpointInfo saveCheckpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                              int64_t epoch, int64_t step) {
+                              int64_t epoch, int64_t step, const CheckpointExtras& extras) {
     torch::serialize::OutputArchive archive;
     model.save(archive);
+    for (const auto& [name, t] : extras) archive.write("lathe." + name, t.cpu());
     torch::serialize::OutputArchive optimArchive;
     optimizer.save(optimArchive);
     archive.write("optimizer", optimArchive);
@@ -146,7 +147,8 @@ CheckpointInfo saveCheckpoint(const std::string& path, torch::nn::Module& model,
     return info;
 }
 
-CheckpointInfo loadCheckpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer& optimizer) {
+CheckpointInfo loadCheckpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                              CheckpointExtras* extras) {
     CheckpointInfo info;
     const std::string payload = readVerified(path, info);
     try {
@@ -157,6 +159,17 @@ CheckpointInfo loadCheckpoint(const std::string& path, torch::nn::Module& model,
         torch::serialize::InputArchive optimArchive;
         archive.read("optimizer", optimArchive);
         optimizer.load(optimArchive);
+        if (extras) {
+            for (auto it = extras->begin(); it != extras->end();) {
+                torch::Tensor t;
+                if (archive.try_read("lathe." + it->first, t)) {
+                    it->second = t;
+                    ++it;
+                } else {
+                    it = extras->erase(it);
+                }
+            }
+        }
     } catch (const c10::Error& ex) {
         std::string msg = ex.what_without_backtrace();
         throw CheckpointError("checkpoint " + path + " does not fit this model and optimizer: " +

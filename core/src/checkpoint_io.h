@@ -2,14 +2,23 @@
 // Saving and loading training state (private: LibTorch types).
 #include <torch/torch.h>
 
+#include <map>
+#include <string>
+
 #include "lathe/core/checkpoint.h"
 
 namespace lathe::core {
 
+/// Named tensors saved beside model and optimizer (e.g. the loss scaler's state).
+using CheckpointExtras = std::map<std::string, torch::Tensor>;
+
 CheckpointInfo saveCheckpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                              int64_t epoch, int64_t step);
+                              int64_t epoch, int64_t step, const CheckpointExtras& extras = {});
 /// Verifies the checksum, then restores model and optimizer. Throws CheckpointError, also when
 /// the checkpoint was written for a different model.
-CheckpointInfo loadCheckpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer& optimizer);
+/// `extras` (optional): the names to look for; those present in the file are filled in, the
+/// others are removed from the map.
+CheckpointInfo loadCheckpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                              CheckpointExtras* extras = nullptr);
 
 }  // namespace lathe::core

@@ -56,6 +56,15 @@ Event Event::error(std::string message) {
     return e;
 }
 
+Event Event::profileSpan(ProfileSpan span) {
+    Event e;
+    e.type = Type::Span;
+    e.wallTime = nowSeconds();
+    e.step = span.step;
+    e.span = std::move(span);
+    return e;
+}
+
 Event Event::checkpoint(std::string path, std::string sha256, int64_t step, int64_t epoch) {
     Event e;
     e.type = Type::Checkpoint;
@@ -80,6 +89,7 @@ const char* typeName(Event::Type t) {
         case Event::Type::Status: return "status";
         case Event::Type::Checkpoint: return "checkpoint";
         case Event::Type::Error: return "error";
+        case Event::Type::Span: return "span";
     }
     return "?";
 }
@@ -114,6 +124,16 @@ std::string encodeEvent(const Event& e) {
             if (e.value > 0) j["total_steps"] = static_cast<int64_t>(e.value);
             break;
         case Event::Type::Error: j["msg"] = e.text; break;
+        case Event::Type::Span:
+            j["kind"] = e.span.kind == ProfileSpan::Kind::Phase ? "phase" : "op";
+            j["name"] = e.span.name;
+            if (!e.span.shapes.empty()) j["shapes"] = e.span.shapes;
+            j["step"] = e.span.step;
+            if (e.span.thread) j["thread"] = e.span.thread;
+            j["start_ns"] = e.span.startNs;
+            j["dur_ns"] = e.span.durationNs;
+            if (e.span.cudaNs >= 0) j["cuda_ns"] = e.span.cudaNs;
+            break;
         case Event::Type::Checkpoint:
             j["path"] = e.text;
             j["sha256"] = e.sha256;
@@ -209,6 +229,19 @@ Event decodeEventUnchecked(const std::string& line) {
         e.sha256 = j.value("sha256", "");
         e.step = j.value("step", int64_t{0});
         e.value = static_cast<double>(j.value("epoch", int64_t{0}));
+    } else if (type == "span") {
+        e.type = Event::Type::Span;
+        const auto kind = field<std::string>(j, "kind");
+        if (kind != "op" && kind != "phase") throw EventStreamError("span kind must be op or phase");
+        e.span.kind = kind == "phase" ? ProfileSpan::Kind::Phase : ProfileSpan::Kind::Op;
+        e.span.name = field<std::string>(j, "name");
+        e.span.shapes = j.value("shapes", "");
+        e.span.step = field<int64_t>(j, "step");
+        e.span.thread = j.value("thread", int64_t{0});
+        e.span.startNs = field<int64_t>(j, "start_ns");
+        e.span.durationNs = field<int64_t>(j, "dur_ns");
+        e.span.cudaNs = j.value("cuda_ns", int64_t{-1});
+        e.step = e.span.step;
     } else {
         throw EventStreamError("unknown record type \"" + type + "\"");
     }

@@ -1,5 +1,8 @@
 #include "models.h"
 
+#include <cmath>
+
+#include "amp.h"
 #include "lathe/core/error.h"
 
 namespace lathe::core {
@@ -62,6 +65,88 @@ int64_t parameterCount(const torch::nn::Module& m) {
     int64_t n = 0;
     for (const auto& p : m.parameters()) n += p.numel();
     return n;
+}
+
+namespace {
+
+torch::Tensor runRange(torch::nn::Sequential& model, int64_t begin, int64_t end, torch::Tensor x) {
+    for (int64_t i = begin; i < end; ++i) x = (model->begin() + i)->forward(x);
+    return x;
+}
+
+// LibTorch's C++ API has no checkpoint(): this autograd function runs a range of the model
+// without recording a graph, keeps only the range's input, and in backward recomputes the
+// range with grad enabled and back-propagates through it (reentrant, as torch.utils.checkpoint
+// does with use_reentrant=True).
+struct CheckpointRange : torch::autograd::Function<CheckpointRange> {
+    static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor input, int64_t modelPtr,
+                                 int64_t begin, int64_t end, int64_t autocastDtype, int64_t device) {
+        ctx->save_for_backward({input});
+        ctx->saved_data["model"] = modelPtr;
+        ctx->saved_data["begin"] = begin;
+        ctx->saved_data["end"] = end;
+        ctx->saved_data["autocast"] = autocastDtype;
+        ctx->saved_data["device"] = device;
+        auto& model = *reinterpret_cast<torch::nn::Sequential*>(modelPtr);
+        return runRange(model, begin, end, input);
+    }
+
+    static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                   torch::autograd::variable_list grads) {
+        auto input = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+        auto& model = *reinterpret_cast<torch::nn::Sequential*>(ctx->saved_data["model"].toInt());
+        const auto begin = ctx->saved_data["begin"].toInt(), end = ctx->saved_data["end"].toInt();
+        const auto dtype = ctx->saved_data["autocast"].toInt();
+        torch::Tensor out;
+        {
+            torch::AutoGradMode enable(true);
+            std::optional<AutocastGuard> cast;
+            if (dtype >= 0)
+                cast.emplace(static_cast<c10::DeviceType>(ctx->saved_data["device"].toInt()),
+                             static_cast<c10::ScalarType>(dtype));
+            out = runRange(model, begin, end, input);
+        }
+        sampleHeapPeak();
+        torch::autograd::backward({out}, {grads[0]});
+        return {input.grad(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    }
+};
+
+bool endsBlock(torch::nn::Sequential& model, size_t i) {
+    const auto* m = model->ptr(i).get();
+    const bool relu = dynamic_cast<const torch::nn::ReLUImpl*>(m) != nullptr;
+    const bool pool = dynamic_cast<const torch::nn::MaxPool2dImpl*>(m) != nullptr;
+    const bool nextIsPool =
+        i + 1 < model->size() && dynamic_cast<const torch::nn::MaxPool2dImpl*>(model->ptr(i + 1).get()) != nullptr;
+    return (relu && !nextIsPool) || pool;
+}
+
+}  // namespace
+
+torch::Tensor forwardModel(torch::nn::Sequential& model, const torch::Tensor& x, const ForwardOptions& options) {
+    if (!options.checkpoint || !torch::GradMode::is_enabled()) return model->forward(x);
+    // Block boundaries: after each activation (and its pool). The head after the last block
+    // runs normally.
+    std::vector<int64_t> ends;
+    for (size_t i = 0; i < model->size(); ++i)
+        if (endsBlock(model, i)) ends.push_back(static_cast<int64_t>(i) + 1);
+    const auto blocks = static_cast<int64_t>(ends.size());
+    if (blocks == 0) return model->forward(x);
+    const auto segments = static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(blocks))));
+    const auto perSegment = (blocks + segments - 1) / segments;
+    const int64_t dtype = options.autocast ? static_cast<int64_t>(*options.autocast) : -1;
+    // A custom function whose inputs need no grad is never called in backward (its range's
+    // parameters would get no gradients), so the data entering the first segment is marked as
+    // requiring grad, as torch.utils.checkpoint asks of its users.
+    torch::Tensor h = x.requires_grad() ? x : x.detach().requires_grad_(true);
+    int64_t begin = 0;
+    for (int64_t b = perSegment - 1; b < blocks; b += perSegment) {
+        const int64_t end = ends[static_cast<size_t>(b)];
+        h = CheckpointRange::apply(h, reinterpret_cast<int64_t>(&model), begin, end, dtype,
+                                   static_cast<int64_t>(options.device));
+        begin = end;
+    }
+    return runRange(model, begin, static_cast<int64_t>(model->size()), h);
 }
 
 }  // namespace lathe::core

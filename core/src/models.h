@@ -14,4 +14,15 @@ namespace lathe::core {
 torch::nn::Sequential makeModel(const RunSpec& spec, const std::vector<int64_t>& sampleShape, int64_t numClasses);
 int64_t parameterCount(const torch::nn::Module& m);
 
+struct ForwardOptions {
+    /// Recompute hidden blocks' activations in backward instead of keeping them. Blocks end at
+    /// each ReLU (with a following max-pool); about sqrt(blocks) segments are checkpointed.
+    bool checkpoint = false;
+    c10::optional<c10::ScalarType> autocast;  // recompute under the same autocast as forward
+    c10::DeviceType device = c10::DeviceType::CPU;
+};
+
+/// The model's forward pass, with activation checkpointing when asked.
+torch::Tensor forwardModel(torch::nn::Sequential& model, const torch::Tensor& x, const ForwardOptions& options);
+
 }  // namespace lathe::core

@@ -13,6 +13,7 @@ namespace lathe::core {
 void recordEvent(Store& store, int64_t runId, const Event& e) {
     switch (e.type) {
         case Event::Type::Run: break;  // consumed by ingestEventStream, which creates the run
+        case Event::Type::Span: store.appendSpan(runId, e.span); break;
         case Event::Type::Metric: store.appendMetric(runId, e.key, e.step, e.wallTime, e.value); break;
         case Event::Type::Log: store.appendLog(runId, e.wallTime, e.level.empty() ? "info" : e.level, e.text); break;
         case Event::Type::Status: store.setRunStatus(runId, e.text); break;
@@ -30,7 +31,7 @@ void recordEvent(Store& store, int64_t runId, const Event& e) {
 }
 
 RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOptions& options, const EventSink& observer) {
-    validateOrThrow(spec);
+    checkRunnable(spec);  // a spec this machine cannot run is a usage error, not a failed run
     RecordedRun rec;
     TrainOptions topts;
     int64_t resumeStep = -1;

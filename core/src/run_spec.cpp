@@ -84,7 +84,8 @@ std::string checkData(const std::string& text) {
     throw ConfigError("`data` must be digits, synthetic:spirals, csv:PATH or idx:DIR (got '" + text + "')");
 }
 
-std::vector<int64_t> parseIntList(const std::string& key, const std::string& text) {
+std::vector<int64_t> parseIntList(const std::string& key, const std::string& text, int64_t lo = 1,
+                                  int64_t hi = 65536, size_t maxItems = 16) {
     std::vector<int64_t> out;
     std::string item;
     std::stringstream ss(text);
@@ -92,11 +93,26 @@ std::vector<int64_t> parseIntList(const std::string& key, const std::string& tex
         const auto b = item.find_first_not_of(" \t[");
         const auto e = item.find_last_not_of(" \t]");
         item = b == std::string::npos ? std::string() : item.substr(b, e - b + 1);
-        out.push_back(parseInt(key, item, 1, 65536));
+        out.push_back(parseInt(key, item, lo, hi));
     }
-    if (out.empty() || out.size() > 16)
+    if (out.empty() || out.size() > maxItems)
         throw ConfigError(quoteKey(key) + " must list 1 to 16 layer widths, e.g. 128,128 (got '" + text + "')");
     return out;
+}
+
+bool parseBool(const std::string& key, const std::string& text) {
+    if (text == "true" || text == "on" || text == "1" || text == "yes") return true;
+    if (text == "false" || text == "off" || text == "0" || text == "no") return false;
+    throw ConfigError(quoteKey(key) + " must be true or false (got '" + text + "')");
+}
+
+std::string checkLossScale(const std::string& text) {
+    if (text == "auto" || text == "dynamic" || text == "off") return text;
+    if (text.rfind("static:", 0) == 0) {
+        parseFloat("loss_scale", text.substr(7), 0, true, 1e38, false);
+        return text;
+    }
+    throw ConfigError("`loss_scale` must be auto, dynamic, static:N (N > 0) or off (got '" + text + "')");
 }
 
 const std::vector<KeyDef>& keyDefs() {
@@ -120,6 +136,11 @@ const std::vector<KeyDef>& keyDefs() {
             d.push_back({{name, "int", help, {}},
                          [m](const RunSpec& s) { return std::to_string(s.*m); },
                          [m, name, lo, hi](RunSpec& s, const std::string& v) { s.*m = parseInt(name, v, lo, hi); }});
+        };
+        auto boolean = [&](const char* name, const char* help, bool RunSpec::*m) {
+            d.push_back({{name, "bool", std::string(help) + " (true or false)", {}},
+                         [m](const RunSpec& s) { return std::string(s.*m ? "true" : "false"); },
+                         [m, name](RunSpec& s, const std::string& v) { s.*m = parseBool(name, v); }});
         };
         auto real = [&](const char* name, const char* help, double RunSpec::*m, double lo, bool loOpen, double hi,
                         bool hiOpen) {
@@ -166,6 +187,46 @@ const std::vector<KeyDef>& keyDefs() {
         integer("checkpoint_every", "write a checkpoint every N epochs, 0..100000 (0 = only at the end)",
                 &RunSpec::checkpointEvery, 0, 100000);
         integer("threads", "intra-op CPU threads, 0..1024 (0 = library default)", &RunSpec::threads, 0, 1024);
+        choice("device", "where to train: auto (cuda when available), cpu or cuda", &RunSpec::device,
+               {"auto", "cpu", "cuda"});
+        choice("precision", "fp32, or autocast to bf16 / fp16 with FP32 master weights (fp16 needs a GPU)",
+               &RunSpec::precision, {"fp32", "bf16", "fp16"});
+        d.push_back({{"loss_scale", "string",
+                      "auto (dynamic for fp16, else off), dynamic, static:N (N > 0) or off", {}},
+                     [](const RunSpec& s) { return s.lossScale; },
+                     [](RunSpec& s, const std::string& v) { s.lossScale = checkLossScale(v); }});
+        real("loss_scale_init", "initial dynamic loss scale, > 0 (default 65536 = 2^16)", &RunSpec::lossScaleInit, 0,
+             true, 1e38, false);
+        real("loss_scale_growth", "factor applied after growth_interval clean steps, > 1", &RunSpec::lossScaleGrowth, 1,
+             true, 1e6, false);
+        real("loss_scale_backoff", "factor applied on a step with inf/NaN gradients, > 0 and < 1",
+             &RunSpec::lossScaleBackoff, 0, true, 1, true);
+        integer("loss_scale_growth_interval", "clean steps in a row before the scale grows, 1..100000000",
+                &RunSpec::lossScaleGrowthInterval, 1, 100000000);
+        d.push_back({{"inject_nonfinite", "int-list",
+                      "fault injection: steps (1-based) whose gradient gets an inf, e.g. 5,9 (empty = none)", {}},
+                     [](const RunSpec& s) {
+                         std::string out;
+                         for (auto w : s.injectNonfinite) out += (out.empty() ? "" : ",") + std::to_string(w);
+                         return out;
+                     },
+                     [](RunSpec& s, const std::string& v) {
+                         s.injectNonfinite.clear();
+                         if (v.find_first_not_of(" \t[]") == std::string::npos) return;  // empty list
+                         for (const auto& step : parseIntList("inject_nonfinite", v, 1, int64_t{1} << 62, 1 << 20))
+                             s.injectNonfinite.push_back(step);
+                     }});
+        boolean("activation_checkpointing", "recompute hidden blocks' activations in backward to save memory",
+                &RunSpec::activationCheckpointing);
+        boolean("profile", "record op-level spans and step phases on the profile_* schedule", &RunSpec::profile);
+        integer("profile_wait", "profiler: steps skipped at the start of each cycle, 0..100000000",
+                &RunSpec::profileWait, 0, 100000000);
+        integer("profile_warmup", "profiler: steps attached but not recorded, 0..100000000", &RunSpec::profileWarmup,
+                0, 100000000);
+        integer("profile_active", "profiler: steps recorded per cycle, 1..100000000", &RunSpec::profileActive, 1,
+                100000000);
+        integer("profile_repeat", "profiler: cycles, 0..100000000 (0 = until the run ends)", &RunSpec::profileRepeat,
+                0, 100000000);
         return d;
     }();
     return defs;
@@ -195,6 +256,10 @@ std::string tomlValueText(const KeyDef& def, const toml::node& node) {
         if (auto v = node.value_exact<double>()) return fmtDouble(*v);
         if (auto v = node.value_exact<int64_t>()) return std::to_string(*v);
         throw ConfigError(k + " must be a number (" + def.info.help + ")");
+    }
+    if (kind == "bool") {
+        if (auto v = node.value_exact<bool>()) return *v ? "true" : "false";
+        throw ConfigError(k + " must be true or false");
     }
     if (kind == "int-list") {
         if (const auto* arr = node.as_array()) {
@@ -262,8 +327,22 @@ std::vector<std::string> validate(const RunSpec& spec) {
             problems.push_back(ex.what());
         }
     }
+    if (spec.precision == "fp16" && spec.device == "cpu")
+        problems.push_back("`precision` fp16 needs a CUDA GPU (device = cpu); use bf16 on the CPU");
     if (spec.minLr > spec.lr) problems.push_back("`min_lr` must be <= `lr` (" + fmtDouble(spec.minLr) + " > " + fmtDouble(spec.lr) + ")");
     return problems;
+}
+
+LossScaleMode lossScaleMode(const RunSpec& spec) {
+    LossScaleMode m;
+    const std::string& v = spec.lossScale;
+    if (v == "dynamic" || (v == "auto" && spec.precision == "fp16"))
+        m.kind = LossScaleMode::Kind::Dynamic;
+    else if (v.rfind("static:", 0) == 0) {
+        m.kind = LossScaleMode::Kind::Static;
+        m.staticScale = std::strtod(v.c_str() + 7, nullptr);
+    }
+    return m;
 }
 
 void validateOrThrow(const RunSpec& spec) {
@@ -321,7 +400,7 @@ std::string toToml(const RunSpec& spec) {
     for (const auto& d : keyDefs()) {
         const std::string v = d.get(spec);
         out << d.info.name << " = ";
-        if (d.info.kind == "int" || d.info.kind == "float") {
+        if (d.info.kind == "int" || d.info.kind == "float" || d.info.kind == "bool") {
             out << v;
             if (d.info.kind == "float" && v.find_first_of(".eEn") == std::string::npos) out << ".0";
         } else if (d.info.kind == "int-list") {

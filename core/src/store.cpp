@@ -79,6 +79,20 @@ CREATE TABLE artifacts(
   sha256 TEXT NOT NULL,
   created_at REAL NOT NULL);
 )sql",
+    // 1 -> 2: profiles (op spans and step phases)
+    R"sql(
+CREATE TABLE profile_spans(
+  run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+  step INTEGER NOT NULL,
+  kind TEXT NOT NULL CHECK(kind IN ('op', 'phase')),
+  name TEXT NOT NULL,
+  shapes TEXT NOT NULL DEFAULT '',
+  thread INTEGER NOT NULL,
+  start_ns INTEGER NOT NULL,
+  dur_ns INTEGER NOT NULL,
+  cuda_ns INTEGER);
+CREATE INDEX profile_spans_by_run ON profile_spans(run_id, step, start_ns);
+)sql",
 };
 constexpr int kLatestSchema = static_cast<int>(sizeof(kMigrations) / sizeof(kMigrations[0]));
 static_assert(kLatestSchema == Store::kSchemaVersion, "add a migration when bumping the schema version");
@@ -154,13 +168,14 @@ struct MetricRow {
 };
 
 struct WriteOp {
-    enum class Kind { CreateRun, Status, UpdateConfig, Metrics, Log, Artifact, DropMetrics, Flush } kind;
+    enum class Kind { CreateRun, Status, UpdateConfig, Metrics, Spans, Log, Artifact, DropMetrics, Flush } kind;
     int64_t run = 0;
     std::string a, b, c, d, e, f;  // meaning per kind
     int64_t step = 0;
     double t = 0;
     std::map<std::string, std::string> params;
     std::vector<MetricRow> rows;   // Kind::Metrics: consecutive points, in order
+    std::vector<std::pair<int64_t, ProfileSpan>> spans;  // Kind::Spans: (run, span), in order
     std::shared_ptr<std::promise<int64_t>> reply;
 };
 
@@ -190,7 +205,7 @@ struct Store::Impl {
     // Writer-thread state: metric_keys ids per (run, interned key), so each point is one insert.
     std::vector<std::string> writerKeyNames;  // the writer's copy of keyNames
     std::map<std::pair<int64_t, uint32_t>, int64_t> keyIds;
-    std::unique_ptr<Stmt> insertMetric, insertLog;
+    std::unique_ptr<Stmt> insertMetric, insertLog, insertSpan;
 
     ~Impl() {
         if (writer.joinable()) {
@@ -203,6 +218,7 @@ struct Store::Impl {
         }
         insertMetric.reset();
         insertLog.reset();
+        insertSpan.reset();
         if (readDb) sqlite3_close_v2(readDb);
         if (writeDb) sqlite3_close_v2(writeDb);
     }
@@ -335,6 +351,9 @@ int64_t Store::Impl::apply(const WriteOp& op) {
     if (!insertMetric) {
         insertMetric = std::make_unique<Stmt>(writeDb, "INSERT INTO metrics(key_id, step, wall_time, value) VALUES(?,?,?,?)");
         insertLog = std::make_unique<Stmt>(writeDb, "INSERT INTO events(run_id, wall_time, level, text) VALUES(?,?,?,?)");
+        insertSpan = std::make_unique<Stmt>(writeDb,
+                                            "INSERT INTO profile_spans(run_id, step, kind, name, shapes, thread, start_ns, "
+                                            "dur_ns, cuda_ns) VALUES(?,?,?,?,?,?,?,?,?)");
     }
     switch (op.kind) {
         case WriteOp::Kind::Metrics: {
@@ -348,6 +367,22 @@ int64_t Store::Impl::apply(const WriteOp& op) {
                 } catch (...) {
                     // A point for a missing run must not cost the other runs' points.
                     s.reset();
+                    if (!firstError) firstError = std::current_exception();
+                }
+            }
+            if (firstError) std::rethrow_exception(firstError);
+            return 0;
+        }
+        case WriteOp::Kind::Spans: {
+            auto& s = *insertSpan;
+            std::exception_ptr firstError;
+            for (const auto& [run, sp] : op.spans) {
+                try {
+                    s.bind(1, run).bind(2, sp.step).bind(3, std::string(sp.kind == ProfileSpan::Kind::Phase ? "phase" : "op"));
+                    s.bind(4, sp.name).bind(5, sp.shapes).bind(6, sp.thread).bind(7, sp.startNs).bind(8, sp.durationNs);
+                    if (sp.cudaNs >= 0) s.bind(9, sp.cudaNs); else s.bindNull(9);
+                    s.run();
+                } catch (...) {
                     if (!firstError) firstError = std::current_exception();
                 }
             }
@@ -543,6 +578,18 @@ void Store::appendMetric(int64_t runId, const std::string& key, int64_t step, do
     d->queueCv.notify_one();
 }
 
+void Store::appendSpan(int64_t runId, const ProfileSpan& span) {
+    {
+        std::unique_lock<std::mutex> lk(d->queueMutex);
+        d->spaceCv.wait(lk, [&] { return d->queuedRows < kMaxQueuedRows || d->stopping; });
+        if (d->queue.empty() || d->queue.back().kind != WriteOp::Kind::Spans)
+            d->queue.push_back(WriteOp{WriteOp::Kind::Spans});
+        d->queue.back().spans.emplace_back(runId, span);
+        ++d->queuedRows;
+    }
+    d->queueCv.notify_one();
+}
+
 void Store::appendLog(int64_t runId, double wallTime, const std::string& level, const std::string& text) {
     WriteOp op{WriteOp::Kind::Log};
     op.run = runId;
@@ -675,6 +722,35 @@ std::vector<ArtifactRecord> Store::artifacts(int64_t runId) const {
     s.bind(1, runId);
     std::vector<ArtifactRecord> out;
     while (s.step()) out.push_back({s.i64(0), s.text(1), s.text(2), s.text(3), s.f64(4)});
+    return out;
+}
+
+int64_t Store::profileSpanCount(int64_t runId) const {
+    std::lock_guard<std::mutex> lk(d->readMutex);
+    Stmt s(d->readDb, "SELECT count(*) FROM profile_spans WHERE run_id = ?");
+    s.bind(1, runId);
+    return s.step() ? s.i64(0) : 0;
+}
+
+std::vector<ProfileSpan> Store::profileSpans(int64_t runId, int64_t fromStep, int64_t toStep) const {
+    std::lock_guard<std::mutex> lk(d->readMutex);
+    Stmt s(d->readDb,
+           "SELECT step, kind, name, shapes, thread, start_ns, dur_ns, cuda_ns FROM profile_spans "
+           "WHERE run_id = ? AND step BETWEEN ? AND ? ORDER BY start_ns, dur_ns DESC");
+    s.bind(1, runId).bind(2, fromStep).bind(3, toStep);
+    std::vector<ProfileSpan> out;
+    while (s.step()) {
+        ProfileSpan sp;
+        sp.step = s.i64(0);
+        sp.kind = s.text(1) == "phase" ? ProfileSpan::Kind::Phase : ProfileSpan::Kind::Op;
+        sp.name = s.text(2);
+        sp.shapes = s.text(3);
+        sp.thread = s.i64(4);
+        sp.startNs = s.i64(5);
+        sp.durationNs = s.i64(6);
+        sp.cudaNs = s.isNull(7) ? -1 : s.i64(7);
+        out.push_back(std::move(sp));
+    }
     return out;
 }
 

@@ -5,12 +5,18 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <set>
+#include <limits>
+#include <optional>
 
+#include "amp.h"
 #include "checkpoint_io.h"
 #include "data/raw.h"
 #include "lathe/core/error.h"
 #include "lathe/core/training.h"
+#include "lathe/kernels/scale_and_check.hpp"
 #include "models.h"
+#include "profiler.h"
 
 namespace lathe::core {
 namespace {
@@ -58,12 +64,125 @@ double learningRate(const RunSpec& spec, int64_t step, int64_t epoch, int64_t to
     return lr;
 }
 
+// Dynamic loss scaling with the semantics of torch.cuda.amp.GradScaler: the loss is scaled
+// before backward, gradients are unscaled once (checking for inf/NaN) before clipping and the
+// optimizer step; a step with non-finite gradients is skipped and the scale backs off; after
+// `growth_interval` clean steps in a row it grows. On CUDA the fused ATen ops do the unscale,
+// check and update; elsewhere our own fused kernel (kernels/scale_and_check) does the unscale
+// and check, and the update rule runs here.
+class LossScaler {
+public:
+    LossScaler(const RunSpec& spec, torch::Device device) : m_device(device) {
+        const auto mode = lossScaleMode(spec);
+        m_enabled = mode.kind != LossScaleMode::Kind::Off;
+        m_dynamic = mode.kind == LossScaleMode::Kind::Dynamic;
+        m_scale = static_cast<float>(m_dynamic ? spec.lossScaleInit : mode.staticScale);
+        m_growth = static_cast<float>(spec.lossScaleGrowth);
+        m_backoff = static_cast<float>(spec.lossScaleBackoff);
+        m_interval = spec.lossScaleGrowthInterval;
+    }
+    bool enabled() const { return m_enabled; }
+    double scale() const { return m_scale; }
+
+    torch::Tensor scaleLoss(const torch::Tensor& loss) const { return m_enabled ? loss * m_scale : loss; }
+
+    /// Unscales every gradient in place; true when any is inf or NaN.
+    bool unscaleAndCheck(const std::vector<torch::Tensor>& params) {
+        if (!m_enabled) return false;
+        // As GradScaler: the reciprocal is taken in double, then rounded to float.
+        const float inv = static_cast<float>(1.0 / static_cast<double>(m_scale));
+        std::vector<torch::Tensor> grads;
+        for (const auto& p : params)
+            if (p.grad().defined()) grads.push_back(p.grad());
+        if (m_device.is_cuda()) {
+            auto found = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat).device(m_device));
+            auto invT = torch::full({1}, inv, torch::TensorOptions().dtype(torch::kFloat).device(m_device));
+            at::_amp_foreach_non_finite_check_and_unscale_(grads, found, invT);
+            m_foundDevice = found;
+            return found.item<float>() != 0.0f;
+        }
+        bool found = false;
+        for (auto& g : grads) {
+            TORCH_CHECK(g.scalar_type() == torch::kFloat && g.is_contiguous(), "gradients must be contiguous float32");
+            found |= kernels::scaleAndCheck(g.data_ptr<float>(), static_cast<size_t>(g.numel()), inv);
+        }
+        return found;
+    }
+
+    void update(bool foundInf) {
+        if (!m_dynamic) return;
+        if (m_device.is_cuda() && m_foundDevice.defined()) {
+            auto scaleT = torch::full({1}, m_scale, torch::TensorOptions().dtype(torch::kFloat).device(m_device));
+            auto tracker = torch::full({1}, m_tracker, torch::TensorOptions().dtype(torch::kInt).device(m_device));
+            at::_amp_update_scale_(scaleT, tracker, m_foundDevice, m_growth, m_backoff, m_interval);
+            m_scale = scaleT.item<float>();
+            m_tracker = tracker.item<int>();
+            return;
+        }
+        if (foundInf) {
+            m_scale *= m_backoff;
+            m_tracker = 0;
+        } else if (++m_tracker == m_interval) {
+            const float grown = m_scale * m_growth;
+            if (std::isfinite(grown)) m_scale = grown;
+            m_tracker = 0;
+        }
+    }
+
+    CheckpointExtras state() const {
+        return {{"amp_scale", torch::tensor({m_scale})}, {"amp_growth_tracker", torch::tensor({m_tracker})}};
+    }
+    void restore(const CheckpointExtras& extras) {
+        if (auto it = extras.find("amp_scale"); it != extras.end() && m_dynamic) m_scale = it->second.item<float>();
+        if (auto it = extras.find("amp_growth_tracker"); it != extras.end()) m_tracker = it->second.item<int64_t>();
+    }
+
+private:
+    torch::Device m_device;
+    bool m_enabled = false, m_dynamic = false;
+    float m_scale = 1.0f, m_growth = 2.0f, m_backoff = 0.5f;
+    int64_t m_interval = 2000;
+    int64_t m_tracker = 0;
+    torch::Tensor m_foundDevice;
+};
+
+torch::Device resolveDevice(const RunSpec& spec) {
+    const bool cuda = torch::cuda::is_available();
+    if (spec.device == "cuda" && !cuda)
+        throw ConfigError("`device` cuda: no CUDA device is available (this LibTorch or this machine has none); use "
+                          "device = \"cpu\" or \"auto\"");
+    const torch::Device dev = (spec.device == "cuda" || (spec.device == "auto" && cuda)) ? torch::Device(torch::kCUDA)
+                                                                                       : torch::Device(torch::kCPU);
+    if (spec.precision == "fp16" && !dev.is_cuda())
+        throw ConfigError("`precision` fp16 needs a CUDA GPU and none is available here; use precision = \"bf16\" "
+                          "(--precision bf16), which runs on the CPU");
+    return dev;
+}
+
+c10::optional<c10::ScalarType> autocastType(const RunSpec& spec) {
+    if (spec.precision == "bf16") return c10::ScalarType::BFloat16;
+    if (spec.precision == "fp16") return c10::ScalarType::Half;
+    return c10::nullopt;
+}
+
+double gradNorm(const std::vector<torch::Tensor>& params) {
+    torch::NoGradGuard noGrad;
+    std::vector<torch::Tensor> norms;
+    for (const auto& p : params)
+        if (p.grad().defined()) norms.push_back(p.grad().norm(2).to(torch::kDouble));
+    if (norms.empty()) return 0.0;
+    return torch::stack(norms).norm(2).item<double>();
+}
+
 struct EvalResult {
     double loss = 0, accuracy = 0;
 };
 
-EvalResult evaluate(torch::nn::Sequential& model, const Tensors& data) {
+EvalResult evaluate(torch::nn::Sequential& model, const Tensors& data, c10::optional<c10::ScalarType> cast,
+                    torch::Device device) {
     torch::NoGradGuard noGrad;
+    std::optional<AutocastGuard> autocast;
+    if (cast) autocast.emplace(device.type(), *cast);
     model->eval();
     double lossSum = 0;
     int64_t correct = 0;
@@ -72,7 +191,7 @@ EvalResult evaluate(torch::nn::Sequential& model, const Tensors& data) {
         const int64_t end = std::min(n, i + 1024);
         auto xb = data.x.slice(0, i, end);
         auto yb = data.y.slice(0, i, end);
-        auto out = model->forward(xb);
+        auto out = model->forward(xb).to(torch::kFloat);
         lossSum += torch::nn::functional::cross_entropy(
                        out, yb, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
                        .item<double>();
@@ -99,6 +218,11 @@ std::string fmt(double v, int prec = 4) {
 
 }  // namespace
 
+void checkRunnable(const RunSpec& spec) {
+    validateOrThrow(spec);
+    resolveDevice(spec);
+}
+
 TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventSink& sink) {
     validateOrThrow(spec);
     auto emit = [&](Event e) {
@@ -111,6 +235,8 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
 
     if (spec.threads > 0) setThreads(static_cast<int>(spec.threads));
     torch::manual_seed(static_cast<uint64_t>(spec.seed));
+    const torch::Device device = resolveDevice(spec);
+    const auto cast = autocastType(spec);
 
     auto split = data::loadSplit(spec);
     const auto sampleShape = split.train.shape;
@@ -118,15 +244,22 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
     Tensors trainSet = toTensors(split.train);
     Tensors valSet = toTensors(split.val);
     split = {};
+    trainSet = {trainSet.x.to(device), trainSet.y.to(device)};
+    valSet = {valSet.x.to(device), valSet.y.to(device)};
 
     auto model = makeModel(spec, sampleShape, numClasses);
+    model->to(device);  // parameters stay FP32: autocast casts per op (FP32 master weights)
     auto optimizer = makeOptimizer(spec, model->parameters());
+    LossScaler scaler(spec, device);
+    const auto params = model->parameters();
 
     TrainResult result;
     int64_t startEpoch = 0;
     int64_t step = 0;
     if (!options.resumeFrom.empty()) {
-        const auto info = loadCheckpoint(options.resumeFrom, *model, *optimizer);
+        CheckpointExtras extras = scaler.state();
+        const auto info = loadCheckpoint(options.resumeFrom, *model, *optimizer, &extras);
+        scaler.restore(extras);
         startEpoch = info.epoch;
         step = info.step;
         emit(Event::log("info", "resumed from " + info.path + " at epoch " + std::to_string(info.epoch) +
@@ -146,7 +279,9 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
                                 spec.data + ": " + std::to_string(nTrain) + " training / " +
                                 std::to_string(valSet.size()) + " validation samples, " +
                                 std::to_string(numClasses) + " classes, " + std::to_string(stepsPerEpoch) +
-                                " steps per epoch"));
+                                " steps per epoch; " + device.str() + ", " + spec.precision +
+                                (scaler.enabled() ? ", loss scale " + fmt(scaler.scale()) : std::string()) +
+                                (spec.activationCheckpointing ? ", activation checkpointing" : "")));
     if (startEpoch >= spec.epochs) {
         result.status = "completed";
         result.epochsDone = startEpoch;
@@ -158,10 +293,20 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
 
     auto saveCkpt = [&](int64_t epochsDone) {
         if (options.checkpointDir.empty()) return;
-        const auto info =
-            saveCheckpoint(options.checkpointDir + "/last.ckpt", *model, *optimizer, epochsDone, step);
+        const auto info = saveCheckpoint(options.checkpointDir + "/last.ckpt", *model, *optimizer, epochsDone, step,
+                                         scaler.state());
         emit(Event::checkpoint(info.path, info.sha256, step, epochsDone));
     };
+
+    std::unique_ptr<Profiler> profiler;
+    if (spec.profile)
+        profiler = std::make_unique<Profiler>(
+            ProfileSchedule{spec.profileWait, spec.profileWarmup, spec.profileActive, spec.profileRepeat});
+    const std::set<int64_t> injectAt(spec.injectNonfinite.begin(), spec.injectNonfinite.end());
+    ForwardOptions fwd;
+    fwd.checkpoint = spec.activationCheckpointing;
+    fwd.autocast = cast;
+    fwd.device = device.type();
 
     std::map<std::string, double>& last = result.finalMetrics;
     model->train();
@@ -173,39 +318,119 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
         std::iota(order.begin(), order.end(), 0);
         std::mt19937_64 rng(static_cast<uint64_t>(spec.seed) * 1000003ull + static_cast<uint64_t>(epoch));
         std::shuffle(order.begin(), order.end(), rng);
-        auto perm = torch::from_blob(order.data(), {nTrain}, torch::kInt64);
+        auto perm = torch::from_blob(order.data(), {nTrain}, torch::kInt64).to(device);
 
         double windowLoss = 0;
-        int64_t windowSteps = 0, correct = 0, seen = 0, epochSteps = 0;
+        int64_t windowSteps = 0, correct = 0, seen = 0, epochSteps = 0, skipped = 0;
         double stepSeconds = 0;
+        size_t activationBytes = 0;
         for (int64_t b = 0; b < stepsPerEpoch; ++b) {
             if (options.stop && options.stop->load(std::memory_order_relaxed)) {
                 stopped = true;
                 break;
             }
+            const int64_t thisStep = step + 1;  // 1-based, as recorded
+            if (profiler) profiler->beginStep(thisStep);
+            // Activation memory is sampled on the first step of each epoch: the heap's growth
+            // from the step's start to its peak (after forward, or inside recomputed segments).
+            const bool sampleMemory = b == 0 && !device.is_cuda();
+            size_t heapStart = 0, heapPeak = 0;
+            if (sampleMemory) {
+                heapStart = heapPeak = heapInUse();
+                t_heapPeak = &heapPeak;
+            }
             const auto t0 = Clock::now();
             const double lr = learningRate(spec, step, epoch, totalSteps);
             for (auto& group : optimizer->param_groups()) group.options().set_lr(lr);
-            auto idx = perm.slice(0, b * spec.batch, std::min(nTrain, (b + 1) * spec.batch));
-            auto xb = trainSet.x.index_select(0, idx);
-            auto yb = trainSet.y.index_select(0, idx);
+            torch::Tensor xb, yb, out, loss;
+            {
+                PhaseScope phase(profiler.get(), "data");
+                auto idx = perm.slice(0, b * spec.batch, std::min(nTrain, (b + 1) * spec.batch));
+                xb = trainSet.x.index_select(0, idx);
+                yb = trainSet.y.index_select(0, idx);
+            }
             optimizer->zero_grad();
-            auto out = model->forward(xb);
-            auto loss = torch::nn::functional::cross_entropy(out, yb);
-            loss.backward();
-            if (spec.clipGradNorm > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), spec.clipGradNorm);
-            optimizer->step();
+            {
+                PhaseScope phase(profiler.get(), "forward");
+                {
+                    std::optional<AutocastGuard> autocast;
+                    if (cast) autocast.emplace(device.type(), *cast);
+                    out = forwardModel(model, xb, fwd);
+                }
+                // The loss in FP32, outside autocast, as torch.autocast recommends.
+                loss = torch::nn::functional::cross_entropy(out.to(torch::kFloat), yb);
+            }
+            if (sampleMemory) sampleHeapPeak();
+            {
+                PhaseScope phase(profiler.get(), "backward");
+                scaler.scaleLoss(loss).backward();
+            }
+            if (sampleMemory) {
+                sampleHeapPeak();
+                t_heapPeak = nullptr;
+                activationBytes = heapPeak - std::min(heapPeak, heapStart);
+            }
+            if (injectAt.count(thisStep)) {
+                // Fault injection: an inf in one gradient, as an fp16 overflow would leave.
+                torch::NoGradGuard noGrad;
+                for (const auto& p : params)
+                    if (p.grad().defined()) {
+                        p.grad().view(-1)[0] = std::numeric_limits<float>::infinity();
+                        break;
+                    }
+            }
             const double lossValue = loss.item<double>();
+            bool skip = false;
+            double norm = 0;
+            const double usedScale = scaler.scale();
+            {
+                PhaseScope phase(profiler.get(), "optimizer");
+                // Unscale once, before clipping, so the norm and the clip see true gradients.
+                const bool foundInf = scaler.unscaleAndCheck(params) || (scaler.enabled() && !std::isfinite(lossValue));
+                norm = gradNorm(params);
+                skip = scaler.enabled() && foundInf;
+                if (!skip) {
+                    if (spec.clipGradNorm > 0 && std::isfinite(norm) && norm > spec.clipGradNorm) {
+                        torch::NoGradGuard noGrad;
+                        const double coef = spec.clipGradNorm / (norm + 1e-6);
+                        for (const auto& p : params)
+                            if (p.grad().defined()) p.grad().mul_(coef);
+                    }
+                    optimizer->step();
+                }
+                scaler.update(foundInf);
+            }
             correct += out.detach().argmax(1).eq(yb).sum().item<int64_t>();
             stepSeconds += std::chrono::duration<double>(Clock::now() - t0).count();
-            seen += idx.size(0);
+            seen += xb.size(0);
             ++step;
             ++epochSteps;
+            if (profiler)
+                for (auto& span : profiler->takeSpans()) emit(Event::profileSpan(std::move(span)));
+            metric("train/grad_norm", step, norm, last);
+            if (scaler.enabled()) {
+                metric("amp/loss_scale", step, usedScale, last);
+                metric("amp/skipped", step, skip ? 1.0 : 0.0, last);
+            }
+            if (skip) {
+                ++skipped;
+                if (scaler.scale() < 1e-30) {
+                    result.status = "failed";
+                    result.error = "the loss scale collapsed below 1e-30 after " + std::to_string(skipped) +
+                                   " skipped steps: gradients are non-finite at any scale; lower `lr` or use fp32";
+                    emit(Event::error(result.error));
+                    emit(Event::status("failed"));
+                    result.epochsDone = epochsDone;
+                    result.steps = step;
+                    return result;
+                }
+                continue;  // a skipped step contributes no loss to the window
+            }
             if (!std::isfinite(lossValue)) {
                 metric("train/loss", step, lossValue, last);
                 result.status = "failed";
-                result.error = "loss became " + fmt(lossValue) + " at step " + std::to_string(step) +
-                               " (epoch " + std::to_string(epoch + 1) + "); lower `lr` (now " + fmt(lr) +
+                result.error = "loss became " + fmt(lossValue) + " at step " + std::to_string(step) + " (epoch " +
+                               std::to_string(epoch + 1) + "); lower `lr` (now " + fmt(lr) +
                                ") or set `clip_grad_norm`";
                 emit(Event::error(result.error));
                 emit(Event::status("failed"));
@@ -221,14 +446,16 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
                 windowSteps = 0;
             }
         }
+        if (profiler) profiler->beginStep(0);  // detach during validation
         if (epochSteps == 0) break;  // stopped before this epoch did anything
-        const auto val = evaluate(model, valSet);
+        const auto val = evaluate(model, valSet, cast, device);
         metric("train/accuracy", step, static_cast<double>(correct) / static_cast<double>(seen), last);
         metric("val/loss", step, val.loss, last);
         metric("val/accuracy", step, val.accuracy, last);
         metric("train/lr", step, learningRate(spec, step - 1, epoch, totalSteps), last);
         metric("perf/step_ms", step, 1000.0 * stepSeconds / static_cast<double>(epochSteps), last);
         metric("perf/samples_per_s", step, static_cast<double>(seen) / std::max(stepSeconds, 1e-9), last);
+        if (activationBytes > 0) metric("perf/activation_mb", step, static_cast<double>(activationBytes) / 1e6, last);
         metric("train/epoch", step, static_cast<double>(epoch + 1), last);
         if (!stopped) {
             epochsDone = epoch + 1;

@@ -7,12 +7,14 @@
 #include <iosfwd>
 #include <string>
 
+#include "lathe/core/profile.h"
+
 namespace lathe::core {
 
 inline constexpr int kEventStreamVersion = 1;
 
 struct Event {
-    enum class Type { Run, Metric, Log, Status, Checkpoint, Error };
+    enum class Type { Run, Metric, Log, Status, Checkpoint, Error, Span };
     Type type = Type::Log;
     int rank = 0;
     double wallTime = 0.0;  // seconds since the Unix epoch
@@ -27,12 +29,15 @@ struct Event {
     std::string level;
     std::string text;
     std::string sha256;
+    // Span: one profiled op or step phase.
+    ProfileSpan span;
 
     static Event run(std::string configToml, std::string host);
     static Event metric(std::string key, int64_t step, double value);
     static Event log(std::string level, std::string text);
     static Event status(std::string status);
     static Event error(std::string message);
+    static Event profileSpan(ProfileSpan span);
     static Event checkpoint(std::string path, std::string sha256, int64_t step, int64_t epoch);
 };
 

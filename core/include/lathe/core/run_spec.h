@@ -34,13 +34,39 @@ struct RunSpec {
     int64_t logEvery = 10;                 // train/loss every N steps
     int64_t checkpointEvery = 1;           // epochs between checkpoints; 0 = only at the end
     int64_t threads = 0;                   // intra-op threads; 0 = library default
+    std::string device = "auto";           // auto | cpu | cuda
+
+    // Mixed precision: autocast to bf16/fp16 with FP32 master weights and optimizer state.
+    std::string precision = "fp32";        // fp32 | bf16 | fp16
+    std::string lossScale = "auto";        // auto (dynamic for fp16, else off) | dynamic | static:N | off
+    double lossScaleInit = 65536.0;        // 2^16, as torch.cuda.amp.GradScaler
+    double lossScaleGrowth = 2.0;
+    double lossScaleBackoff = 0.5;
+    int64_t lossScaleGrowthInterval = 2000;
+    std::vector<int64_t> injectNonfinite;  // steps (1-based) whose gradient gets an inf (fault injection)
+
+    bool activationCheckpointing = false;  // recompute hidden blocks' activations in backward
+
+    // Profiler (schedule like torch.profiler.schedule).
+    bool profile = false;
+    int64_t profileWait = 5;
+    int64_t profileWarmup = 1;
+    int64_t profileActive = 5;
+    int64_t profileRepeat = 1;             // 0 = until the run ends
 };
+
+/// The loss-scaling mode a spec resolves to.
+struct LossScaleMode {
+    enum class Kind { Off, Dynamic, Static } kind = Kind::Off;
+    double staticScale = 1.0;
+};
+LossScaleMode lossScaleMode(const RunSpec& spec);
 
 /// One configurable key: its TOML/flag name, the kind of value and a help line that states
 /// the allowed values. The GUI and the CLI are both generated from this table.
 struct SpecKey {
     std::string name;    // TOML key, e.g. "weight_decay"; flag is "--weight-decay"
-    std::string kind;    // "int", "float", "string", "choice", "int-list"
+    std::string kind;    // "int", "float", "string", "choice", "int-list", "bool"
     std::string help;    // includes the allowed range
     std::vector<std::string> choices;  // for kind == "choice"
 };

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "lathe/core/profile.h"
+
 namespace lathe::core {
 
 struct RunRecord {
@@ -48,7 +50,7 @@ struct ArtifactRecord {
 
 class Store {
 public:
-    static constexpr int kSchemaVersion = 1;
+    static constexpr int kSchemaVersion = 2;
 
     /// Opens or creates a workspace (the path is made absolute). Throws StoreError (file untouched) when the file is not
     /// a Lathe workspace or has a newer schema than this build knows.
@@ -77,6 +79,8 @@ public:
     void appendMetric(int64_t runId, const std::string& key, int64_t step, double wallTime, double value);
     void appendLog(int64_t runId, double wallTime, const std::string& level, const std::string& text);
     void addArtifact(int64_t runId, const std::string& kind, const std::string& path, const std::string& sha256);
+    /// Profile spans (op and phase) of a run; queued and batched like metric points.
+    void appendSpan(int64_t runId, const ProfileSpan& span);
     /// Removes metric points recorded after `step` (a resumed run replays those steps).
     void dropMetricsAfter(int64_t runId, int64_t step);
     /// Blocks until everything queued so far is committed. Rethrows a writer failure.
@@ -93,6 +97,10 @@ public:
     std::map<std::string, double> lastMetrics(int64_t runId) const;
     std::vector<LogRecord> logs(int64_t runId) const;
     std::vector<ArtifactRecord> artifacts(int64_t runId) const;
+    /// Number of profile spans recorded for a run (0: not profiled).
+    int64_t profileSpanCount(int64_t runId) const;
+    /// A run's profile spans ordered by start time; only steps in [fromStep, toStep].
+    std::vector<ProfileSpan> profileSpans(int64_t runId, int64_t fromStep = 0, int64_t toStep = INT64_MAX) const;
 
 private:
     struct Impl;

@@ -28,6 +28,10 @@ struct TrainResult {
     std::map<std::string, double> finalMetrics;
 };
 
+/// Checks what validate() cannot: that the device and precision exist on this machine (fp16
+/// and device = cuda need a CUDA GPU). Throws ConfigError with a suggestion.
+void checkRunnable(const RunSpec& spec);
+
 /// Trains in the calling thread. Config and data errors throw (ConfigError, DataError,
 /// CheckpointError) before the first step; failures during training are returned as
 /// status "failed" after an Error event.

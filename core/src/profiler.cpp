@@ -1,0 +1,138 @@
+#include "profiler.h"
+
+#include <ATen/core/ivalue.h>
+#include <ATen/record_function.h>
+
+#include <sstream>
+
+#include "lathe/core/error.h"
+
+namespace lathe::core {
+namespace {
+
+// RecordFunction callbacks are plain function pointers: they reach the active profiler here.
+// One profiled run at a time per process (the trainer owns it for the run's duration).
+std::atomic<Profiler*> g_active{nullptr};
+std::atomic<int64_t> g_nextThread{1};
+thread_local int64_t t_thread = -1;
+
+int64_t threadNumber() {
+    if (t_thread < 0) t_thread = g_nextThread.fetch_add(1);
+    return t_thread;
+}
+
+struct OpContext : at::ObserverContext {
+    int64_t startNs = 0;
+    std::string shapes;
+};
+
+std::string shapesOf(const at::RecordFunction& fn) {
+    std::ostringstream out;
+    bool first = true;
+    for (const auto& v : fn.inputs()) {
+        if (!v.isTensor()) continue;
+        const auto& t = v.toTensor();
+        if (!first) out << ", ";
+        first = false;
+        if (!t.defined()) {
+            out << "[]";
+            continue;
+        }
+        out << '[';
+        const auto sizes = t.sizes();
+        for (size_t i = 0; i < sizes.size(); ++i) out << (i ? ", " : "") << sizes[i];
+        out << ']';
+    }
+    return out.str();
+}
+
+std::unique_ptr<at::ObserverContext> onStart(const at::RecordFunction& fn) {
+    Profiler* p = g_active.load(std::memory_order_acquire);
+    if (!p || !p->recording()) return nullptr;
+    auto ctx = std::make_unique<OpContext>();
+    ctx->shapes = shapesOf(fn);
+    ctx->startNs = p->nowNs();
+    return ctx;
+}
+
+void onEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
+    Profiler* p = g_active.load(std::memory_order_acquire);
+    if (!p || !raw) return;
+    const int64_t end = p->nowNs();
+    auto* ctx = static_cast<OpContext*>(raw);
+    ProfileSpan span;
+    span.kind = ProfileSpan::Kind::Op;
+    span.name = fn.name();
+    span.shapes = std::move(ctx->shapes);
+    span.step = p->currentStep();
+    span.thread = threadNumber();
+    span.startNs = ctx->startNs;
+    span.durationNs = end - ctx->startNs;
+    p->addOp(std::move(span));
+}
+
+}  // namespace
+
+Profiler::Profiler(ProfileSchedule schedule) : m_schedule(schedule), m_origin(std::chrono::steady_clock::now()) {
+    t_thread = 0;  // the trainer's thread is lane 0
+}
+
+Profiler::~Profiler() { detach(); }
+
+int64_t Profiler::nowNs() const {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - m_origin).count();
+}
+
+void Profiler::attach() {
+    if (m_attached) return;
+    Profiler* expected = nullptr;
+    if (!g_active.compare_exchange_strong(expected, this))
+        throw Error("another run in this process is being profiled; profile one run at a time");
+    m_handle = at::addGlobalCallback(at::RecordFunctionCallback(&onStart, &onEnd)
+                                         .needsInputs(true)
+                                         .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+    m_attached = true;
+}
+
+void Profiler::detach() {
+    if (!m_attached) return;
+    at::removeCallback(m_handle);
+    g_active.store(nullptr, std::memory_order_release);
+    m_attached = false;
+}
+
+void Profiler::beginStep(int64_t step) {
+    m_step.store(step, std::memory_order_relaxed);
+    if (m_schedule.attached(step))
+        attach();
+    else
+        detach();
+    m_recording.store(m_schedule.recording(step), std::memory_order_relaxed);
+}
+
+void Profiler::addPhase(const char* name, int64_t startNs, int64_t endNs, int64_t cudaNs) {
+    ProfileSpan span;
+    span.kind = ProfileSpan::Kind::Phase;
+    span.name = name;
+    span.step = currentStep();
+    span.thread = 0;
+    span.startNs = startNs;
+    span.durationNs = endNs - startNs;
+    span.cudaNs = cudaNs;
+    std::lock_guard<std::mutex> lk(m_mutex);
+    m_spans.push_back(std::move(span));
+}
+
+void Profiler::addOp(ProfileSpan&& span) {
+    std::lock_guard<std::mutex> lk(m_mutex);
+    m_spans.push_back(std::move(span));
+}
+
+std::vector<ProfileSpan> Profiler::takeSpans() {
+    std::lock_guard<std::mutex> lk(m_mutex);
+    std::vector<ProfileSpan> out;
+    out.swap(m_spans);
+    return out;
+}
+
+}  // namespace lathe::core
