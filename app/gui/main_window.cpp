@@ -18,6 +18,7 @@
 #include <QSortFilterProxyModel>
 #include <QSplitter>
 #include <QStatusBar>
+#include <QTabWidget>
 #include <QTableView>
 #include <QTimer>
 #include <QVBoxLayout>
@@ -27,6 +28,8 @@
 
 #include "lathe/core/error.h"
 #include "lathe/widgets/dashboard.h"
+#include "lathe/widgets/loss_scale_view.h"
+#include "lathe/widgets/profile_view.h"
 #include "lathe/widgets/run_form.h"
 #include "lathe/widgets/run_list_model.h"
 #include "training_session.h"
@@ -79,9 +82,23 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
     m_dashboard = new widgets::Dashboard;
     m_dashboard->setObjectName(QStringLiteral("dashboard"));
 
+    m_lossScale = new widgets::LossScaleView;
+    m_lossScale->setObjectName(QStringLiteral("lossScaleView"));
+    m_profile = new widgets::ProfileView;
+    m_profile->setObjectName(QStringLiteral("profileView"));
+    m_tabs = new QTabWidget;
+    m_tabs->setObjectName(QStringLiteral("viewTabs"));
+    m_tabs->setDocumentMode(true);
+    m_tabs->addTab(m_dashboard, tr("Curves"));
+    m_tabs->addTab(m_lossScale, tr("Loss scale"));
+    m_tabs->addTab(m_profile, tr("Profile"));
+    m_tabs->setTabToolTip(1, tr("Loss scale, skipped steps and gradient norm of the first selected run"));
+    m_tabs->setTabToolTip(2, tr("Profile timeline, top ops and step phases of the first selected run"));
+    connect(m_tabs, &QTabWidget::currentChanged, this, [this] { updateProfileTab(); });
+
     auto* right = new QSplitter(Qt::Vertical);
     right->addWidget(m_table);
-    right->addWidget(m_dashboard);
+    right->addWidget(m_tabs);
     right->setStretchFactor(0, 1);
     right->setStretchFactor(1, 3);
     right->setSizes({220, 660});
@@ -125,8 +142,9 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
 }
 
 MainWindow::~MainWindow() {
-    // The session references the store: end it (stop + join) before the store goes.
+    // The session and the profile loader reference the store: end them before the store goes.
     m_session.reset();
+    m_profile->clear();
 }
 
 void MainWindow::buildMenus() {
@@ -211,11 +229,25 @@ void MainWindow::selectNewestRun() {
 }
 
 void MainWindow::onSelectionChanged() {
+    const std::vector<int64_t> runs = selectedRuns();
     try {
-        m_dashboard->showRuns(*m_store, selectedRuns());
+        m_dashboard->showRuns(*m_store, runs);
+        // Loss scale and profile are single-run views: they follow the first selected run.
+        const int64_t first = runs.empty() ? 0 : runs.front();
+        if (m_lossScale->runId() != first || first == 0) m_lossScale->showRun(*m_store, first);
     } catch (const std::exception& e) {
         showError(tr("Could not load metrics"), QString::fromUtf8(e.what()));
     }
+    updateProfileTab();
+}
+
+void MainWindow::updateProfileTab(bool force) {
+    const std::vector<int64_t> runs = selectedRuns();
+    const int64_t first = runs.empty() ? 0 : runs.front();
+    if (m_tabs->currentWidget() != m_profile) return;
+    if (!force && first == m_profileRunShown) return;
+    m_profileRunShown = first;
+    m_profile->showRun(*m_store, first);  // loads on a worker thread
 }
 
 void MainWindow::onStartRequested(const core::RunSpec& spec) {
@@ -229,7 +261,10 @@ void MainWindow::onStartRequested(const core::RunSpec& spec) {
 }
 
 void MainWindow::onStarted(qint64 runId) {
-    if (m_liveRunId != 0 && m_liveRunId != runId) m_dashboard->forgetLive(m_liveRunId);
+    if (m_liveRunId != 0 && m_liveRunId != runId) {
+        m_dashboard->forgetLive(m_liveRunId);
+        m_lossScale->forgetLive(m_liveRunId);
+    }
     m_liveRunId = runId;
     refreshRuns();
     // Show the new run on its own: its live curves are what the user wants to watch now.
@@ -239,6 +274,7 @@ void MainWindow::onStarted(qint64 runId) {
 
 void MainWindow::onEvents(qint64 runId, const std::vector<core::Event>& events) {
     m_dashboard->onEvents(runId, events);
+    m_lossScale->onEvents(runId, events);
     // Status events carry the planned number of steps; metric steps then give the progress.
     int64_t step = -1;
     for (const auto& e : events) {
@@ -270,6 +306,12 @@ void MainWindow::onFinished(qint64 runId, const QString& status, const QString& 
     m_progressBar->hide();
     m_progressBar->setRange(0, 0);
     refreshRuns();
+    // The profile is complete only now (spans are written as the run goes).
+    const std::vector<int64_t> runs = selectedRuns();
+    if (runId && !runs.empty() && runs.front() == runId) {
+        m_profileRunShown = -1;
+        updateProfileTab(true);
+    }
     m_progress->setText(runId ? tr("run %1 %2").arg(runId).arg(status) : QString());
     if (status == QLatin1String("failed")) {
         const QString what = runId ? tr("Run %1 failed").arg(runId) : tr("The run could not start");
@@ -302,7 +344,14 @@ bool MainWindow::openWorkspace(const QString& path) {
     }
     m_session.reset();
     m_dashboard->clear();
-    if (m_liveRunId) m_dashboard->forgetLive(m_liveRunId);
+    // The profile loader reads the old store: wait for it before the store goes.
+    m_profile->clear();
+    m_profileRunShown = -1;
+    m_lossScale->clear();
+    if (m_liveRunId) {
+        m_dashboard->forgetLive(m_liveRunId);
+        m_lossScale->forgetLive(m_liveRunId);
+    }
     m_liveRunId = 0;
     m_valAccuracy.clear();
     m_valAccuracyFinal.clear();

@@ -16,11 +16,14 @@
 class QLabel;
 class QProgressBar;
 class QSortFilterProxyModel;
+class QTabWidget;
 class QTableView;
 class QTimer;
 
 namespace lathe::widgets {
 class Dashboard;
+class LossScaleView;
+class ProfileView;
 class RunForm;
 class RunListModel;
 }  // namespace lathe::widgets
@@ -38,6 +41,10 @@ public:
     core::Store& store() const { return *m_store; }
     widgets::RunForm* runForm() const { return m_form; }
     widgets::Dashboard* dashboard() const { return m_dashboard; }
+    widgets::LossScaleView* lossScaleView() const { return m_lossScale; }
+    widgets::ProfileView* profileView() const { return m_profile; }
+    /// "Curves", "Loss scale", "Profile".
+    QTabWidget* viewTabs() const { return m_tabs; }
     widgets::RunListModel* runModel() const { return m_runModel; }
     QTableView* runTable() const { return m_table; }
     TrainingSession* session() const { return m_session.get(); }
@@ -64,6 +71,9 @@ private:
     void onEvents(qint64 runId, const std::vector<core::Event>& events);
     void onFinished(qint64 runId, const QString& status, const QString& error);
     void onSelectionChanged();
+    /// Loads the first selected run into the Profile tab when that tab is showing (it reads
+    /// every span of the run, so it waits until someone looks).
+    void updateProfileTab(bool force = false);
     void openWorkspaceDialog();
     void exportChartsDialog();
     void showError(const QString& title, const QString& message);
@@ -73,6 +83,10 @@ private:
     std::unique_ptr<TrainingSession> m_session;
     widgets::RunForm* m_form = nullptr;
     widgets::Dashboard* m_dashboard = nullptr;
+    widgets::LossScaleView* m_lossScale = nullptr;
+    widgets::ProfileView* m_profile = nullptr;
+    QTabWidget* m_tabs = nullptr;
+    int64_t m_profileRunShown = -1;  // run the Profile tab last loaded
     widgets::RunListModel* m_runModel = nullptr;
     QSortFilterProxyModel* m_proxy = nullptr;
     QTableView* m_table = nullptr;

@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include <QCheckBox>
+#include <QGroupBox>
 #include <QLineEdit>
 #include <QPushButton>
 #include <QSignalSpy>
@@ -83,4 +85,101 @@ TEST_CASE("RunForm validates as you type and gates Start", "[widgets][form]") {
     form.setSpec(other);
     CHECK(form.fieldText("optimizer") == "sgd");
     CHECK(form.spec().lr == Approx(0.25));
+}
+
+TEST_CASE("RunForm groups precision and profiling, with checkboxes for bool keys", "[widgets][form]") {
+    RunForm form;
+    form.resize(380, 900);
+    form.show();
+    auto* group = form.findChild<QGroupBox*>("precisionGroup");
+    REQUIRE(group != nullptr);
+    for (const char* key : {"precision", "loss_scale", "activation_checkpointing", "profile", "profile_wait",
+                            "profile_warmup", "profile_active", "profile_repeat"}) {
+        INFO(key);
+        REQUIRE(form.hasField(QString::fromLatin1(key)));
+        CHECK(group->isAncestorOf(form.fieldWidget(QString::fromLatin1(key))));
+    }
+    // Every "bool" key of the spec table is a checkbox, wherever it sits.
+    for (const auto& key : lathe::core::specKeys())
+        if (key.kind == "bool") {
+            INFO(key.name);
+            CHECK(qobject_cast<QCheckBox*>(form.fieldWidget(QString::fromStdString(key.name))) != nullptr);
+        }
+    auto* profile = qobject_cast<QCheckBox*>(form.fieldWidget("profile"));
+    auto* checkpointing = qobject_cast<QCheckBox*>(form.fieldWidget("activation_checkpointing"));
+    REQUIRE(profile != nullptr);
+    REQUIRE(checkpointing != nullptr);
+    REQUIRE(form.isValid());
+
+    // The schedule only applies with Profile on.
+    CHECK_FALSE(profile->isChecked());
+    CHECK_FALSE(form.fieldWidget("profile_wait")->isEnabled());
+    CHECK_FALSE(form.isFieldActive("profile_active"));
+    QTest::mouseClick(profile, Qt::LeftButton, {}, QPoint(8, profile->height() / 2));
+    CHECK(profile->isChecked());
+    CHECK(form.fieldText("profile") == "true");
+    CHECK(form.fieldWidget("profile_wait")->isEnabled());
+    CHECK(form.isFieldActive("profile_active"));
+
+    // Schedule fields are validated as you type like the others.
+    auto* active = qobject_cast<QLineEdit*>(form.fieldWidget("profile_active"));
+    REQUIRE(active != nullptr);
+    active->selectAll();
+    QTest::keyClicks(active, "x");
+    CHECK_FALSE(form.isValid());
+    CHECK(form.fieldError("profile_active").contains("profile_active"));
+    CHECK(active->styleSheet().contains("border"));
+    form.grab().save(lathe::test::outputPath("run_form_precision_invalid.png"));
+    // Switching Profile off makes the bad value irrelevant; on again, it counts again.
+    QTest::mouseClick(profile, Qt::LeftButton, {}, QPoint(8, profile->height() / 2));
+    CHECK(form.isValid());
+    CHECK(form.fieldError("profile_active").isEmpty());
+    form.setFieldText("profile", "on");
+    CHECK_FALSE(form.isValid());
+    form.setFieldText("profile_active", "3");
+    form.setFieldText("profile_wait", "1");
+    REQUIRE(form.isValid());
+
+    // Loss scale: typed modes are checked by core; the dynamic scaler's knobs follow the mode.
+    form.setFieldText("precision", "fp16");
+    form.setFieldText("loss_scale", "static:abc");
+    CHECK_FALSE(form.isValid());
+    CHECK(form.fieldError("loss_scale").contains("loss_scale"));
+    form.setFieldText("loss_scale", "static:1024");
+    CHECK(form.isValid());
+    CHECK_FALSE(form.isFieldActive("loss_scale_init"));
+    form.setFieldText("loss_scale", "dynamic");
+    CHECK(form.isFieldActive("loss_scale_init"));
+    CHECK(form.fieldWidget("loss_scale_growth_interval")->isEnabled());
+    form.setFieldText("loss_scale_init", "1024");
+    checkpointing->setChecked(true);
+    REQUIRE(form.isValid());
+
+    const auto spec = form.spec();
+    CHECK(spec.precision == "fp16");
+    CHECK(spec.lossScale == "dynamic");
+    CHECK(spec.lossScaleInit == Approx(1024));
+    CHECK(spec.activationCheckpointing);
+    CHECK(spec.profile);
+    CHECK(spec.profileActive == 3);
+    CHECK(spec.profileWait == 1);
+    form.grab().save(lathe::test::outputPath("run_form_precision.png"));
+
+    // Running greys everything; afterwards the dependent fields are greyed by their rule again.
+    form.setRunning(true);
+    CHECK_FALSE(profile->isEnabled());
+    form.setFieldText("profile", "false");
+    form.setRunning(false);
+    CHECK(profile->isEnabled());
+    CHECK_FALSE(form.fieldWidget("profile_wait")->isEnabled());
+
+    // setSpec round-trips the new keys.
+    lathe::core::RunSpec other;
+    other.precision = "bf16";
+    other.profile = true;
+    other.profileRepeat = 2;
+    form.setSpec(other);
+    CHECK(form.fieldText("precision") == "bf16");
+    CHECK(profile->isChecked());
+    CHECK(form.spec().profileRepeat == 2);
 }

@@ -1,8 +1,10 @@
 #include "lathe/widgets/run_form.h"
 
+#include <QCheckBox>
 #include <QComboBox>
 #include <QFileDialog>
 #include <QFormLayout>
+#include <QGroupBox>
 #include <QHBoxLayout>
 #include <QLabel>
 #include <QLineEdit>
@@ -22,9 +24,42 @@ namespace {
 const char* const kPrimaryKeys[] = {"name", "experiment", "model",  "data", "optimizer",
                                     "lr",   "batch",      "epochs", "seed", "hidden"};
 
+// Mixed precision and the profiler get their own group: they are switched on per run and
+// their parameters only matter together.
+const char* const kPrecisionKeys[] = {"precision",
+                                      "loss_scale",
+                                      "loss_scale_init",
+                                      "loss_scale_growth",
+                                      "loss_scale_backoff",
+                                      "loss_scale_growth_interval",
+                                      "activation_checkpointing",
+                                      "profile",
+                                      "profile_wait",
+                                      "profile_warmup",
+                                      "profile_active",
+                                      "profile_repeat"};
+
 bool isPrimary(const std::string& key) {
     return std::any_of(std::begin(kPrimaryKeys), std::end(kPrimaryKeys),
                        [&](const char* k) { return key == k; });
+}
+
+bool isPrecisionKey(const std::string& key) {
+    return std::any_of(std::begin(kPrecisionKeys), std::end(kPrecisionKeys),
+                       [&](const char* k) { return key == k; });
+}
+
+bool startsWith(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+
+bool parseBool(const QString& text, bool fallback) {
+    const QString t = text.trimmed().toLower();
+    if (t == QLatin1String("true") || t == QLatin1String("on") || t == QLatin1String("1") ||
+        t == QLatin1String("yes"))
+        return true;
+    if (t == QLatin1String("false") || t == QLatin1String("off") || t == QLatin1String("0") ||
+        t == QLatin1String("no"))
+        return false;
+    return fallback;
 }
 
 QString labelFor(const std::string& key) {
@@ -54,6 +89,20 @@ RunForm::RunForm(QWidget* parent) : QWidget(parent) {
     }
     outer->addLayout(primary);
 
+    auto* precisionBox = new QGroupBox(tr("Precision && profiling"), this);
+    precisionBox->setObjectName(QStringLiteral("precisionGroup"));
+    auto* precisionLayout = new QFormLayout(precisionBox);
+    precisionLayout->setFieldGrowthPolicy(QFormLayout::AllNonFixedFieldsGrow);
+    for (const char* name : kPrecisionKeys) {
+        auto it =
+            std::find_if(keys.begin(), keys.end(), [&](const core::SpecKey& k) { return k.name == name; });
+        if (it != keys.end()) addField(precisionLayout, *it, defaults);
+    }
+    if (precisionLayout->rowCount() > 0)
+        outer->addWidget(precisionBox);
+    else
+        precisionBox->hide();
+
     // Advanced keys: everything else the spec table knows, so a new core key shows up here
     // without a GUI change.
     auto* toggle = new QToolButton(this);
@@ -67,7 +116,7 @@ RunForm::RunForm(QWidget* parent) : QWidget(parent) {
     advancedLayout->setContentsMargins(0, 0, 0, 0);
     advancedLayout->setFieldGrowthPolicy(QFormLayout::AllNonFixedFieldsGrow);
     for (const auto& k : keys)
-        if (!isPrimary(k.name)) addField(advancedLayout, k, defaults);
+        if (!isPrimary(k.name) && !isPrecisionKey(k.name)) addField(advancedLayout, k, defaults);
     advanced->setVisible(false);
     connect(toggle, &QToolButton::toggled, this, [toggle, advanced](bool on) {
         toggle->setArrowType(on ? Qt::DownArrow : Qt::RightArrow);
@@ -113,7 +162,17 @@ void RunForm::addField(QFormLayout* layout, const core::SpecKey& key, const core
     const QString value = QString::fromStdString(core::specValue(defaults, key.name));
     QWidget* widget = nullptr;
 
-    if (key.kind == "choice" && !key.choices.empty()) {
+    if (key.kind == "bool") {
+        // The help line as the box's text: a larger click target that says what "on" does.
+        QString text = QString::fromStdString(key.help);
+        const int cut = int(text.indexOf(QLatin1Char(';')));
+        if (cut > 0) text.truncate(cut);
+        f.check = new QCheckBox(text, this);
+        f.check->setSizePolicy(QSizePolicy::Fixed, QSizePolicy::Fixed);
+        f.check->setChecked(parseBool(value, false));
+        connect(f.check, &QCheckBox::toggled, this, &RunForm::revalidate);
+        widget = f.check;
+    } else if (key.kind == "choice" && !key.choices.empty()) {
         f.combo = new QComboBox(this);
         for (const auto& c : key.choices) f.combo->addItem(QString::fromStdString(c));
         f.combo->setCurrentText(value);
@@ -151,7 +210,7 @@ void RunForm::addField(QFormLayout* layout, const core::SpecKey& key, const core
         connect(f.edit, &QLineEdit::textChanged, this, &RunForm::revalidate);
         widget = f.edit;
     }
-    QWidget* target = f.combo ? static_cast<QWidget*>(f.combo) : f.edit;
+    QWidget* target = widgetOf(f);
     target->setObjectName(name);
     target->setToolTip(QString::fromStdString(key.help));
     target->setAccessibleName(labelFor(key.name));
@@ -165,7 +224,14 @@ void RunForm::addField(QFormLayout* layout, const core::SpecKey& key, const core
     m_fields.push_back(std::move(f));
 }
 
+QWidget* RunForm::widgetOf(const Field& f) const {
+    if (f.check) return f.check;
+    if (f.combo) return f.combo;
+    return f.edit;
+}
+
 QString RunForm::textOf(const Field& f) const {
+    if (f.check) return f.check->isChecked() ? QStringLiteral("true") : QStringLiteral("false");
     if (f.edit) return f.edit->text().trimmed();
     if (f.combo) return f.combo->currentText();
     return {};
@@ -188,7 +254,9 @@ core::RunSpec RunForm::spec() const {
 void RunForm::setSpec(const core::RunSpec& spec) {
     for (auto& f : m_fields) {
         const QString value = QString::fromStdString(core::specValue(spec, f.key.name));
-        if (f.combo && !f.edit)
+        if (f.check)
+            f.check->setChecked(parseBool(value, f.check->isChecked()));
+        else if (f.combo && !f.edit)
             f.combo->setCurrentText(value);
         else if (f.combo)
             f.combo->setEditText(value);
@@ -211,7 +279,9 @@ void RunForm::setFieldText(const QString& key, const QString& text) {
     auto it = m_index.find(key);
     if (it == m_index.end()) return;
     Field& f = m_fields[it->second];
-    if (f.combo && !f.edit)
+    if (f.check)
+        f.check->setChecked(parseBool(text, f.check->isChecked()));
+    else if (f.combo && !f.edit)
         f.combo->setCurrentText(text);
     else if (f.combo)
         f.combo->setEditText(text);
@@ -227,15 +297,18 @@ QString RunForm::fieldError(const QString& key) const {
 
 QWidget* RunForm::fieldWidget(const QString& key) const {
     auto it = m_index.find(key);
-    if (it == m_index.end()) return nullptr;
-    const Field& f = m_fields[it->second];
-    return f.combo ? static_cast<QWidget*>(f.combo) : f.edit;
+    return it == m_index.end() ? nullptr : widgetOf(m_fields[it->second]);
+}
+
+bool RunForm::isFieldActive(const QString& key) const {
+    auto it = m_index.find(key);
+    return it != m_index.end() && !m_fields[it->second].inactive;
 }
 
 QString RunForm::errorText() const { return m_errors->text(); }
 
 void RunForm::applyFieldStyle(Field& f) {
-    QWidget* w = f.combo ? static_cast<QWidget*>(f.combo) : f.edit;
+    QWidget* w = widgetOf(f);
     if (f.error.isEmpty()) {
         w->setStyleSheet({});
         w->setToolTip(QString::fromStdString(f.key.help));
@@ -245,12 +318,42 @@ void RunForm::applyFieldStyle(Field& f) {
     }
 }
 
+void RunForm::updateDependentFields() {
+    // The profile schedule only matters with Profile on; the dynamic scaler's parameters only
+    // with a loss-scale mode that resolves to dynamic (core decides what "auto" means).
+    const bool profiling = parseBool(fieldText(QStringLiteral("profile")), false);
+    bool dynamicScale = false;
+    try {
+        core::RunSpec s;
+        core::setSpecValue(s, "precision", fieldText(QStringLiteral("precision")).toStdString());
+        core::setSpecValue(s, "loss_scale", fieldText(QStringLiteral("loss_scale")).toStdString());
+        dynamicScale = core::lossScaleMode(s).kind == core::LossScaleMode::Kind::Dynamic;
+    } catch (const std::exception&) {
+        dynamicScale = true;  // while the mode does not parse, leave its parameters editable
+    }
+    for (auto& f : m_fields) {
+        bool inactive = false;
+        if (startsWith(f.key.name, "profile_")) inactive = !profiling;
+        if (startsWith(f.key.name, "loss_scale_")) inactive = !dynamicScale;
+        if (inactive != f.inactive) {
+            f.inactive = inactive;
+            applyEnabled(f);
+        }
+    }
+}
+
+void RunForm::applyEnabled(Field& f) {
+    QWidget* w = widgetOf(f);
+    w->setEnabled(!m_running && !f.inactive);
+}
+
 void RunForm::revalidate() {
+    if (hasField(QStringLiteral("profile")) || hasField(QStringLiteral("loss_scale"))) updateDependentFields();
     QStringList messages;
     for (auto& f : m_fields) {
         const QString text = textOf(f);
         std::string msg;
-        if (!(f.key.name == "name" && text.isEmpty())) {
+        if (!(f.key.name == "name" && text.isEmpty()) && !f.inactive) {
             try {
                 msg = core::checkSpecValue(f.key.name, text.toStdString());
             } catch (const std::exception& e) {
@@ -287,10 +390,7 @@ void RunForm::revalidate() {
 void RunForm::setRunning(bool running) {
     m_running = running;
     // The spec of a running run is fixed; greying the fields says so.
-    for (auto& f : m_fields) {
-        if (f.combo) f.combo->setEnabled(!running);
-        if (f.edit && !f.combo) f.edit->setEnabled(!running);
-    }
+    for (auto& f : m_fields) applyEnabled(f);
     m_start->setEnabled(m_valid && !running);
     m_stop->setEnabled(running);
 }

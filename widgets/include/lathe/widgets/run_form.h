@@ -9,6 +9,7 @@
 
 #include "lathe/core/run_spec.h"
 
+class QCheckBox;
 class QComboBox;
 class QFormLayout;
 class QLabel;
@@ -37,6 +38,9 @@ public:
     /// The current validation message of a field; empty when valid.
     QString fieldError(const QString& key) const;
     QWidget* fieldWidget(const QString& key) const;
+    /// False for a field that does not apply (profile schedule with Profile off, dynamic
+    /// loss-scale parameters with another mode); such fields are greyed and not validated.
+    bool isFieldActive(const QString& key) const;
     /// All messages currently shown under the form.
     QString errorText() const;
 
@@ -56,12 +60,17 @@ private:
         core::SpecKey key;
         QLineEdit* edit = nullptr;   // text fields, and the line edit of an editable combo
         QComboBox* combo = nullptr;  // choices and the data source
+        QCheckBox* check = nullptr;  // "bool" keys
         QString error;
+        bool inactive = false;       // greyed out because another field makes it irrelevant
     };
 
     void addField(QFormLayout* layout, const core::SpecKey& key, const core::RunSpec& defaults);
     QString textOf(const Field& f) const;
     void revalidate();
+    void updateDependentFields();
+    void applyEnabled(Field& f);
+    QWidget* widgetOf(const Field& f) const;
     void applyFieldStyle(Field& f);
     void onStartClicked();
 

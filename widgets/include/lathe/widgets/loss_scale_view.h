@@ -1,0 +1,122 @@
+#pragma once
+// Mixed-precision health of one run: the loss scale over steps on a log axis with the skipped
+// steps (inf/NaN gradients) marked in red, and the global gradient norm in a second axis rect
+// below whose step axis is linked to the first, so zooming or panning one moves both. Live
+// points are staged and moved into the graphs by a ~40 ms timer with one queued replot, like
+// MetricChart.
+#include <QString>
+#include <QWidget>
+
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "lathe/core/events.h"
+#include "lathe/core/store.h"
+
+class QCustomPlot;
+class QCPAxisRect;
+class QCPGraph;
+class QCPItemText;
+class QCPItemTracer;
+class QLabel;
+class QMouseEvent;
+class QTimer;
+
+namespace lathe::widgets {
+
+class LossScaleView : public QWidget {
+    Q_OBJECT
+public:
+    static constexpr const char* kScaleKey = "amp/loss_scale";
+    static constexpr const char* kSkippedKey = "amp/skipped";
+    static constexpr const char* kGradNormKey = "train/grad_norm";
+
+    explicit LossScaleView(QWidget* parent = nullptr);
+    ~LossScaleView() override;
+
+    /// Shows one run's history from the store (runId 0: nothing). Live points of this run
+    /// received earlier are merged by step.
+    void showRun(const core::Store& store, int64_t runId);
+    int64_t runId() const { return m_runId; }
+    void clear();
+
+    /// Live events of a running run; metric events of the three keys are staged (others are
+    /// ignored). Points of runs that are not shown are remembered for when they are selected.
+    void onEvents(int64_t runId, const std::vector<core::Event>& events);
+    /// Drops the remembered live points of a run (e.g. when another run starts).
+    void forgetLive(int64_t runId);
+
+    // Counts, for tests and the status line.
+    int scalePointCount() const;
+    int skippedCount() const;
+    int gradNormPointCount() const;  // finite grad norms plotted
+    int stagedCount() const { return m_stagedCount; }
+    int flushCount() const { return m_flushCount; }
+    int replotCount() const { return m_replotCount; }
+
+    QCustomPlot* plot() const { return m_plot; }
+    QCPAxisRect* scaleRect() const { return m_scaleRect; }
+    QCPAxisRect* normRect() const { return m_normRect; }
+    QCPGraph* scaleGraph() const { return m_scaleGraph; }
+    QCPGraph* skippedGraph() const { return m_skippedGraph; }
+    QCPGraph* gradNormGraph() const { return m_normGraph; }
+
+    void setFlushInterval(int ms);
+    bool savePng(const QString& path, int width = 0, int height = 0, double scale = 1.0);
+    bool savePdf(const QString& path, int width = 0, int height = 0);
+
+    /// Shows the tooltip for the step nearest to `pos` (plot pixels); returns its text.
+    QString hoverAt(const QPointF& pos);
+    QString hoverText() const { return m_hoverText; }
+
+public Q_SLOTS:
+    void flushStaged();
+    void rescale();
+    void exportDialog();
+
+Q_SIGNALS:
+    void flushed(int points);
+
+private:
+    struct StepValues {
+        double scale = std::numeric_limits<double>::quiet_NaN();
+        double skipped = std::numeric_limits<double>::quiet_NaN();
+        double gradNorm = std::numeric_limits<double>::quiet_NaN();
+        bool hasGradNorm = false;  // NaN is also a real (skipped-step) grad norm
+    };
+    void addPoints(const std::string& key, const std::vector<core::MetricPoint>& points);
+    void applyAutoRange();
+    void updateHint();
+    void onMouseMove(QMouseEvent* event);
+
+    QCustomPlot* m_plot = nullptr;
+    QCPAxisRect* m_scaleRect = nullptr;
+    QCPAxisRect* m_normRect = nullptr;
+    QCPGraph* m_scaleGraph = nullptr;
+    QCPGraph* m_skippedGraph = nullptr;
+    QCPGraph* m_normGraph = nullptr;
+    QCPItemTracer* m_tracer = nullptr;
+    QCPItemText* m_hint = nullptr;
+    QLabel* m_title = nullptr;
+    QLabel* m_summary = nullptr;
+    QTimer* m_flushTimer = nullptr;
+
+    int64_t m_runId = 0;
+    // Everything the hover needs, by step (the graphs hold what is drawn).
+    std::map<int64_t, StepValues> m_steps;
+    std::map<std::string, int64_t> m_lastStep;  // per key: live points at or before are loaded
+    std::map<std::string, std::vector<core::MetricPoint>> m_staged;
+    int m_stagedCount = 0;
+    // Live points per run and key, so a run selected mid-training gets uncommitted points.
+    std::map<std::pair<int64_t, std::string>, std::vector<core::MetricPoint>> m_live;
+    int m_flushCount = 0;
+    int m_replotCount = 0;
+    int m_skipped = 0;
+    bool m_follow = true;
+    QString m_hoverText;
+};
+
+}  // namespace lathe::widgets
