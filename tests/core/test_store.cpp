@@ -190,3 +190,27 @@ TEST_CASE("points for a missing run are reported without losing other runs' poin
     CHECK_THROWS_WITH(s.flush(), Catch::Contains("FOREIGN KEY"));
     CHECK(s.metrics(id, "k").size() == 10);
 }
+
+TEST_CASE("a schema-1 workspace is migrated forward and keeps its runs", "[store]") {
+    TempDir dir;
+    const auto path = dir.file("old.db");
+    int64_t id = 0;
+    {
+        Store s(path);
+        id = newRun(s, "from-v1");
+        s.appendMetric(id, "k", 1, 0, 1);
+        s.flush();
+    }
+    // Turn it back into what Lathe 0.1 with schema 1 wrote.
+    sqlExec(path, "DROP TABLE profile_spans; PRAGMA user_version = 1;");
+    Store s(path);
+    CHECK(s.schemaVersion() == Store::kSchemaVersion);
+    CHECK(s.run(id)->name == "from-v1");
+    CHECK(s.metrics(id, "k").size() == 1);
+    ProfileSpan span;
+    span.name = "aten::mm";
+    span.step = 1;
+    s.appendSpan(id, span);
+    s.flush();
+    CHECK(s.profileSpanCount(id) == 1);
+}

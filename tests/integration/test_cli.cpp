@@ -182,3 +182,46 @@ TEST_CASE("lathectl worker writes the event stream and ingest records it", "[cli
     CHECK_THAT(future.err, Catch::Contains("version 2") && Catch::Contains("upgrade"));
     CHECK(store.listRuns().size() == 2);
 }
+
+TEST_CASE("lathectl profile prints top ops and phases, writes a Chrome trace, and refuses unprofiled runs", "[cli][profile]") {
+    TempDir dir;
+    const auto db = " --db " + dir.file("l.db");
+    REQUIRE(runShell(lathectl("train --epochs 1 -q --profile --profile-wait 1 --profile-active 3" + db)).exitCode == 0);
+    const auto top = runShell(lathectl("profile 1 --top 5" + db));
+    REQUIRE(top.exitCode == 0);
+    CHECK_THAT(top.out, Catch::Contains("3 profiled steps") && Catch::Contains("aten::addmm") &&
+                            Catch::Contains("SELF_MS") && Catch::Contains("backward"));
+    const auto j = json::parse(runShell(lathectl("profile 1 --json --top 0" + db)).out);
+    double share = 0;
+    for (const auto& op : j.at("ops")) share += op.at("share").get<double>();
+    CHECK(share == Approx(1.0));
+    CHECK(j.at("phase_ms_per_step").contains("optimizer"));
+
+    const auto trace = dir.file("trace.json");
+    const auto r = runShell(lathectl("profile 1 --chrome-trace " + trace + db));
+    REQUIRE(r.exitCode == 0);
+    const auto t = json::parse(lathe::test::readFile(trace));
+    CHECK(t.at("traceEvents").size() > 100);
+
+    REQUIRE(runShell(lathectl("train --epochs 1 -q" + db)).exitCode == 0);
+    const auto none = runShell(lathectl("profile 2" + db));
+    CHECK(none.exitCode == 2);
+    CHECK_THAT(none.err, Catch::Contains("has no profile") && Catch::Contains("--profile"));
+}
+
+TEST_CASE("mixed-precision flags: bf16 runs, fp16 without a GPU exits 2 suggesting bf16", "[cli][amp]") {
+    TempDir dir;
+    const auto db = " --db " + dir.file("l.db");
+    const auto ok = runShell(lathectl("train --epochs 1 --precision bf16 --loss-scale dynamic --inject-nonfinite 3 "
+                                      "--activation-checkpointing --json" + db));
+    REQUIRE(ok.exitCode == 0);
+    const auto j = json::parse(ok.out);
+    CHECK(j.contains("amp/loss_scale"));
+    CHECK(j.contains("train/grad_norm"));
+    const auto fp16 = runShell(lathectl("train --precision fp16" + db));
+    CHECK(fp16.exitCode == 2);
+    CHECK_THAT(fp16.err, Catch::Contains("bf16"));
+    const auto bad = runShell(lathectl("train --loss-scale static:-4" + db));
+    CHECK(bad.exitCode == 2);
+    CHECK_THAT(bad.err, Catch::Contains("`loss_scale`"));
+}

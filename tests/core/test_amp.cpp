@@ -1,0 +1,207 @@
+// Mixed precision, the loss scaler and activation checkpointing, through the trainer.
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <numeric>
+#include <set>
+
+#include "lathe/core/error.h"
+#include "lathe/core/store.h"
+#include "lathe/core/training.h"
+#include "temp_dir.h"
+
+using namespace lathe::core;
+using lathe::test::TempDir;
+
+namespace {
+
+std::vector<double> values(const Store& s, int64_t run, const std::string& key) {
+    std::vector<double> out;
+    for (const auto& p : s.metrics(run, key)) out.push_back(p.value);
+    return out;
+}
+
+RunSpec small() {
+    RunSpec spec;
+    spec.epochs = 1;
+    spec.threads = 1;
+    return spec;
+}
+
+}  // namespace
+
+TEST_CASE("the dynamic loss scale follows GradScaler's rule step by step", "[amp]") {
+    TempDir dir;
+    Store store(dir.file("lathe.db"));
+    RunSpec spec = small();
+    spec.epochs = 2;  // 46 steps
+    spec.lossScale = "dynamic";
+    spec.lossScaleInit = 1024;
+    spec.lossScaleGrowthInterval = 3;
+    spec.injectNonfinite = {2, 5, 6, 12, 30};
+    const auto rec = trainAndRecord(store, spec, {});
+    REQUIRE(rec.result.status == "completed");
+
+    const auto scales = values(store, rec.runId, "amp/loss_scale");
+    const auto skipped = values(store, rec.runId, "amp/skipped");
+    REQUIRE(scales.size() == 46);
+    REQUIRE(skipped.size() == 46);
+    // The rule of torch.cuda.amp.GradScaler.update(), written out independently.
+    double scale = 1024;
+    int tracker = 0;
+    const std::set<int> inject(spec.injectNonfinite.begin(), spec.injectNonfinite.end());
+    for (int step = 1; step <= 46; ++step) {
+        INFO("step " << step);
+        CHECK(scales[step - 1] == scale);
+        const bool found = inject.count(step) > 0;
+        CHECK(skipped[step - 1] == (found ? 1.0 : 0.0));
+        if (found) {
+            scale *= 0.5;
+            tracker = 0;
+        } else if (++tracker == 3) {
+            scale *= 2;
+            tracker = 0;
+        }
+    }
+    // A skipped step's gradient norm is the injected inf; the others are finite.
+    const auto norms = values(store, rec.runId, "train/grad_norm");
+    CHECK(std::isinf(norms[1]));
+    CHECK(std::isfinite(norms[2]));
+}
+
+TEST_CASE("a static loss scale stays put and still skips non-finite steps", "[amp]") {
+    TempDir dir;
+    Store store(dir.file("lathe.db"));
+    RunSpec spec = small();
+    spec.lossScale = "static:128";
+    spec.injectNonfinite = {4};
+    const auto rec = trainAndRecord(store, spec, {});
+    REQUIRE(rec.result.status == "completed");
+    for (double s : values(store, rec.runId, "amp/loss_scale")) CHECK(s == 128);
+    const auto skipped = values(store, rec.runId, "amp/skipped");
+    CHECK(skipped[3] == 1.0);
+    CHECK(std::accumulate(skipped.begin(), skipped.end(), 0.0) == 1.0);
+}
+
+TEST_CASE("unscaled gradients equal the fp32 gradients", "[amp]") {
+    // Scaling by a power of two and unscaling once is exact, so a dynamically scaled fp32 run
+    // must match an unscaled one bit for bit: same gradient norms, same losses.
+    TempDir dir;
+    Store store(dir.file("lathe.db"));
+    RunSpec plain = small();
+    RunSpec scaled = plain;
+    scaled.lossScale = "dynamic";
+    scaled.lossScaleGrowthInterval = 5;  // the scale changes along the way
+    const auto a = trainAndRecord(store, plain, {});
+    const auto b = trainAndRecord(store, scaled, {});
+    CHECK(values(store, a.runId, "train/grad_norm") == values(store, b.runId, "train/grad_norm"));
+    CHECK(values(store, a.runId, "train/loss") == values(store, b.runId, "train/loss"));
+    CHECK(values(store, a.runId, "val/loss") == values(store, b.runId, "val/loss"));
+    const auto scales = values(store, b.runId, "amp/loss_scale");
+    CHECK(scales.back() > scales.front());
+}
+
+TEST_CASE("a skipped step leaves parameters and optimizer state unchanged", "[amp]") {
+    // One step per epoch (the batch holds the whole training split). Run A skips its first
+    // step and then takes one real step; run B takes that one real step. If the skipped step
+    // changed nothing, both end at the same parameters and so the same validation loss.
+    TempDir dir;
+    Store store(dir.file("lathe.db"));
+    RunSpec a = small();
+    a.batch = 4096;
+    a.epochs = 2;
+    a.lossScale = "dynamic";
+    a.injectNonfinite = {1};
+    RunSpec b = a;
+    b.epochs = 1;
+    b.injectNonfinite.clear();
+    const auto ra = trainAndRecord(store, a, {});
+    const auto rb = trainAndRecord(store, b, {});
+    REQUIRE(values(store, ra.runId, "amp/skipped") == std::vector<double>{1.0, 0.0});
+    const auto lossA = values(store, ra.runId, "val/loss");
+    const auto lossB = values(store, rb.runId, "val/loss");
+    // Epoch 1 of A is the untouched initial model; its epoch 2 equals B's one step (the batch
+    // order differs, so the sum order may differ in the last bits).
+    CHECK(lossA[1] == Approx(lossB[0]).epsilon(1e-6));
+    CHECK(lossA[0] != Approx(lossB[0]).epsilon(1e-3));
+}
+
+TEST_CASE("the loss scaler's state survives a checkpoint and resume", "[amp]") {
+    TempDir dir;
+    Store store(dir.file("lathe.db"));
+    RunSpec spec = small();
+    spec.epochs = 3;
+    spec.lossScale = "dynamic";
+    spec.lossScaleGrowthInterval = 10;
+    spec.injectNonfinite = {3, 20, 30};
+    const auto straight = trainAndRecord(store, spec, {});
+    std::atomic<bool> stop{false};
+    RecordOptions first;
+    first.stop = &stop;
+    const auto partial = trainAndRecord(store, spec, first, [&](const Event& e) {
+        if (e.type == Event::Type::Checkpoint && e.value == 1) stop = true;
+    });
+    REQUIRE(partial.result.status == "stopped");
+    RecordOptions again;
+    again.resumeRunId = partial.runId;
+    REQUIRE(trainAndRecord(store, spec, again).result.status == "completed");
+    CHECK(values(store, partial.runId, "amp/loss_scale") == values(store, straight.runId, "amp/loss_scale"));
+    CHECK(values(store, partial.runId, "amp/skipped") == values(store, straight.runId, "amp/skipped"));
+}
+
+TEST_CASE("bf16 autocast trains on the CPU; fp16 without a GPU is refused with a suggestion", "[amp]") {
+    TempDir dir;
+    Store store(dir.file("lathe.db"));
+    RunSpec spec = small();
+    spec.epochs = 5;
+    spec.precision = "bf16";
+    const auto rec = trainAndRecord(store, spec, {});
+    REQUIRE(rec.result.status == "completed");
+    CHECK(rec.result.finalMetrics.at("val/accuracy") > 0.85);
+    CHECK(rec.result.finalMetrics.count("amp/loss_scale") == 0);  // auto: no scaling for bf16
+    // bf16 rounds activations: close to fp32, not equal.
+    RunSpec fp32 = spec;
+    fp32.precision = "fp32";
+    const auto ref = trainAndRecord(store, fp32, {});
+    const auto lb = values(store, rec.runId, "val/loss"), lf = values(store, ref.runId, "val/loss");
+    CHECK(lb != lf);
+    CHECK(lb.back() == Approx(lf.back()).epsilon(0.1));
+
+    spec.precision = "fp16";
+    if (!std::getenv("LATHE_HAVE_CUDA_DEVICE"))
+        CHECK_THROWS_WITH(trainAndRecord(store, spec, {}), Catch::Contains("fp16 needs a CUDA GPU") && Catch::Contains("bf16"));
+}
+
+TEST_CASE("activation checkpointing gives the same gradients and saves activation memory", "[amp]") {
+    TempDir dir;
+    Store store(dir.file("lathe.db"));
+    RunSpec spec = small();
+    spec.hidden = {256, 256, 256, 256, 256, 256, 256, 256, 256};
+    spec.batch = 256;
+    spec.epochs = 3;
+    for (const char* model : {"mlp", "cnn"}) {
+        INFO(model);
+        spec.model = model;
+        spec.activationCheckpointing = false;
+        const auto plain = trainAndRecord(store, spec, {});
+        spec.activationCheckpointing = true;
+        const auto ckpt = trainAndRecord(store, spec, {});
+        REQUIRE(ckpt.result.status == "completed");
+        // Recomputation is the same arithmetic: identical gradient norms and losses.
+        CHECK(values(store, ckpt.runId, "train/grad_norm") == values(store, plain.runId, "train/grad_norm"));
+        CHECK(values(store, ckpt.runId, "val/loss") == values(store, plain.runId, "val/loss"));
+        if (std::string(model) == "mlp") {
+            // Steady-state epochs (the first also allocates gradients and optimizer state).
+            const double before = values(store, plain.runId, "perf/activation_mb").back();
+            const double after = values(store, ckpt.runId, "perf/activation_mb").back();
+            CHECK(after < 0.75 * before);
+        }
+    }
+    spec.precision = "bf16";  // recomputation happens under the same autocast
+    spec.model = "mlp";
+    spec.activationCheckpointing = false;
+    const auto plain = trainAndRecord(store, spec, {});
+    spec.activationCheckpointing = true;
+    const auto ckpt = trainAndRecord(store, spec, {});
+    CHECK(values(store, ckpt.runId, "val/loss") == values(store, plain.runId, "val/loss"));
+}
