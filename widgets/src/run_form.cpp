@@ -163,11 +163,9 @@ void RunForm::addField(QFormLayout* layout, const core::SpecKey& key, const core
     QWidget* widget = nullptr;
 
     if (key.kind == "bool") {
-        // The help line as the box's text: a larger click target that says what "on" does.
-        QString text = QString::fromStdString(key.help);
-        const int cut = int(text.indexOf(QLatin1Char(';')));
-        if (cut > 0) text.truncate(cut);
-        f.check = new QCheckBox(text, this);
+        // A short text widens the click target without widening the form; the help line is
+        // the tooltip like every other field's.
+        f.check = new QCheckBox(tr("enabled"), this);
         f.check->setSizePolicy(QSizePolicy::Fixed, QSizePolicy::Fixed);
         f.check->setChecked(parseBool(value, false));
         connect(f.check, &QCheckBox::toggled, this, &RunForm::revalidate);

@@ -1,0 +1,111 @@
+#include <catch2/catch.hpp>
+
+#include <QCheckBox>
+#include <QPushButton>
+#include <QSignalSpy>
+#include <QTabWidget>
+#include <QTemporaryDir>
+
+#include <memory>
+
+#include "lathe/core/store.h"
+#include "lathe/widgets/loss_scale_view.h"
+#include "lathe/widgets/profile_view.h"
+#include "lathe/widgets/run_form.h"
+#include "lathe/widgets/top_ops_model.h"
+#include "main_window.h"
+#include "test_helpers.h"
+#include "training_session.h"
+
+using lathe::app::MainWindow;
+using lathe::app::TrainingSession;
+using lathe::test::outputPath;
+using lathe::test::waitUntil;
+
+namespace {
+constexpr int kRunTimeoutMs = 180000;
+
+// Starts a run from the form and waits until it has finished; returns its id.
+int64_t trainFromForm(MainWindow& window) {
+    QSignalSpy started(window.session(), &TrainingSession::started);
+    QSignalSpy finished(window.session(), &TrainingSession::finished);
+    QTest::mouseClick(window.runForm()->startButton(), Qt::LeftButton);
+    REQUIRE(waitUntil([&] { return finished.count() == 1; }, kRunTimeoutMs));
+    INFO("error: " << finished.at(0).at(2).toString().toStdString());
+    REQUIRE(finished.at(0).at(1).toString() == "completed");
+    REQUIRE(started.count() == 1);
+    return started.at(0).at(0).toLongLong();
+}
+}  // namespace
+
+TEST_CASE("End to end: a bf16 run with injected overflows and the profiler, seen in both tabs",
+          "[widgets][e2e][amp][profile]") {
+    QTemporaryDir dir;
+    REQUIRE(dir.isValid());
+    auto window = std::make_unique<MainWindow>(
+        std::make_unique<lathe::core::Store>((dir.path() + "/workspace.db").toStdString()));
+    window->resize(1400, 900);
+    window->show();
+    auto* form = window->runForm();
+    auto* tabs = window->viewTabs();
+    REQUIRE(tabs->count() == 3);
+    CHECK(tabs->tabText(0) == "Curves");
+    CHECK(tabs->tabText(1) == "Loss scale");
+    CHECK(tabs->tabText(2) == "Profile");
+
+    form->setFieldText("name", "amp-profile");
+    form->setFieldText("epochs", "2");
+    form->setFieldText("precision", "bf16");
+    form->setFieldText("loss_scale", "dynamic");
+    form->setFieldText("inject_nonfinite", "5,9");
+    QTest::mouseClick(qobject_cast<QCheckBox*>(form->fieldWidget("profile")), Qt::LeftButton, {},
+                      QPoint(8, form->fieldWidget("profile")->height() / 2));
+    REQUIRE(form->fieldText("profile") == "true");
+    REQUIRE(form->isValid());
+    // Watch the loss scale live.
+    tabs->setCurrentWidget(window->lossScaleView());
+    const int64_t run = trainFromForm(*window);
+
+    auto* scale = window->lossScaleView();
+    REQUIRE(waitUntil([&] { return scale->stagedCount() == 0 && scale->scalePointCount() > 0; }, 2000));
+    CHECK(scale->runId() == run);
+    CHECK(scale->flushCount() >= 1);  // points came through the live path
+    const auto stored = window->store().metrics(run, "amp/loss_scale");
+    CHECK(scale->scalePointCount() == int(stored.size()));
+    CHECK(scale->skippedCount() == 2);
+    // The injected steps back the scale off: the last scale is below the first.
+    REQUIRE(stored.size() > 10);
+    CHECK(stored.back().value < stored.front().value);
+    QTest::qWait(80);
+    REQUIRE(window->grab().save(outputPath("gui_loss_scale_tab.png")));
+
+    auto* profile = window->profileView();
+    QSignalSpy loaded(profile, &lathe::widgets::ProfileView::loaded);
+    tabs->setCurrentWidget(profile);
+    REQUIRE(waitUntil([&] { return loaded.count() >= 1 && !profile->isLoading(); }, 20000));
+    const int64_t spans = window->store().profileSpanCount(run);
+    REQUIRE(spans > 0);
+    CHECK(profile->runId() == run);
+    CHECK_FALSE(profile->isPlaceholderShown());
+    CHECK(profile->spanCount() == int(spans));
+    CHECK(profile->opsModel()->rowCount() ==
+          int(lathe::core::topOps(window->store().profileSpans(run)).size()));
+    CHECK(profile->phaseChart() != nullptr);
+    QTest::qWait(80);
+    REQUIRE(window->grab().save(outputPath("gui_profile_tab.png")));
+
+    // A run without the profiler: the Profile tab says so.
+    form->setFieldText("name", "plain");
+    form->setFieldText("precision", "fp32");
+    form->setFieldText("loss_scale", "auto");
+    form->setFieldText("inject_nonfinite", "");
+    form->setFieldText("profile", "false");
+    form->setFieldText("epochs", "1");
+    REQUIRE(form->isValid());
+    loaded.clear();
+    const int64_t plain = trainFromForm(*window);
+    REQUIRE(waitUntil([&] { return profile->runId() == plain && !profile->isLoading(); }, 20000));
+    CHECK(profile->isPlaceholderShown());
+    CHECK(profile->placeholderText().contains(QStringLiteral("run %1 was not profiled").arg(plain)));
+    window->grab().save(outputPath("gui_profile_placeholder.png"));
+}
