@@ -140,7 +140,9 @@ torch::Tensor forwardModel(torch::nn::Sequential& model, const torch::Tensor& x,
     // requiring grad, as torch.utils.checkpoint asks of its users.
     torch::Tensor h = x.requires_grad() ? x : x.detach().requires_grad_(true);
     int64_t begin = 0;
-    for (int64_t b = perSegment - 1; b < blocks; b += perSegment) {
+    // The last segment runs normally, as checkpoint_sequential does: its activations are the
+    // first ones backward needs, so recomputing them would cost time and save no peak memory.
+    for (int64_t b = perSegment - 1; b < blocks - 1; b += perSegment) {
         const int64_t end = ends[static_cast<size_t>(b)];
         h = CheckpointRange::apply(h, reinterpret_cast<int64_t>(&model), begin, end, dtype,
                                    static_cast<int64_t>(options.device));

@@ -16,7 +16,8 @@ int64_t parameterCount(const torch::nn::Module& m);
 
 struct ForwardOptions {
     /// Recompute hidden blocks' activations in backward instead of keeping them. Blocks end at
-    /// each ReLU (with a following max-pool); about sqrt(blocks) segments are checkpointed.
+    /// each ReLU (with a following max-pool) and are grouped into about sqrt(blocks) segments;
+    /// all but the last segment are checkpointed (checkpoint_sequential's choice).
     bool checkpoint = false;
     c10::optional<c10::ScalarType> autocast;  // recompute under the same autocast as forward
     c10::DeviceType device = c10::DeviceType::CPU;

@@ -3,7 +3,7 @@
 #include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
 
-#include <sstream>
+#include <charconv>
 
 #include "lathe/core/error.h"
 
@@ -26,24 +26,28 @@ struct OpContext : at::ObserverContext {
     std::string shapes;
 };
 
+// "[64, 784], [512, 784]": built with plain appends, since it runs for every op of a recorded
+// step and ostringstream costs several times more.
 std::string shapesOf(const at::RecordFunction& fn) {
-    std::ostringstream out;
-    bool first = true;
+    std::string out;
+    out.reserve(48);
+    char buf[24];
     for (const auto& v : fn.inputs()) {
         if (!v.isTensor()) continue;
+        if (!out.empty()) out += ", ";
         const auto& t = v.toTensor();
-        if (!first) out << ", ";
-        first = false;
-        if (!t.defined()) {
-            out << "[]";
-            continue;
+        out += '[';
+        if (t.defined()) {
+            const auto sizes = t.sizes();
+            for (size_t i = 0; i < sizes.size(); ++i) {
+                if (i) out += ", ";
+                const auto r = std::to_chars(buf, buf + sizeof buf, sizes[i]);
+                out.append(buf, r.ptr);
+            }
         }
-        out << '[';
-        const auto sizes = t.sizes();
-        for (size_t i = 0; i < sizes.size(); ++i) out << (i ? ", " : "") << sizes[i];
-        out << ']';
+        out += ']';
     }
-    return out.str();
+    return out;
 }
 
 std::unique_ptr<at::ObserverContext> onStart(const at::RecordFunction& fn) {

@@ -1,0 +1,128 @@
+#!/usr/bin/python3
+"""bench_training_features: what activation checkpointing and the profiler cost, side by side.
+
+Each comparison alternates runs of the same lathectl binary on the same data and seed, repeats
+them, and reports medians and ratios (never a wall-clock threshold):
+
+  checkpointing  a deep MLP (16 hidden layers of 1024, batch 256, Adam, fp32) on digits, with and
+                 without --activation-checkpointing: activation memory (perf/activation_mb: the
+                 heap's growth from a step's start to its peak, steady-state epochs) and step time
+                 (perf/step_ms). Target: >= 40% less activation memory for <= 35% more step time.
+  profiler       a 784-512-512-10 MLP, batch 128, on a synthetic MNIST-shaped IDX set: no profiler
+                 (baseline), the profiler present but never attached ("off": --profile with a
+                 schedule that waits past the run's end), and recording every step ("on":
+                 wait 0, warmup 0, active 1, repeat 0). Targets: off < 1%, on < 10% of step time.
+
+Exit codes: 0 measured (whatever the ratios), 1 something broke, 2 bad arguments.
+"""
+import argparse
+import json
+import os
+import random
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+
+
+def write_idx(directory, n_train, n_test, seed):
+    rng = random.Random(seed)
+    os.makedirs(directory, exist_ok=True)
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        with open(os.path.join(directory, prefix + "-images-idx3-ubyte"), "wb") as f:
+            f.write(struct.pack(">IIII", 0x00000803, n, 28, 28))
+            f.write(rng.randbytes(n * 28 * 28))
+        with open(os.path.join(directory, prefix + "-labels-idx1-ubyte"), "wb") as f:
+            f.write(struct.pack(">II", 0x00000801, n))
+            f.write(bytes(rng.randrange(10) for _ in range(n)))
+
+
+def run(lathectl, db, args):
+    cmd = [lathectl, "train", "--db", db, "--json", "-q", "--threads", "1", "--seed", "7"] + args
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit("bench_training_features: %s failed (%d): %s" % (" ".join(cmd), p.returncode, p.stderr.strip()))
+    out = json.loads(p.stdout)
+    # Per-epoch series: drop the first epoch (it also allocates gradients and optimizer state).
+    series = {}
+    for key in ("perf/step_ms", "perf/activation_mb"):
+        m = subprocess.run([lathectl, "metrics", str(out["run_id"]), "--key", key, "--json", "--db", db],
+                           capture_output=True, text=True)
+        if m.returncode != 0:
+            raise SystemExit("bench_training_features: reading %s failed: %s" % (key, m.stderr.strip()))
+        values = [pt["value"] for pt in json.loads(m.stdout)["metrics"][key]]
+        series[key] = values[1:] if len(values) > 1 else values
+    return {k: statistics.median(v) for k, v in series.items()}
+
+
+def compare(lathectl, db, variants, repeats):
+    results = {name: [] for name, _ in variants}
+    for rep in range(repeats):
+        order = variants if rep % 2 == 0 else list(reversed(variants))
+        for name, args in order:
+            results[name].append(run(lathectl, db, args))
+            print("  rep %d %-14s step %8.3f ms  activation %8.2f MB" % (
+                rep + 1, name, results[name][-1]["perf/step_ms"], results[name][-1]["perf/activation_mb"]), flush=True)
+    return {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in results.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lathectl", required=True)
+    ap.add_argument("--out", default=None, help="directory for bench_training_features.json")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="fewer epochs and repeats (for CTest)")
+    a = ap.parse_args()
+    if not os.access(a.lathectl, os.X_OK):
+        print("bench_training_features: %s is not executable" % a.lathectl, file=sys.stderr)
+        return 2
+    repeats = 2 if a.quick else a.repeats
+    with tempfile.TemporaryDirectory(prefix="lathe-bench-features-") as tmp:
+        db = os.path.join(tmp, "bench.db")
+        hidden = ",".join(["1024"] * 16)
+        epochs = "3" if a.quick else "4"
+        print("activation checkpointing: MLP 64-%s-10 (16 x 1024), batch 256, digits, fp32, %s epochs" % ("1024-" * 15 + "1024", epochs))
+        deep = ["--hidden", hidden, "--batch", "256", "--epochs", epochs, "--checkpoint-every", "0"]
+        ck = compare(a.lathectl, db, [("baseline", deep), ("checkpointing", deep + ["--activation-checkpointing"])],
+                     repeats)
+
+        idx = os.path.join(tmp, "idx")
+        write_idx(idx, 4096, 256, 1)
+        mnist = ["--data", "idx:" + idx, "--hidden", "512,512", "--batch", "128",
+                 "--epochs", "3" if a.quick else "4", "--checkpoint-every", "0"]
+        print("profiler overhead: MLP 784-512-512-10, batch 128, synthetic 28x28 IDX (4,096 images)")
+        prof = compare(a.lathectl, db, [
+            ("baseline", mnist),
+            ("profiler off", mnist + ["--profile", "--profile-wait", "100000000"]),
+            ("profiler on", mnist + ["--profile", "--profile-wait", "0", "--profile-warmup", "0",
+                                      "--profile-active", "1", "--profile-repeat", "0"]),
+        ], repeats)
+
+    base, chk = ck["baseline"], ck["checkpointing"]
+    mem_saving = 1.0 - chk["perf/activation_mb"] / base["perf/activation_mb"]
+    time_cost = chk["perf/step_ms"] / base["perf/step_ms"] - 1.0
+    off = prof["profiler off"]["perf/step_ms"] / prof["baseline"]["perf/step_ms"] - 1.0
+    on = prof["profiler on"]["perf/step_ms"] / prof["baseline"]["perf/step_ms"] - 1.0
+    print("-" * 78)
+    print("%-34s %12s %12s" % ("medians", "step ms", "activation MB"))
+    for name, r in list(ck.items()):
+        print("%-34s %12.3f %12.2f" % ("deep MLP, " + name, r["perf/step_ms"], r["perf/activation_mb"]))
+    for name, r in prof.items():
+        print("%-34s %12.3f" % ("784-512-512, " + name, r["perf/step_ms"]))
+    print("-" * 78)
+    print("activation checkpointing: %5.1f%% less activation memory for %+5.1f%% step time  (target >= 40%% for <= 35%%)"
+          % (100 * mem_saving, 100 * time_cost))
+    print("profiler off: %+5.1f%% step time (target < 1%%)   profiler on: %+5.1f%% step time (target < 10%%)"
+          % (100 * off, 100 * on))
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, "bench_training_features.json"), "w") as f:
+            json.dump({"checkpointing": ck, "profiler": prof, "activation_memory_saving": mem_saving,
+                       "checkpointing_step_time_cost": time_cost, "profiler_off_cost": off,
+                       "profiler_on_cost": on, "repeats": repeats}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
