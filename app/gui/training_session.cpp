@@ -74,6 +74,8 @@ void TrainingSession::stopAndWait() {
 }
 
 void TrainingSession::observe(const core::Event& event) {
+    // Profile spans (hundreds per step) go to the store; the Profile tab reads them from there.
+    if (event.type == core::Event::Type::Span) return;
     std::lock_guard<std::mutex> lock(m_mutex);
     m_staged.push_back(event);
     if (!m_drainPending) {

@@ -70,4 +70,23 @@ inline void sampleHeapPeak() {
     if (t_heapPeak) *t_heapPeak = std::max(*t_heapPeak, heapInUse());
 }
 
+/// Points t_heapPeak at `peak` for a scope (nullptr: no sampling), so an exception in forward
+/// or backward cannot leave it pointing at a dead stack slot.
+class HeapPeakScope {
+public:
+    explicit HeapPeakScope(size_t* peak) : m_active(peak != nullptr) {
+        if (m_active) t_heapPeak = peak;
+    }
+    ~HeapPeakScope() { release(); }
+    void release() {
+        if (m_active) t_heapPeak = nullptr;
+        m_active = false;
+    }
+    HeapPeakScope(const HeapPeakScope&) = delete;
+    HeapPeakScope& operator=(const HeapPeakScope&) = delete;
+
+private:
+    bool m_active;
+};
+
 }  // namespace lathe::core

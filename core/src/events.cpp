@@ -242,6 +242,11 @@ Event decodeEventUnchecked(const std::string& line) {
         e.span.durationNs = field<int64_t>(j, "dur_ns");
         e.span.cudaNs = j.value("cuda_ns", int64_t{-1});
         e.step = e.span.step;
+        // Untrusted: keep times and lanes in ranges that later arithmetic cannot overflow.
+        constexpr int64_t kMaxNs = int64_t{1} << 62;
+        if (e.span.startNs < 0 || e.span.startNs > kMaxNs || e.span.durationNs < 0 || e.span.durationNs > kMaxNs ||
+            e.span.step < 0 || e.span.thread < 0 || e.span.thread > 4096 || e.span.cudaNs < -1)
+            throw EventStreamError("span record out of range (negative or huge time, step or thread)");
     } else {
         throw EventStreamError("unknown record type \"" + type + "\"");
     }

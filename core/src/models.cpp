@@ -135,6 +135,7 @@ torch::Tensor forwardModel(torch::nn::Sequential& model, const torch::Tensor& x,
     const auto segments = static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(blocks))));
     const auto perSegment = (blocks + segments - 1) / segments;
     const int64_t dtype = options.autocast ? static_cast<int64_t>(*options.autocast) : -1;
+    if (perSegment > blocks - 1) return model->forward(x);  // one segment: nothing to checkpoint
     // A custom function whose inputs need no grad is never called in backward (its range's
     // parameters would get no gradients), so the data entering the first segment is marked as
     // requiring grad, as torch.utils.checkpoint asks of its users.

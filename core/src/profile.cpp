@@ -40,13 +40,13 @@ std::vector<OpSummary> topOps(const std::vector<ProfileSpan>& spans, int top) {
         std::sort(ops.begin(), ops.end(), [](const ProfileSpan* a, const ProfileSpan* b) {
             return a->startNs != b->startNs ? a->startNs < b->startNs : a->durationNs > b->durationNs;
         });
-        std::vector<size_t> childNs(ops.size(), 0);
+        std::vector<int64_t> childNs(ops.size(), 0);
         std::vector<size_t> stack;
         for (size_t i = 0; i < ops.size(); ++i) {
             const auto* op = ops[i];
             while (!stack.empty() && ops[stack.back()]->startNs + ops[stack.back()]->durationNs <= op->startNs)
                 stack.pop_back();
-            if (!stack.empty()) childNs[stack.back()] += static_cast<size_t>(op->durationNs);
+            if (!stack.empty()) childNs[stack.back()] += op->durationNs;
             stack.push_back(i);
         }
         for (size_t i = 0; i < ops.size(); ++i) {
@@ -54,7 +54,7 @@ std::vector<OpSummary> topOps(const std::vector<ProfileSpan>& spans, int top) {
             a.name = ops[i]->name;
             a.calls += 1;
             a.totalNs += ops[i]->durationNs;
-            a.selfNs += std::max<int64_t>(0, ops[i]->durationNs - static_cast<int64_t>(childNs[i]));
+            a.selfNs += std::max<int64_t>(0, ops[i]->durationNs - childNs[i]);
         }
     }
     std::vector<OpSummary> out;
@@ -100,15 +100,18 @@ void writeChromeTrace(const std::vector<ProfileSpan>& spans, std::ostream& out, 
                           {"pid", 1},
                           {"tid", t},
                           {"args", {{"name", t == 0 ? std::string("training") : "thread " + std::to_string(t)}}}});
+    // Microseconds from the first span: absolute epoch times would not keep nanosecond fractions
+    // in a double, and nesting must survive the unit change.
+    int64_t origin = spans.empty() ? 0 : spans.front().startNs;
+    for (const auto& s : spans) origin = std::min(origin, s.startNs);
     for (const auto& s : spans) {
         json args{{"step", s.step}};
         if (!s.shapes.empty()) args["shapes"] = s.shapes;
         if (s.cudaNs >= 0) args["cuda_us"] = static_cast<double>(s.cudaNs) / 1000.0;
-        // Microseconds with nanosecond fractions keep nesting exact after the unit change.
         events.push_back({{"name", s.name},
                           {"cat", s.kind == ProfileSpan::Kind::Phase ? "phase" : "op"},
                           {"ph", "X"},
-                          {"ts", static_cast<double>(s.startNs) / 1000.0},
+                          {"ts", static_cast<double>(s.startNs - origin) / 1000.0},
                           {"dur", static_cast<double>(s.durationNs) / 1000.0},
                           {"pid", 1},
                           {"tid", s.thread},

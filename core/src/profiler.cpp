@@ -4,6 +4,7 @@
 #include <ATen/record_function.h>
 
 #include <charconv>
+#include <thread>
 
 #include "lathe/core/error.h"
 
@@ -13,6 +14,13 @@ namespace {
 // RecordFunction callbacks are plain function pointers: they reach the active profiler here.
 // One profiled run at a time per process (the trainer owns it for the run's duration).
 std::atomic<Profiler*> g_active{nullptr};
+// Callbacks in progress: a profiler waits for them to drain before it goes away.
+std::atomic<int> g_inflight{0};
+
+struct InflightGuard {
+    InflightGuard() { g_inflight.fetch_add(1, std::memory_order_acq_rel); }
+    ~InflightGuard() { g_inflight.fetch_sub(1, std::memory_order_acq_rel); }
+};
 std::atomic<int64_t> g_nextThread{1};
 thread_local int64_t t_thread = -1;
 
@@ -51,6 +59,7 @@ std::string shapesOf(const at::RecordFunction& fn) {
 }
 
 std::unique_ptr<at::ObserverContext> onStart(const at::RecordFunction& fn) {
+    InflightGuard inflight;
     Profiler* p = g_active.load(std::memory_order_acquire);
     if (!p || !p->recording()) return nullptr;
     auto ctx = std::make_unique<OpContext>();
@@ -60,6 +69,7 @@ std::unique_ptr<at::ObserverContext> onStart(const at::RecordFunction& fn) {
 }
 
 void onEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
+    InflightGuard inflight;
     Profiler* p = g_active.load(std::memory_order_acquire);
     if (!p || !raw) return;
     const int64_t end = p->nowNs();
@@ -77,21 +87,36 @@ void onEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
 
 }  // namespace
 
-Profiler::Profiler(ProfileSchedule schedule) : m_schedule(schedule), m_origin(std::chrono::steady_clock::now()) {
+Profiler::Profiler(ProfileSchedule schedule)
+    : m_schedule(schedule),
+      m_origin(std::chrono::steady_clock::now()),
+      // Span times are nanoseconds since the Unix epoch (steady clock for the intervals), so a
+      // resumed run's spans follow its earlier ones instead of overlapping them.
+      m_originWallNs(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count()) {
+    // Claimed up front: a second profiled run in this process fails before its first step,
+    // not when its schedule first attaches.
+    Profiler* expected = nullptr;
+    if (!g_active.compare_exchange_strong(expected, this))
+        throw Error("another run in this process is being profiled; profile one run at a time");
     t_thread = 0;  // the trainer's thread is lane 0
 }
 
-Profiler::~Profiler() { detach(); }
+Profiler::~Profiler() {
+    detach();
+    g_active.store(nullptr, std::memory_order_release);
+    // A callback that loaded the pointer before it was cleared may still be running.
+    while (g_inflight.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+}
 
 int64_t Profiler::nowNs() const {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - m_origin).count();
+    return m_originWallNs +
+           std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - m_origin).count();
 }
 
 void Profiler::attach() {
     if (m_attached) return;
-    Profiler* expected = nullptr;
-    if (!g_active.compare_exchange_strong(expected, this))
-        throw Error("another run in this process is being profiled; profile one run at a time");
     m_handle = at::addGlobalCallback(at::RecordFunctionCallback(&onStart, &onEnd)
                                          .needsInputs(true)
                                          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
@@ -101,7 +126,6 @@ void Profiler::attach() {
 void Profiler::detach() {
     if (!m_attached) return;
     at::removeCallback(m_handle);
-    g_active.store(nullptr, std::memory_order_release);
     m_attached = false;
 }
 

@@ -39,6 +39,7 @@ private:
 
     ProfileSchedule m_schedule;
     std::chrono::steady_clock::time_point m_origin;
+    int64_t m_originWallNs = 0;
     std::atomic<bool> m_recording{false};
     std::atomic<int64_t> m_step{0};
     bool m_attached = false;

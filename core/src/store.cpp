@@ -436,6 +436,8 @@ int64_t Store::Impl::apply(const WriteOp& op) {
             Stmt s(writeDb,
                    "DELETE FROM metrics WHERE step > ? AND key_id IN (SELECT id FROM metric_keys WHERE run_id = ?)");
             s.bind(1, op.step).bind(2, op.run).run();
+            Stmt p(writeDb, "DELETE FROM profile_spans WHERE run_id = ? AND step > ?");
+            p.bind(1, op.run).bind(2, op.step).run();
             return 0;
         }
         case WriteOp::Kind::Flush: return 0;

@@ -112,6 +112,7 @@ public:
     void update(bool foundInf) {
         if (!m_dynamic) return;
         if (m_device.is_cuda() && m_foundDevice.defined()) {
+            if (foundInf) m_foundDevice.fill_(1.0f);  // also a non-finite loss, not only gradients
             auto scaleT = torch::full({1}, m_scale, torch::TensorOptions().dtype(torch::kFloat).device(m_device));
             auto tracker = torch::full({1}, m_tracker, torch::TensorOptions().dtype(torch::kInt).device(m_device));
             at::_amp_update_scale_(scaleT, tracker, m_foundDevice, m_growth, m_backoff, m_interval);
@@ -122,19 +123,28 @@ public:
         if (foundInf) {
             m_scale *= m_backoff;
             m_tracker = 0;
-        } else if (++m_tracker == m_interval) {
+        } else if (++m_tracker >= m_interval) {
             const float grown = m_scale * m_growth;
             if (std::isfinite(grown)) m_scale = grown;
             m_tracker = 0;
         }
     }
 
+    bool isStatic() const { return m_enabled && !m_dynamic; }
+
     CheckpointExtras state() const {
-        return {{"amp_scale", torch::tensor({m_scale})}, {"amp_growth_tracker", torch::tensor({m_tracker})}};
+        return {{"amp_scale", torch::tensor({m_scale})},
+                {"amp_growth_tracker", torch::tensor({m_tracker})},
+                {"amp_dynamic", torch::tensor({static_cast<int64_t>(m_dynamic)})}};
     }
+    /// Only a dynamic scaler's state carries over, and only into a dynamic scaler: a scale of
+    /// 1.0 saved by an unscaled fp32 run must not become an fp16 run's starting scale.
     void restore(const CheckpointExtras& extras) {
-        if (auto it = extras.find("amp_scale"); it != extras.end() && m_dynamic) m_scale = it->second.item<float>();
-        if (auto it = extras.find("amp_growth_tracker"); it != extras.end()) m_tracker = it->second.item<int64_t>();
+        auto dyn = extras.find("amp_dynamic");
+        if (!m_dynamic || dyn == extras.end() || dyn->second.item<int64_t>() == 0) return;
+        if (auto it = extras.find("amp_scale"); it != extras.end()) m_scale = it->second.item<float>();
+        if (auto it = extras.find("amp_growth_tracker"); it != extras.end())
+            m_tracker = std::clamp<int64_t>(it->second.item<int64_t>(), 0, m_interval - 1);
     }
 
 private:
@@ -312,6 +322,8 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
     model->train();
     bool stopped = false;
     int64_t epochsDone = startEpoch;
+    int64_t consecutiveSkips = 0;
+    constexpr int64_t kMaxStaticSkips = 100;
     for (int64_t epoch = startEpoch; epoch < spec.epochs && !stopped; ++epoch) {
         // The order depends only on (seed, epoch), so a resumed run sees the same batches.
         std::vector<int64_t> order(static_cast<size_t>(nTrain));
@@ -335,10 +347,7 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
             // from the step's start to its peak (after forward, or inside recomputed segments).
             const bool sampleMemory = b == 0 && !device.is_cuda();
             size_t heapStart = 0, heapPeak = 0;
-            if (sampleMemory) {
-                heapStart = heapPeak = heapInUse();
-                t_heapPeak = &heapPeak;
-            }
+            HeapPeakScope heapScope(sampleMemory ? &heapPeak : nullptr);
             const auto t0 = Clock::now();
             const double lr = learningRate(spec, step, epoch, totalSteps);
             for (auto& group : optimizer->param_groups()) group.options().set_lr(lr);
@@ -350,6 +359,7 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
                 yb = trainSet.y.index_select(0, idx);
             }
             optimizer->zero_grad();
+            if (sampleMemory) heapStart = heapPeak = heapInUse();  // after zero_grad, which may free gradients
             {
                 PhaseScope phase(profiler.get(), "forward");
                 {
@@ -367,7 +377,7 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
             }
             if (sampleMemory) {
                 sampleHeapPeak();
-                t_heapPeak = nullptr;
+                heapScope.release();
                 activationBytes = heapPeak - std::min(heapPeak, heapStart);
             }
             if (injectAt.count(thisStep)) {
@@ -412,8 +422,28 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
                 metric("amp/loss_scale", step, usedScale, last);
                 metric("amp/skipped", step, skip ? 1.0 : 0.0, last);
             }
+            auto flushWindow = [&] {
+                if (windowSteps > 0 && (step % spec.logEvery == 0 || b + 1 == stepsPerEpoch)) {
+                    metric("train/loss", step, windowLoss / static_cast<double>(windowSteps), last);
+                    windowLoss = 0;
+                    windowSteps = 0;
+                }
+            };
+            consecutiveSkips = skip ? consecutiveSkips + 1 : 0;
+            if (skip && scaler.isStatic() && consecutiveSkips >= kMaxStaticSkips) {
+                result.status = "failed";
+                result.error = std::to_string(consecutiveSkips) + " steps in a row had non-finite gradients at the static "
+                               "loss scale " + fmt(scaler.scale()) + "; lower it (loss_scale = \"static:N\") or use "
+                               "loss_scale = \"dynamic\"";
+                emit(Event::error(result.error));
+                emit(Event::status("failed"));
+                result.epochsDone = epochsDone;
+                result.steps = step;
+                return result;
+            }
             if (skip) {
                 ++skipped;
+                flushWindow();  // a skipped step adds no loss, but the epoch's last window still goes out
                 if (scaler.scale() < 1e-30) {
                     result.status = "failed";
                     result.error = "the loss scale collapsed below 1e-30 after " + std::to_string(skipped) +
@@ -440,11 +470,7 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
             }
             windowLoss += lossValue;
             ++windowSteps;
-            if (step % spec.logEvery == 0 || b + 1 == stepsPerEpoch) {
-                metric("train/loss", step, windowLoss / static_cast<double>(windowSteps), last);
-                windowLoss = 0;
-                windowSteps = 0;
-            }
+            flushWindow();
         }
         if (profiler) profiler->beginStep(0);  // detach during validation
         if (epochSteps == 0) break;  // stopped before this epoch did anything

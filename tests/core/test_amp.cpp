@@ -205,3 +205,31 @@ TEST_CASE("activation checkpointing gives the same gradients and saves activatio
     const auto ckpt = trainAndRecord(store, spec, {});
     CHECK(values(store, ckpt.runId, "val/loss") == values(store, plain.runId, "val/loss"));
 }
+
+TEST_CASE("a scale saved without dynamic scaling does not become a dynamic run's scale", "[amp]") {
+    TempDir dir;
+    Store store(dir.file("lathe.db"));
+    RunSpec spec = small();
+    const auto first = trainAndRecord(store, spec, {});  // fp32, no scaling: checkpoint holds scale 1
+    RunSpec resumed = spec;
+    resumed.epochs = 2;
+    resumed.lossScale = "dynamic";
+    RecordOptions again;
+    again.resumeRunId = first.runId;
+    REQUIRE(trainAndRecord(store, resumed, again).result.status == "completed");
+    const auto scales = values(store, first.runId, "amp/loss_scale");
+    REQUIRE_FALSE(scales.empty());
+    CHECK(scales.front() == 65536);
+}
+
+TEST_CASE("a static scale that overflows every step fails the run instead of skipping forever", "[amp]") {
+    TempDir dir;
+    Store store(dir.file("lathe.db"));
+    RunSpec spec = small();
+    spec.epochs = 6;
+    spec.lossScale = "static:1024";
+    for (int64_t step = 1; step <= 138; ++step) spec.injectNonfinite.push_back(step);  // every step overflows
+    const auto rec = trainAndRecord(store, spec, {});
+    CHECK(rec.result.status == "failed");
+    CHECK_THAT(rec.result.error, Catch::Contains("100 steps in a row") && Catch::Contains("static"));
+}

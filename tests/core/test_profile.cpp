@@ -6,6 +6,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include <atomic>
+
+#include "lathe/core/error.h"
 #include "lathe/core/profile.h"
 #include "lathe/core/store.h"
 #include "lathe/core/training.h"
@@ -167,4 +170,53 @@ TEST_CASE("an unprofiled run has no spans, and profile spans travel through the 
     CHECK(back.span.startNs == 5);
     CHECK(back.span.durationNs == 7);
     CHECK(back.span.cudaNs == 11);
+}
+
+TEST_CASE("a resumed profiled run replaces the replayed steps' spans instead of overlapping them", "[profile]") {
+    TempDir dir;
+    Store store(dir.file("lathe.db"));
+    RunSpec spec;
+    spec.epochs = 2;
+    spec.profile = true;
+    spec.profileWait = 0;
+    spec.profileWarmup = 0;
+    spec.profileActive = 1;
+    spec.profileRepeat = 0;  // every step
+    std::atomic<bool> stop{false};
+    RecordOptions first;
+    first.stop = &stop;
+    int64_t seenSteps = 0;
+    const auto partial = trainAndRecord(store, spec, first, [&](const Event& e) {
+        if (e.type == Event::Type::Checkpoint) stop = true;  // after epoch 1 (23 steps)
+        if (e.type == Event::Type::Metric && e.key == "train/grad_norm") seenSteps = e.step;
+    });
+    REQUIRE(partial.result.status == "stopped");
+    RecordOptions again;
+    again.resumeRunId = partial.runId;
+    REQUIRE(trainAndRecord(store, spec, again).result.status == "completed");
+    const auto phases = phasesByStep(store.profileSpans(partial.runId));
+    REQUIRE(phases.size() == 46);
+    for (const auto& p : phases) {
+        INFO("step " << p.step);
+        CHECK(p.phases.size() == 4);  // one of each phase: no duplicates from the stopped attempt
+    }
+    // Later steps start later, across the resume too.
+    const auto spans = store.profileSpans(partial.runId);
+    std::map<int64_t, int64_t> firstStart;
+    for (const auto& s : spans) firstStart.try_emplace(s.step, s.startNs);
+    int64_t prev = 0;
+    for (const auto& [step, start] : firstStart) {
+        CHECK(start > prev);
+        prev = start;
+    }
+}
+
+TEST_CASE("span records out of range are refused", "[profile][events]") {
+    CHECK_THROWS_AS(decodeEvent(R"({"v":2,"type":"span","kind":"op","name":"x","step":1,"start_ns":5,"dur_ns":-3})"),
+                    EventStreamError);
+    CHECK_THROWS_AS(decodeEvent(R"({"v":2,"type":"span","kind":"op","name":"x","step":1,"start_ns":5,"dur_ns":3,"thread":99999})"),
+                    EventStreamError);
+    CHECK_THROWS_AS(decodeEvent(R"({"v":2,"type":"span","kind":"blob","name":"x","step":1,"start_ns":5,"dur_ns":3})"),
+                    EventStreamError);
+    CHECK(decodeEvent(R"({"v":1,"type":"status","status":"running"})").text == "running");  // version 1 still reads
 }

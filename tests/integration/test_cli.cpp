@@ -176,10 +176,10 @@ TEST_CASE("lathectl worker writes the event stream and ingest records it", "[cli
     CHECK(store.metrics(runs.front().id, "train/grad_norm").size() == 3);
 
     // A stream from a newer Lathe, or not a stream at all, is refused with exit code 2.
-    lathe::test::writeFile(dir.file("future.ndjson"), R"({"v":2,"type":"run","config":""})" "\n");
+    lathe::test::writeFile(dir.file("future.ndjson"), R"({"v":3,"type":"run","config":""})" "\n");
     const auto future = runShell(lathectl("ingest " + dir.file("future.ndjson") + " --db " + db));
     CHECK(future.exitCode == 2);
-    CHECK_THAT(future.err, Catch::Contains("version 2") && Catch::Contains("upgrade"));
+    CHECK_THAT(future.err, Catch::Contains("version 3") && Catch::Contains("upgrade"));
     CHECK(store.listRuns().size() == 2);
 }
 

@@ -11,7 +11,8 @@
 
 namespace lathe::core {
 
-inline constexpr int kEventStreamVersion = 1;
+// Version 2 added span records; version-1 streams are still read.
+inline constexpr int kEventStreamVersion = 2;
 
 struct Event {
     enum class Type { Run, Metric, Log, Status, Checkpoint, Error, Span };

@@ -16,7 +16,7 @@ struct ProfileSpan {
     std::string shapes;    // input shapes, e.g. "[64, 64], [128, 64]" (ops only; may be empty)
     int64_t step = 0;      // global step the span belongs to (1-based, like metrics)
     int64_t thread = 0;    // small per-run thread number (0 = the training thread)
-    int64_t startNs = 0;   // since the run's profiling clock origin
+    int64_t startNs = 0;   // nanoseconds since the Unix epoch (intervals from a steady clock)
     int64_t durationNs = 0;
     int64_t cudaNs = -1;   // device time when measured on a GPU, else -1
 };

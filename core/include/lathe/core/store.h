@@ -81,7 +81,8 @@ public:
     void addArtifact(int64_t runId, const std::string& kind, const std::string& path, const std::string& sha256);
     /// Profile spans (op and phase) of a run; queued and batched like metric points.
     void appendSpan(int64_t runId, const ProfileSpan& span);
-    /// Removes metric points recorded after `step` (a resumed run replays those steps).
+    /// Removes metric points and profile spans recorded after `step` (a resumed run replays
+    /// those steps).
     void dropMetricsAfter(int64_t runId, int64_t step);
     /// Blocks until everything queued so far is committed. Rethrows a writer failure.
     void flush();
