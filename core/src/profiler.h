@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -28,6 +29,13 @@ public:
     void addPhase(const char* name, int64_t startNs, int64_t endNs, int64_t cudaNs = -1);
     /// Spans recorded since the last call.
     std::vector<ProfileSpan> takeSpans();
+    /// On a GPU: waits for the device at phase boundaries while recording, so a phase's span
+    /// covers its device work, and reports that time as the phase's cudaNs.
+    void setDeviceSync(std::function<void()> sync) { m_sync = std::move(sync); }
+    void syncDevice() const {
+        if (m_sync) m_sync();
+    }
+    bool deviceTimed() const { return static_cast<bool>(m_sync); }
 
     // Used by the RecordFunction callbacks.
     void addOp(ProfileSpan&& span);
@@ -46,16 +54,22 @@ private:
     uint64_t m_handle = 0;
     std::mutex m_mutex;
     std::vector<ProfileSpan> m_spans;
+    std::function<void()> m_sync;
 };
 
 /// Times one phase of a step; a no-op unless the profiler is recording.
 class PhaseScope {
 public:
     PhaseScope(Profiler* p, const char* name) : m_p(p && p->recording() ? p : nullptr), m_name(name) {
-        if (m_p) m_start = m_p->nowNs();
+        if (!m_p) return;
+        m_p->syncDevice();
+        m_start = m_p->nowNs();
     }
     ~PhaseScope() {
-        if (m_p) m_p->addPhase(m_name, m_start, m_p->nowNs());
+        if (!m_p) return;
+        m_p->syncDevice();
+        const int64_t end = m_p->nowNs();
+        m_p->addPhase(m_name, m_start, end, m_p->deviceTimed() ? end - m_start : -1);
     }
     PhaseScope(const PhaseScope&) = delete;
     PhaseScope& operator=(const PhaseScope&) = delete;

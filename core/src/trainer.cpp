@@ -309,9 +309,11 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
     };
 
     std::unique_ptr<Profiler> profiler;
-    if (spec.profile)
+    if (spec.profile) {
         profiler = std::make_unique<Profiler>(
             ProfileSchedule{spec.profileWait, spec.profileWarmup, spec.profileActive, spec.profileRepeat});
+        if (device.is_cuda()) profiler->setDeviceSync([idx = device.index()] { torch::cuda::synchronize(idx); });
+    }
     const std::set<int64_t> injectAt(spec.injectNonfinite.begin(), spec.injectNonfinite.end());
     ForwardOptions fwd;
     fwd.checkpoint = spec.activationCheckpointing;
