@@ -70,9 +70,30 @@ double learningRate(const RunSpec& spec, int64_t step, int64_t epoch, int64_t to
 // `growth_interval` clean steps in a row it grows. On CUDA the fused ATen ops do the unscale,
 // check and update; elsewhere our own fused kernel (kernels/scale_and_check) does the unscale
 // and check, and the update rule runs here.
+// Does this LibTorch have CPU kernels for the fused AMP ops? 1.13 has them for CUDA only;
+// later releases add CPU ones. Probed once on a one-element tensor.
+bool atenAmpOpsOnCpu() {
+    static const bool available = [] {
+        try {
+            std::vector<torch::Tensor> grads{torch::ones({1})};
+            auto found = torch::zeros({1});
+            auto inv = torch::ones({1});
+            at::_amp_foreach_non_finite_check_and_unscale_(grads, found, inv);
+            auto scale = torch::ones({1});
+            auto tracker = torch::zeros({1}, torch::kInt);
+            at::_amp_update_scale_(scale, tracker, found, 2.0, 0.5, 10);
+            return true;
+        } catch (const c10::Error&) {
+            return false;
+        }
+    }();
+    return available;
+}
+
 class LossScaler {
 public:
-    LossScaler(const RunSpec& spec, torch::Device device) : m_device(device) {
+    LossScaler(const RunSpec& spec, torch::Device device)
+        : m_device(device), m_useAten(device.is_cuda() || atenAmpOpsOnCpu()) {
         const auto mode = lossScaleMode(spec);
         m_enabled = mode.kind != LossScaleMode::Kind::Off;
         m_dynamic = mode.kind == LossScaleMode::Kind::Dynamic;
@@ -83,6 +104,10 @@ public:
     }
     bool enabled() const { return m_enabled; }
     double scale() const { return m_scale; }
+    /// Which implementation unscales and updates: ATen's fused ops or our kernel.
+    const char* implementation() const {
+        return m_useAten ? "ATen fused AMP ops" : "Lathe's scale_and_check kernel";
+    }
 
     torch::Tensor scaleLoss(const torch::Tensor& loss) const { return m_enabled ? loss * m_scale : loss; }
 
@@ -94,7 +119,7 @@ public:
         std::vector<torch::Tensor> grads;
         for (const auto& p : params)
             if (p.grad().defined()) grads.push_back(p.grad());
-        if (m_device.is_cuda()) {
+        if (m_useAten) {
             auto found = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat).device(m_device));
             auto invT = torch::full({1}, inv, torch::TensorOptions().dtype(torch::kFloat).device(m_device));
             at::_amp_foreach_non_finite_check_and_unscale_(grads, found, invT);
@@ -111,7 +136,7 @@ public:
 
     void update(bool foundInf) {
         if (!m_dynamic) return;
-        if (m_device.is_cuda() && m_foundDevice.defined()) {
+        if (m_useAten && m_foundDevice.defined()) {
             if (foundInf) m_foundDevice.fill_(1.0f);  // also a non-finite loss, not only gradients
             auto scaleT = torch::full({1}, m_scale, torch::TensorOptions().dtype(torch::kFloat).device(m_device));
             auto tracker = torch::full({1}, m_tracker, torch::TensorOptions().dtype(torch::kInt).device(m_device));
@@ -149,6 +174,7 @@ public:
 
 private:
     torch::Device m_device;
+    bool m_useAten;
     bool m_enabled = false, m_dynamic = false;
     float m_scale = 1.0f, m_growth = 2.0f, m_backoff = 0.5f;
     int64_t m_interval = 2000;
@@ -290,7 +316,9 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
                                 std::to_string(valSet.size()) + " validation samples, " +
                                 std::to_string(numClasses) + " classes, " + std::to_string(stepsPerEpoch) +
                                 " steps per epoch; " + device.str() + ", " + spec.precision +
-                                (scaler.enabled() ? ", loss scale " + fmt(scaler.scale()) : std::string()) +
+                                (scaler.enabled() ? ", loss scale " + fmt(scaler.scale()) + " (" +
+                                                        scaler.implementation() + ")"
+                                                  : std::string()) +
                                 (spec.activationCheckpointing ? ", activation checkpointing" : "")));
     if (startEpoch >= spec.epochs) {
         result.status = "completed";
