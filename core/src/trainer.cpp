@@ -316,7 +316,7 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
                                 std::to_string(valSet.size()) + " validation samples, " +
                                 std::to_string(numClasses) + " classes, " + std::to_string(stepsPerEpoch) +
                                 " steps per epoch; " + device.str() + ", " + spec.precision +
-                                (scaler.enabled() ? ", loss scale " + fmt(scaler.scale()) + " (" +
+                                (scaler.enabled() ? ", loss scale " + fmt(scaler.scale(), 8) + " (" +
                                                         scaler.implementation() + ")"
                                                   : std::string()) +
                                 (spec.activationCheckpointing ? ", activation checkpointing" : "")));
