@@ -2,6 +2,7 @@
 // same way everywhere and find out at run time (cudaCompiled() / deviceCount()).
 
 #include "lathe/kernels/cuda_device.hpp"
+#include "lathe/kernels/compress.hpp"
 #include "lathe/kernels/scale_and_check.hpp"
 
 namespace lathe::kernels::cuda {
@@ -22,5 +23,19 @@ void copyHostToDevice(void*, const void*, std::size_t) { notBuilt("copyHostToDev
 void copyDeviceToHost(void*, const void*, std::size_t) { notBuilt("copyDeviceToHost"); }
 void synchronize(void*) { notBuilt("synchronize"); }
 void scaleAndCheck(float*, std::size_t, float, int*, void*) { notBuilt("cuda::scaleAndCheck"); }
+void quantizeInt8(const float*, float*, std::size_t, std::int8_t*, float*, const QuantizeParams&, void*) {
+    notBuilt("cuda::quantizeInt8");
+}
+void quantizeInt4(const float*, float*, std::size_t, std::uint8_t*, float*, const QuantizeParams&, void*) {
+    notBuilt("cuda::quantizeInt4");
+}
+void dequantizeInt8(const std::int8_t*, const float*, std::size_t, std::size_t, float*, bool, void*) {
+    notBuilt("cuda::dequantizeInt8");
+}
+void dequantizeInt4(const std::uint8_t*, const float*, std::size_t, std::size_t, float*, bool, void*) {
+    notBuilt("cuda::dequantizeInt4");
+}
+void floatTo16(const float*, float*, std::size_t, std::uint16_t*, bool, void*) { notBuilt("cuda::floatTo16"); }
+void floatFrom16(const std::uint16_t*, std::size_t, float*, bool, bool, void*) { notBuilt("cuda::floatFrom16"); }
 
 }  // namespace lathe::kernels::cuda
