@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "cli_common.h"
+#include "lathe/core/distributed.h"
 #include "lathe/core/error.h"
 #include "lathe/core/training.h"
 
@@ -22,16 +23,30 @@ struct WorkerState {
 
 int runWorker(const WorkerState& st) {
     const core::RunSpec spec = buildSpec(st.spec);
+    const core::DistEnv dist = core::distEnvFromEnvironment();
+    if (spec.nproc > 1 && !dist.distributed())
+        throw UsageError("this run asks for nproc = " + std::to_string(spec.nproc) +
+                         ": start it with lathectl train, or start each rank with the torchrun environment "
+                         "(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)");
     char host[256] = "localhost";
     gethostname(host, sizeof host - 1);
-    // One line per event, flushed at once so a reader sees the run live.
-    const core::EventSink out = [](const core::Event& e) { std::cout << core::encodeEvent(e) << std::endl; };
+    // One line per event, flushed at once so a reader sees the run live; tagged with the rank.
+    const core::EventSink out = [rank = dist.rank](const core::Event& e) {
+        if (rank == 0) {
+            std::cout << core::encodeEvent(e) << std::endl;
+            return;
+        }
+        core::Event tagged = e;
+        tagged.rank = rank;
+        std::cout << core::encodeEvent(tagged) << std::endl;
+    };
     out(core::Event::run(core::toToml(spec), host));
     core::TrainOptions opts;
     // Absolute, since the path travels in the event stream and is recorded as an artifact.
     opts.checkpointDir = st.checkpointDir.empty() ? std::string() : std::filesystem::absolute(st.checkpointDir).string();
     opts.resumeFrom = st.resume;
     opts.stop = &installStopHandler();
+    opts.dist = dist;
     core::TrainResult result;
     try {
         result = core::train(spec, opts, out);

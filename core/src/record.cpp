@@ -1,9 +1,11 @@
 // Ties a training run to the workspace: the store records every event of the stream.
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <istream>
 
 #include "lathe/core/checkpoint.h"
+#include "lathe/core/distributed.h"
 #include "lathe/core/error.h"
 #include "lathe/core/store.h"
 #include "lathe/core/training.h"
@@ -29,6 +31,44 @@ void recordEvent(Store& store, int64_t runId, const Event& e) {
             break;
     }
 }
+
+namespace {
+
+// spec.nproc ranks as local worker processes; their merged stream is recorded like an
+// in-process run's.
+TrainResult trainInWorkers(Store& store, int64_t runId, const RunSpec& spec, const TrainOptions& topts,
+                           const RecordOptions& options, const EventSink& sink) {
+    std::error_code ec;
+    std::filesystem::create_directories(topts.checkpointDir, ec);
+    if (ec) throw Error("cannot create " + topts.checkpointDir + ": " + ec.message());
+    const std::string config = topts.checkpointDir + "/config.toml";
+    {
+        std::ofstream out(config, std::ios::binary | std::ios::trunc);
+        out << toToml(spec);
+        if (!out) throw Error("cannot write " + config);
+    }
+    LaunchOptions lo;
+    lo.nproc = static_cast<int>(spec.nproc);
+    lo.program = options.workerProgram;
+    lo.configPath = config;
+    lo.checkpointDir = topts.checkpointDir;
+    lo.resumeFrom = topts.resumeFrom;
+    lo.stop = options.stop;
+    sink(Event::log("info", "starting " + std::to_string(spec.nproc) + " worker processes"));
+    const auto launched = launchLocal(lo, sink);
+    TrainResult r;
+    r.status = launched.status;
+    r.error = launched.error;
+    if (r.status == "failed" && !r.error.empty()) sink(Event::error(r.error));
+    store.flush();
+    const auto lastMetrics = store.lastMetrics(runId);
+    if (auto it = lastMetrics.find("train/epoch"); it != lastMetrics.end()) r.epochsDone = static_cast<int64_t>(it->second);
+    const auto epochs = store.metrics(runId, "train/epoch");
+    if (!epochs.empty()) r.steps = epochs.back().step;
+    return r;
+}
+
+}  // namespace
 
 RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOptions& options, const EventSink& observer) {
     checkRunnable(spec);  // a spec this machine cannot run is a usage error, not a failed run
@@ -84,7 +124,10 @@ RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOption
         sink(Event::error(message));
     };
     try {
-        rec.result = train(spec, topts, sink);
+        if (spec.nproc > 1)
+            rec.result = trainInWorkers(store, rec.runId, spec, topts, options, sink);
+        else
+            rec.result = train(spec, topts, sink);
     } catch (const Error& ex) {
         if (resumeStep >= 0) {
             // The resume never started (model or data do not fit the checkpoint): keep the

@@ -225,6 +225,10 @@ const std::vector<KeyDef>& keyDefs() {
                 0, 100000000);
         integer("profile_active", "profiler: steps recorded per cycle, 1..100000000", &RunSpec::profileActive, 1,
                 100000000);
+        integer("nproc", "data-parallel worker processes on this machine, 1..256 (batch is per process)",
+                &RunSpec::nproc, 1, 256);
+        real("bucket_mb", "gradient all-reduce bucket size in MB, > 0 and <= 1024 (the first bucket is 1 MB)",
+             &RunSpec::bucketMb, 0, true, 1024, false);
         integer("profile_repeat", "profiler: cycles, 0..100000000 (0 = until the run ends)", &RunSpec::profileRepeat,
                 0, 100000000);
         return d;

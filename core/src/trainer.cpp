@@ -11,6 +11,7 @@
 
 #include "amp.h"
 #include "checkpoint_io.h"
+#include "dist.h"
 #include "data/raw.h"
 #include "lathe/core/error.h"
 #include "lathe/core/training.h"
@@ -302,8 +303,31 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
                                     ", step " + std::to_string(info.step)));
     }
 
+    // Data parallel: every rank starts from rank 0's parameters and trains on its own shard.
+    std::unique_ptr<DistContext> dist;
+    std::unique_ptr<Reducer> reducer;
+    const DistEnv& denv = options.dist;
+    const int world = denv.distributed() ? denv.worldSize : 1;
+    const int rank = denv.distributed() ? denv.rank : 0;
+    if (denv.distributed()) {
+        emit(Event::log("info", "rank " + std::to_string(rank) + " of " + std::to_string(world) + ": rendezvous at " +
+                                    denv.masterAddr + ":" + std::to_string(denv.masterPort)));
+        dist = std::make_unique<DistContext>(denv);
+        auto p = model->parameters();
+        for (auto& b : model->buffers()) p.push_back(b);
+        {
+            torch::NoGradGuard noGrad;
+            dist->broadcast(p, 0);
+        }
+        reducer = std::make_unique<Reducer>(*dist, params, spec.bucketMb);
+    }
+
     const int64_t nTrain = trainSet.size();
-    const int64_t stepsPerEpoch = (nTrain + spec.batch - 1) / spec.batch;
+    // Like DistributedSampler: the epoch's order padded to a multiple of the world size, and
+    // rank r takes every world-th index from r, so the ranks' batches together form the batch
+    // a single process would take with batch * world.
+    const int64_t perRank = (nTrain + world - 1) / world;
+    const int64_t stepsPerEpoch = (perRank + spec.batch - 1) / spec.batch;
     const int64_t totalSteps = stepsPerEpoch * spec.epochs;
     {
         Event running = Event::status("running");
@@ -330,7 +354,7 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
     }
 
     auto saveCkpt = [&](int64_t epochsDone) {
-        if (options.checkpointDir.empty()) return;
+        if (options.checkpointDir.empty() || rank != 0) return;
         const auto info = saveCheckpoint(options.checkpointDir + "/last.ckpt", *model, *optimizer, epochsDone, step,
                                          scaler.state());
         emit(Event::checkpoint(info.path, info.sha256, step, epochsDone));
@@ -360,14 +384,23 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
         std::iota(order.begin(), order.end(), 0);
         std::mt19937_64 rng(static_cast<uint64_t>(spec.seed) * 1000003ull + static_cast<uint64_t>(epoch));
         std::shuffle(order.begin(), order.end(), rng);
-        auto perm = torch::from_blob(order.data(), {nTrain}, torch::kInt64).to(device);
+        if (world > 1) {
+            std::vector<int64_t> shard;
+            shard.reserve(static_cast<size_t>(perRank));
+            for (int64_t i = rank; i < perRank * world; i += world) shard.push_back(order[static_cast<size_t>(i % nTrain)]);
+            order.swap(shard);
+        }
+        const auto nLocal = static_cast<int64_t>(order.size());
+        auto perm = torch::from_blob(order.data(), {nLocal}, torch::kInt64).to(device);
 
         double windowLoss = 0;
         int64_t windowSteps = 0, correct = 0, seen = 0, epochSteps = 0, skipped = 0;
         double stepSeconds = 0;
         size_t activationBytes = 0;
         for (int64_t b = 0; b < stepsPerEpoch; ++b) {
-            if (options.stop && options.stop->load(std::memory_order_relaxed)) {
+            bool stopNow = options.stop && options.stop->load(std::memory_order_relaxed);
+            if (dist) stopNow = dist->any(stopNow);  // all ranks stop at the same step
+            if (stopNow) {
                 stopped = true;
                 break;
             }
@@ -384,7 +417,7 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
             torch::Tensor xb, yb, out, loss;
             {
                 PhaseScope phase(profiler.get(), "data");
-                auto idx = perm.slice(0, b * spec.batch, std::min(nTrain, (b + 1) * spec.batch));
+                auto idx = perm.slice(0, b * spec.batch, std::min(nLocal, (b + 1) * spec.batch));
                 xb = trainSet.x.index_select(0, idx);
                 yb = trainSet.y.index_select(0, idx);
             }
@@ -401,9 +434,15 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
                 loss = torch::nn::functional::cross_entropy(out.to(torch::kFloat), yb);
             }
             if (sampleMemory) sampleHeapPeak();
+            Reducer::Stats comm;
             {
                 PhaseScope phase(profiler.get(), "backward");
+                if (reducer) reducer->prepare();
                 scaler.scaleLoss(loss).backward();
+            }
+            if (reducer) {
+                PhaseScope phase(profiler.get(), "communication");
+                comm = reducer->finish();
             }
             if (sampleMemory) {
                 sampleHeapPeak();
@@ -448,16 +487,29 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
             if (profiler)
                 for (auto& span : profiler->takeSpans()) emit(Event::profileSpan(std::move(span)));
             metric("train/grad_norm", step, norm, last);
+            if (reducer) {
+                metric("comm/bytes_sent", step, static_cast<double>(comm.bytesSent), last);
+                metric("comm/ms", step, comm.commMs, last);
+                metric("comm/overlap", step, comm.commMs > 0 ? std::clamp(1.0 - comm.exposedMs / comm.commMs, 0.0, 1.0) : 0.0,
+                       last);
+                metric("comm/compression_ratio", step, 1.0, last);
+            }
             if (scaler.enabled()) {
                 metric("amp/loss_scale", step, usedScale, last);
                 metric("amp/skipped", step, skip ? 1.0 : 0.0, last);
             }
             auto flushWindow = [&] {
-                if (windowSteps > 0 && (step % spec.logEvery == 0 || b + 1 == stepsPerEpoch)) {
-                    metric("train/loss", step, windowLoss / static_cast<double>(windowSteps), last);
-                    windowLoss = 0;
-                    windowSteps = 0;
+                if (step % spec.logEvery != 0 && b + 1 != stepsPerEpoch) return;
+                double sum = windowLoss, count = static_cast<double>(windowSteps);
+                if (dist) {  // the mean over every rank's steps (all ranks flush at the same steps)
+                    auto t = torch::tensor({sum, count}, torch::kDouble);
+                    dist->allreduceSum(t);
+                    sum = t[0].item<double>();
+                    count = t[1].item<double>();
                 }
+                if (count > 0) metric("train/loss", step, sum / count, last);
+                windowLoss = 0;
+                windowSteps = 0;
             };
             consecutiveSkips = skip ? consecutiveSkips + 1 : 0;
             if (skip && scaler.isStatic() && consecutiveSkips >= kMaxStaticSkips) {
@@ -504,10 +556,18 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
         }
         if (profiler) profiler->beginStep(0);  // detach during validation
         if (epochSteps == 0) break;  // stopped before this epoch did anything
-        const auto val = evaluate(model, valSet, cast, device);
+        if (dist) {
+            auto t = torch::tensor({static_cast<double>(correct), static_cast<double>(seen)}, torch::kDouble);
+            dist->allreduceSum(t);
+            correct = static_cast<int64_t>(t[0].item<double>());
+            seen = static_cast<int64_t>(t[1].item<double>());
+        }
         metric("train/accuracy", step, static_cast<double>(correct) / static_cast<double>(seen), last);
-        metric("val/loss", step, val.loss, last);
-        metric("val/accuracy", step, val.accuracy, last);
+        if (rank == 0) {  // the ranks hold identical models: one validation pass is enough
+            const auto val = evaluate(model, valSet, cast, device);
+            metric("val/loss", step, val.loss, last);
+            metric("val/accuracy", step, val.accuracy, last);
+        }
         metric("train/lr", step, learningRate(spec, step - 1, epoch, totalSteps), last);
         metric("perf/step_ms", step, 1000.0 * stepSeconds / static_cast<double>(epochSteps), last);
         metric("perf/samples_per_s", step, static_cast<double>(seen) / std::max(stepSeconds, 1e-9), last);

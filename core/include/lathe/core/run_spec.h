@@ -53,6 +53,10 @@ struct RunSpec {
     int64_t profileWarmup = 1;
     int64_t profileActive = 5;
     int64_t profileRepeat = 1;             // 0 = until the run ends
+
+    // Data-parallel training.
+    int64_t nproc = 1;                     // local worker processes (ranks); batch is per rank
+    double bucketMb = 25.0;                // gradient bucket size (the first bucket is 1 MB)
 };
 
 /// The loss-scaling mode a spec resolves to.

@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 
+#include "lathe/core/distributed.h"
 #include "lathe/core/events.h"
 #include "lathe/core/run_spec.h"
 
@@ -18,6 +19,7 @@ struct TrainOptions {
     std::string checkpointDir;            // empty = no checkpoints
     std::string resumeFrom;               // checkpoint file to continue from; empty = fresh
     const std::atomic<bool>* stop = nullptr;  // set to request a clean stop after the current step
+    DistEnv dist;                         // this process's rank when it is one of several
 };
 
 struct TrainResult {
@@ -48,6 +50,8 @@ struct RecordOptions {
     const std::atomic<bool>* stop = nullptr;
     /// Called (on the training thread) once the run exists in the store, before any event.
     std::function<void(int64_t runId)> onRunCreated;
+    /// spec.nproc > 1: the lathectl that runs the workers (empty: next to this executable).
+    std::string workerProgram;
 };
 
 /// Creates (or resumes) a run in the store, trains, records every event, and sets the final

@@ -1,0 +1,61 @@
+#pragma once
+// Data-parallel plumbing on c10d (private: LibTorch types). Gloo on the CPU; the same calls go
+// to NCCL once a CUDA LibTorch provides it.
+#include <torch/torch.h>
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "lathe/core/distributed.h"
+
+namespace lathe::core {
+
+class DistContext {
+public:
+    /// Rendezvous through a TCP store on MASTER_ADDR:MASTER_PORT (rank 0 serves it) within
+    /// env.timeoutSec, then a Gloo process group. Throws Error naming the address on timeout.
+    explicit DistContext(const DistEnv& env);
+    ~DistContext();
+    int rank() const { return m_env.rank; }
+    int worldSize() const { return m_env.worldSize; }
+
+    void broadcast(std::vector<torch::Tensor>& tensors, int root = 0);
+    /// Blocking sum over ranks, in place.
+    void allreduceSum(torch::Tensor& t);
+    /// Whether any rank says yes (all ranks must call it at the same point).
+    bool any(bool flag);
+
+    struct Impl;
+    Impl& impl() { return *m_impl; }
+
+private:
+    DistEnv m_env;
+    std::unique_ptr<Impl> m_impl;
+};
+
+/// DDP-style gradient averaging: parameters are grouped into buckets in reverse registration
+/// order (the first bucket 1 MB, the others `bucketMb`); autograd hooks copy each gradient into
+/// its bucket as backward produces it, and a full bucket's all-reduce starts asynchronously
+/// while backward continues. Buckets launch in the same order on every rank.
+class Reducer {
+public:
+    Reducer(DistContext& ctx, std::vector<torch::Tensor> params, double bucketMb);
+    ~Reducer();
+    /// Before backward.
+    void prepare();
+    struct Stats {
+        double commMs = 0;      // first launch to last completion
+        double exposedMs = 0;   // of that, after backward had finished
+        int64_t bytesSent = 0;  // by this rank (ring all-reduce: 2 (n-1)/n of the payload)
+        int buckets = 0;
+    };
+    /// After backward: launches what is left, waits, and writes the averaged gradients back.
+    Stats finish();
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> m_impl;
+};
+
+}  // namespace lathe::core

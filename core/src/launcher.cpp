@@ -1,0 +1,290 @@
+// The local launcher: N `lathectl worker` processes, their merged event streams, their lifetime.
+// POSIX only (fork/exec, pipes, poll); no LibTorch here.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <thread>
+
+#include "lathe/core/distributed.h"
+#include "lathe/core/error.h"
+
+namespace fs = std::filesystem;
+
+namespace lathe::core {
+namespace {
+
+int envInt(const char* name, int fallback, int lo, int hi) {
+    const char* v = std::getenv(name);
+    if (!v || !*v) return fallback;
+    char* end = nullptr;
+    errno = 0;
+    const long x = std::strtol(v, &end, 10);
+    if (errno || *end || x < lo || x > hi)
+        throw ConfigError(std::string(name) + "=" + v + " is not an integer from " + std::to_string(lo) + " to " +
+                          std::to_string(hi));
+    return static_cast<int>(x);
+}
+
+int freePort() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) throw Error(std::string("socket: ") + std::strerror(errno));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = 0;
+    socklen_t len = sizeof addr;
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+        ::close(fd);
+        throw Error(std::string("cannot find a free port: ") + std::strerror(errno));
+    }
+    ::close(fd);
+    return ntohs(addr.sin_port);
+}
+
+std::string defaultProgram() {
+    char exe[4096];
+    const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) throw Error("cannot find this executable to start workers");
+    exe[n] = '\0';
+    const fs::path self(exe);
+    if (self.filename() == "lathectl") return self.string();
+    const auto sibling = self.parent_path() / "lathectl";
+    std::error_code ec;
+    if (fs::exists(sibling, ec)) return sibling.string();
+    throw Error("cannot find lathectl next to " + self.string() + " to start the workers");
+}
+
+struct Worker {
+    int rank = 0;
+    pid_t pid = -1;
+    int outFd = -1, errFd = -1;
+    std::string outBuf, errBuf;
+    std::deque<std::string> lastErrors;  // stderr lines and error events, newest last
+    bool exited = false;
+    int status = 0;
+    std::string lastStatus;  // from its status events
+};
+
+void remember(Worker& w, std::string line) {
+    if (line.empty()) return;
+    w.lastErrors.push_back(std::move(line));
+    if (w.lastErrors.size() > 5) w.lastErrors.pop_front();
+}
+
+std::string describeExit(int status) {
+    if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+    if (WIFSIGNALED(status)) return std::string("was killed by signal ") + strsignal(WTERMSIG(status));
+    return "ended";
+}
+
+}  // namespace
+
+DistEnv distEnvFromEnvironment() {
+    DistEnv d;
+    d.worldSize = envInt("WORLD_SIZE", 1, 1, 4096);
+    d.rank = envInt("RANK", 0, 0, 4095);
+    d.localWorldSize = envInt("LOCAL_WORLD_SIZE", d.worldSize, 1, 4096);
+    d.localRank = envInt("LOCAL_RANK", d.rank, 0, 4095);
+    d.masterPort = envInt("MASTER_PORT", 29500, 1, 65535);
+    d.timeoutSec = envInt("LATHE_RENDEZVOUS_TIMEOUT", 60, 1, 86400);
+    if (const char* a = std::getenv("MASTER_ADDR"); a && *a) d.masterAddr = a;
+    if (d.rank >= d.worldSize)
+        throw ConfigError("RANK=" + std::to_string(d.rank) + " is not below WORLD_SIZE=" + std::to_string(d.worldSize));
+    if (d.localRank >= d.localWorldSize)
+        throw ConfigError("LOCAL_RANK=" + std::to_string(d.localRank) + " is not below LOCAL_WORLD_SIZE=" +
+                          std::to_string(d.localWorldSize));
+    return d;
+}
+
+LaunchResult launchLocal(const LaunchOptions& options, const EventSink& sink) {
+    if (options.nproc < 1) throw ConfigError("`nproc` must be at least 1");
+    const std::string program = options.program.empty() ? defaultProgram() : options.program;
+    const int port = freePort();
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    const std::string threads = std::to_string(std::max(1u, cores / static_cast<unsigned>(options.nproc)));
+
+    std::vector<Worker> workers(static_cast<size_t>(options.nproc));
+    auto killAll = [&](int sig) {
+        for (auto& w : workers)
+            if (w.pid > 0 && !w.exited) ::kill(w.pid, sig);
+    };
+    for (int r = 0; r < options.nproc; ++r) {
+        int out[2], err[2];
+        if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+            killAll(SIGKILL);
+            throw Error(std::string("pipe: ") + std::strerror(errno));
+        }
+        std::vector<std::string> args{program, "worker", options.configPath};
+        if (!options.checkpointDir.empty()) args.insert(args.end(), {"--checkpoint-dir", options.checkpointDir});
+        if (!options.resumeFrom.empty()) args.insert(args.end(), {"--resume", options.resumeFrom});
+        const pid_t pid = ::fork();
+        if (pid < 0) {
+            killAll(SIGKILL);
+            throw Error(std::string("fork: ") + std::strerror(errno));
+        }
+        if (pid == 0) {
+            // Child: never outlive the launcher, even if it is killed.
+            ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+            ::dup2(out[1], STDOUT_FILENO);
+            ::dup2(err[1], STDERR_FILENO);
+            ::setenv("RANK", std::to_string(r).c_str(), 1);
+            ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+            ::setenv("WORLD_SIZE", std::to_string(options.nproc).c_str(), 1);
+            ::setenv("LOCAL_WORLD_SIZE", std::to_string(options.nproc).c_str(), 1);
+            ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+            ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+            // N processes on the same cores: split them rather than oversubscribe.
+            ::setenv("OMP_NUM_THREADS", threads.c_str(), 0);
+            ::setenv("OPENBLAS_NUM_THREADS", threads.c_str(), 0);
+            std::vector<char*> argv;
+            for (auto& a : args) argv.push_back(a.data());
+            argv.push_back(nullptr);
+            ::execv(program.c_str(), argv.data());
+            std::fprintf(stderr, "cannot start %s: %s\n", program.c_str(), std::strerror(errno));
+            ::_exit(127);
+        }
+        ::close(out[1]);
+        ::close(err[1]);
+        auto& w = workers[static_cast<size_t>(r)];
+        w.rank = r;
+        w.pid = pid;
+        w.outFd = out[0];
+        w.errFd = err[0];
+    }
+
+    LaunchResult result;
+    bool terminating = false;
+    std::chrono::steady_clock::time_point termAt;
+    auto beginTermination = [&] {
+        if (terminating) return;
+        terminating = true;
+        termAt = std::chrono::steady_clock::now();
+        killAll(SIGTERM);
+    };
+
+    auto handleLine = [&](Worker& w, const std::string& line) {
+        Event e;
+        try {
+            e = decodeEvent(line);
+        } catch (const EventStreamError&) {
+            remember(w, line);  // not an event: a stray print; keep it for the error report
+            return;
+        }
+        e.rank = w.rank;
+        if (e.type == Event::Type::Status) w.lastStatus = e.text;
+        if (e.type == Event::Type::Error) remember(w, e.text);
+        if (w.rank == 0) {
+            if (e.type != Event::Type::Run && sink) sink(e);
+            return;
+        }
+        if (!sink) return;
+        if (e.type == Event::Type::Log || e.type == Event::Type::Error) {
+            e.text = "rank " + std::to_string(w.rank) + ": " + e.text;
+            sink(e);
+        } else if (e.type == Event::Type::Metric && e.key.rfind("comm/", 0) == 0) {
+            e.key = "rank" + std::to_string(w.rank) + "/" + e.key;
+            sink(e);
+        }
+    };
+
+    auto drain = [&](Worker& w, int fd, bool isErr) -> bool {
+        char buf[65536];
+        const ssize_t n = ::read(fd, buf, sizeof buf);
+        if (n <= 0) return false;
+        std::string& acc = isErr ? w.errBuf : w.outBuf;
+        acc.append(buf, static_cast<size_t>(n));
+        size_t pos;
+        while ((pos = acc.find('\n')) != std::string::npos) {
+            std::string line = acc.substr(0, pos);
+            acc.erase(0, pos + 1);
+            if (isErr)
+                remember(w, line);
+            else
+                handleLine(w, line);
+        }
+        return true;
+    };
+
+    for (;;) {
+        if (options.stop && options.stop->load() && !terminating) beginTermination();
+        std::vector<pollfd> fds;
+        std::vector<std::pair<Worker*, bool>> owners;
+        for (auto& w : workers) {
+            if (w.outFd >= 0) {
+                fds.push_back({w.outFd, POLLIN, 0});
+                owners.emplace_back(&w, false);
+            }
+            if (w.errFd >= 0) {
+                fds.push_back({w.errFd, POLLIN, 0});
+                owners.emplace_back(&w, true);
+            }
+        }
+        if (!fds.empty()) ::poll(fds.data(), fds.size(), 100);
+        for (size_t i = 0; i < fds.size(); ++i) {
+            if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            auto [w, isErr] = owners[i];
+            if (!drain(*w, fds[i].fd, isErr)) {
+                ::close(fds[i].fd);
+                (isErr ? w->errFd : w->outFd) = -1;
+            }
+        }
+        for (auto& w : workers) {
+            if (w.exited) continue;
+            int status = 0;
+            if (::waitpid(w.pid, &status, WNOHANG) == w.pid) {
+                w.exited = true;
+                w.status = status;
+                const bool clean = WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 130);
+                if (!clean && !terminating && result.failedRank < 0) {
+                    result.failedRank = w.rank;
+                    beginTermination();
+                }
+            }
+        }
+        if (terminating &&
+            std::chrono::steady_clock::now() - termAt > std::chrono::seconds(options.killGraceSec))
+            killAll(SIGKILL);
+        bool done = true;
+        for (const auto& w : workers) done &= w.exited && w.outFd < 0 && w.errFd < 0;
+        if (done) break;
+        if (fds.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+
+    if (result.failedRank >= 0) {
+        const auto& w = workers[static_cast<size_t>(result.failedRank)];
+        result.status = "failed";
+        result.error = "rank " + std::to_string(w.rank) + " " + describeExit(w.status);
+        if (!w.lastErrors.empty()) {
+            result.error += ": ";
+            for (size_t i = 0; i < w.lastErrors.size(); ++i) result.error += (i ? " | " : "") + w.lastErrors[i];
+        }
+        result.error += "; the other ranks were stopped";
+        return result;
+    }
+    const auto& r0 = workers.front();
+    if (options.stop && options.stop->load()) {
+        result.status = "stopped";
+    } else if (r0.lastStatus == "completed" || r0.lastStatus == "stopped" || r0.lastStatus == "failed") {
+        result.status = r0.lastStatus;
+        if (result.status == "failed" && !r0.lastErrors.empty()) result.error = r0.lastErrors.back();
+    } else {
+        result.status = "failed";
+        result.error = "rank 0 " + describeExit(r0.status) + " without finishing the run";
+    }
+    return result;
+}
+
+}  // namespace lathe::core

@@ -1,0 +1,139 @@
+// Data-parallel training with real worker processes on loopback (Gloo).
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <algorithm>
+#include <sstream>
+#include <thread>
+
+#include "lathe/core/distributed.h"
+#include "lathe/core/error.h"
+#include "lathe/core/store.h"
+#include "run_process.h"
+
+using lathe::test::binPath;
+using lathe::test::runShell;
+using lathe::test::TempDir;
+using nlohmann::json;
+
+namespace {
+
+std::string lathectl(const std::string& args) { return binPath("lathectl") + " " + args; }
+
+std::vector<double> values(const lathe::core::Store& s, int64_t run, const std::string& key) {
+    std::vector<double> out;
+    for (const auto& p : s.metrics(run, key)) out.push_back(p.value);
+    return out;
+}
+
+// Worker processes of a run, found by the config path only they have on their command line.
+std::vector<int> workerPids(const std::string& configPath) {
+    // [w]orker: the pattern must not match the shell that runs pgrep.
+    const auto r = runShell("pgrep -f -- '[w]orker " + configPath + "' || true");
+    std::vector<int> pids;
+    std::istringstream in(r.out);
+    int pid;
+    while (in >> pid) pids.push_back(pid);
+    std::sort(pids.begin(), pids.end());
+    return pids;
+}
+
+}  // namespace
+
+TEST_CASE("2 ranks with batch 32 each follow 1 rank with batch 64 step by step", "[distributed]") {
+    TempDir dir;
+    const auto db = dir.file("l.db");
+    const auto one = runShell(lathectl("train --epochs 1 --batch 64 --threads 1 -q --json --db " + db));
+    REQUIRE(one.exitCode == 0);
+    const auto two = runShell(lathectl("train --epochs 1 --batch 32 --nproc 2 -q --json --db " + db));
+    INFO(two.err);
+    REQUIRE(two.exitCode == 0);
+    const auto a = json::parse(one.out), b = json::parse(two.out);
+    lathe::core::Store store(db);
+    const auto ra = a.at("run_id").get<int64_t>(), rb = b.at("run_id").get<int64_t>();
+    // The averaged gradient of every step is the single process's gradient (20+ steps).
+    const auto ga = values(store, ra, "train/grad_norm"), gb = values(store, rb, "train/grad_norm");
+    REQUIRE(ga.size() == 23);
+    REQUIRE(gb.size() == 23);
+    for (size_t i = 0; i < ga.size(); ++i) {
+        INFO("step " << i + 1);
+        CHECK(gb[i] == Approx(ga[i]).epsilon(1e-5));
+    }
+    CHECK(b.at("val/loss").get<double>() == Approx(a.at("val/loss").get<double>()).epsilon(1e-5));
+    CHECK(b.at("train/loss").get<double>() == Approx(a.at("train/loss").get<double>()).epsilon(1e-5));
+    // Communication is measured per step, and rank 1's own figures are kept beside rank 0's.
+    CHECK(values(store, rb, "comm/bytes_sent").size() == 23);
+    CHECK(values(store, rb, "comm/bytes_sent").front() > 26122 * 4 / 2);  // about the gradient's size
+    CHECK(values(store, rb, "rank1/comm/ms").size() == 23);
+    const auto overlap = values(store, rb, "comm/overlap");
+    CHECK(*std::min_element(overlap.begin(), overlap.end()) >= 0.0);
+    CHECK(*std::max_element(overlap.begin(), overlap.end()) <= 1.0);
+}
+
+TEST_CASE("killing a rank fails the run with that rank's status and leaves no process behind", "[distributed]") {
+    TempDir dir;
+    const auto db = dir.file("l.db");
+    const auto config = dir.file("artifacts/run-1/config.toml");
+    std::thread killer([&] {
+        // Wait for both ranks to be training, then kill rank 1 (the second started).
+        for (int i = 0; i < 200; ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            const auto pids = workerPids(config);
+            if (pids.size() == 2 && i > 20) {
+                ::kill(pids[1], SIGKILL);
+                return;
+            }
+        }
+        // Never found both ranks: end the run so the test fails instead of hanging.
+        runShell("pkill -f -- '[l]athectl train .*" + db + "'");
+    });
+    const auto start = std::chrono::steady_clock::now();
+    const auto r = runShell(lathectl("train --nproc 2 --epochs 100000 -q --json --db " + db));
+    killer.join();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    CHECK(r.exitCode == 1);
+    const auto j = json::parse(r.out);
+    CHECK(j.at("status") == "failed");
+    CHECK_THAT(j.at("error").get<std::string>(), Catch::Contains("rank 1 was killed by signal"));
+    CHECK(seconds < 60);
+    CHECK(workerPids(config).empty());
+    lathe::core::Store store(db);
+    CHECK(store.run(1)->status == "failed");
+}
+
+TEST_CASE("Ctrl+C on a multi-process run stops every rank and records it as stopped", "[distributed]") {
+    TempDir dir;
+    const auto db = dir.file("l.db");
+    const auto r = runShell("(" + lathectl("train --nproc 2 --epochs 100000 -q --json --db " + db) +
+                            " & pid=$!; sleep 4; kill -INT $pid; wait $pid)");
+    CHECK(r.exitCode == 130);
+    CHECK(json::parse(r.out).at("status") == "stopped");
+    CHECK(workerPids(dir.file("artifacts/run-1/config.toml")).empty());
+    lathe::core::Store store(db);
+    CHECK(store.run(1)->status == "stopped");
+}
+
+TEST_CASE("the torchrun environment is read and checked", "[distributed]") {
+    setenv("WORLD_SIZE", "4", 1);
+    setenv("RANK", "2", 1);
+    setenv("MASTER_ADDR", "10.1.2.3", 1);
+    setenv("MASTER_PORT", "29555", 1);
+    auto d = lathe::core::distEnvFromEnvironment();
+    CHECK(d.distributed());
+    CHECK(d.rank == 2);
+    CHECK(d.worldSize == 4);
+    CHECK(d.masterAddr == "10.1.2.3");
+    CHECK(d.masterPort == 29555);
+    setenv("RANK", "4", 1);
+    CHECK_THROWS_WITH(lathe::core::distEnvFromEnvironment(), Catch::Contains("RANK=4 is not below WORLD_SIZE=4"));
+    setenv("RANK", "x", 1);
+    CHECK_THROWS_AS(lathe::core::distEnvFromEnvironment(), lathe::core::ConfigError);
+    for (const char* v : {"WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"}) unsetenv(v);
+    CHECK_FALSE(lathe::core::distEnvFromEnvironment().distributed());
+    // A worker asked for several ranks without that environment says how to start it.
+    const auto r = runShell(lathectl("worker --nproc 2"));
+    CHECK(r.exitCode == 2);
+    CHECK_THAT(r.err, Catch::Contains("lathectl train") && Catch::Contains("RANK"));
+}
