@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "lathe/core/error.h"
+#include "lathe/kernels/compress.hpp"
 
 namespace lathe::core {
 
@@ -63,8 +64,12 @@ bool DistContext::any(bool flag) {
     return t.item<float>() > 0.5f;
 }
 
+namespace kc = lathe::kernels;
+
 struct Reducer::Impl {
     DistContext* ctx = nullptr;
+    CompressOptions compress;
+    kc::CompressFormat format = kc::CompressFormat::None;
     std::vector<torch::Tensor> params;
     struct Bucket {
         std::vector<size_t> params;       // indices into `params`
@@ -73,6 +78,10 @@ struct Reducer::Impl {
         size_t pending = 0;
         bool launched = false;
         c10::intrusive_ptr<c10d::Work> work;
+        // Compression state, kept across steps: the padded working copy and the error-feedback
+        // residuals of this rank's contribution and of the shard it reduces.
+        torch::Tensor padded, residual, shardResidual;
+        int64_t shard = 0;  // elements per rank's shard (a multiple of the chunk)
     };
     std::vector<Bucket> buckets;
     std::vector<std::pair<size_t, size_t>> where;  // param -> (bucket, slot)
@@ -82,6 +91,8 @@ struct Reducer::Impl {
     std::mutex mutex;  // hooks may run on autograd worker threads
 
     void launchReady() {
+        // Compressed exchanges run in finish(): they are several collectives each.
+        if (format != kc::CompressFormat::None) return;
         // Strictly in bucket order, so every rank issues the same collectives in the same order.
         while (nextToLaunch < buckets.size() && buckets[nextToLaunch].pending == 0) {
             auto& b = buckets[nextToLaunch++];
@@ -96,6 +107,109 @@ struct Reducer::Impl {
         }
     }
 
+    int64_t messageBytes(int64_t n) const {
+        return static_cast<int64_t>(kc::compressedBytes(static_cast<size_t>(n), static_cast<size_t>(compress.chunk), format));
+    }
+
+    // x (n floats) -> message bytes; with error feedback the residual takes the error.
+    void encode(const float* x, float* residual, int64_t n, uint8_t* msg, uint64_t seed, uint64_t offset) {
+        const auto un = static_cast<size_t>(n);
+        kc::QuantizeParams q;
+        q.chunk = static_cast<size_t>(compress.chunk);
+        q.stochastic = compress.stochastic;
+        q.seed = seed;
+        q.indexOffset = offset;
+        auto* scales = reinterpret_cast<float*>(msg + kc::codeBytes(un, format));
+        switch (format) {
+            case kc::CompressFormat::Int8:
+                if (residual) kc::quantizeInt8ErrorFeedback(x, residual, un, reinterpret_cast<int8_t*>(msg), scales, q);
+                else kc::quantizeInt8(x, un, reinterpret_cast<int8_t*>(msg), scales, q);
+                break;
+            case kc::CompressFormat::Int4:
+                if (residual) kc::quantizeInt4ErrorFeedback(x, residual, un, msg, scales, q);
+                else kc::quantizeInt4(x, un, msg, scales, q);
+                break;
+            case kc::CompressFormat::Fp16:
+                if (residual) kc::floatToHalfErrorFeedback(x, residual, un, reinterpret_cast<uint16_t*>(msg));
+                else kc::floatToHalf(x, un, reinterpret_cast<uint16_t*>(msg));
+                break;
+            case kc::CompressFormat::Bf16:
+                if (residual) kc::floatToBf16ErrorFeedback(x, residual, un, reinterpret_cast<uint16_t*>(msg));
+                else kc::floatToBf16(x, un, reinterpret_cast<uint16_t*>(msg));
+                break;
+            case kc::CompressFormat::None: break;
+        }
+    }
+
+    // message -> out (add: accumulate in FP32).
+    void decode(const uint8_t* msg, int64_t n, float* out, bool add) {
+        const auto un = static_cast<size_t>(n);
+        const auto chunk = static_cast<size_t>(compress.chunk);
+        const auto* scales = reinterpret_cast<const float*>(msg + kc::codeBytes(un, format));
+        switch (format) {
+            case kc::CompressFormat::Int8:
+                if (add) kc::dequantizeAddInt8(reinterpret_cast<const int8_t*>(msg), scales, un, chunk, out);
+                else kc::dequantizeInt8(reinterpret_cast<const int8_t*>(msg), scales, un, chunk, out);
+                break;
+            case kc::CompressFormat::Int4:
+                if (add) kc::dequantizeAddInt4(msg, scales, un, chunk, out);
+                else kc::dequantizeInt4(msg, scales, un, chunk, out);
+                break;
+            case kc::CompressFormat::Fp16:
+                if (add) kc::addHalfToFloat(reinterpret_cast<const uint16_t*>(msg), un, out);
+                else kc::halfToFloat(reinterpret_cast<const uint16_t*>(msg), un, out);
+                break;
+            case kc::CompressFormat::Bf16:
+                if (add) kc::addBf16ToFloat(reinterpret_cast<const uint16_t*>(msg), un, out);
+                else kc::bf16ToFloat(reinterpret_cast<const uint16_t*>(msg), un, out);
+                break;
+            case kc::CompressFormat::None: break;
+        }
+    }
+
+    // Reduce-scatter + all-gather of compressed shards; returns the bytes this rank sent.
+    int64_t exchangeCompressed(Bucket& b, size_t bucketIndex, int64_t step) {
+        const int world = ctx->worldSize(), rank = ctx->rank();
+        const int64_t n = b.buffer.numel();
+        if (!b.padded.defined()) {
+            const int64_t unit = 8;  // int4 shards stay whole bytes and each message's scales 4-byte aligned
+            b.shard = ((n + world - 1) / world + unit - 1) / unit * unit;
+            b.padded = torch::zeros({b.shard * world});
+            if (compress.errorFeedback) {
+                b.residual = torch::zeros({b.shard * world});
+                b.shardResidual = torch::zeros({b.shard});
+            }
+        }
+        b.padded.narrow(0, 0, n).copy_(b.buffer);
+        const int64_t msg = messageBytes(b.shard);
+        auto send = torch::empty({msg * world}, torch::kUInt8);
+        auto recv = torch::empty({msg * world}, torch::kUInt8);
+        const uint64_t seed = compress.seed * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(step) << 20) ^
+                              (static_cast<uint64_t>(bucketIndex) << 8) ^ static_cast<uint64_t>(rank);
+        float* x = b.padded.data_ptr<float>();
+        float* res = compress.errorFeedback ? b.residual.data_ptr<float>() : nullptr;
+        for (int j = 0; j < world; ++j)
+            encode(x + j * b.shard, res ? res + j * b.shard : nullptr, b.shard, send.data_ptr<uint8_t>() + j * msg, seed,
+                   static_cast<uint64_t>(j * b.shard));
+        std::vector<int64_t> equal;
+        ctx->impl().pg->alltoall_base(recv, send, equal, equal)->wait();
+        // Rank `rank` owns shard `rank`: the sum of every rank's version, in FP32.
+        auto acc = torch::zeros({b.shard});
+        for (int j = 0; j < world; ++j) decode(recv.data_ptr<uint8_t>() + j * msg, b.shard, acc.data_ptr<float>(), true);
+        acc.div_(world);
+        auto mine = torch::empty({msg}, torch::kUInt8);
+        encode(acc.data_ptr<float>(), compress.errorFeedback ? b.shardResidual.data_ptr<float>() : nullptr, b.shard,
+               mine.data_ptr<uint8_t>(), seed ^ 0xA5A5A5A5ull, static_cast<uint64_t>(rank * b.shard));
+        std::vector<std::vector<at::Tensor>> gathered(1);
+        for (int j = 0; j < world; ++j) gathered[0].push_back(torch::empty({msg}, torch::kUInt8));
+        std::vector<at::Tensor> input{mine};
+        ctx->impl().pg->allgather(gathered, input)->wait();
+        for (int j = 0; j < world; ++j)
+            decode(gathered[0][static_cast<size_t>(j)].data_ptr<uint8_t>(), b.shard, x + j * b.shard, false);
+        b.buffer.copy_(b.padded.narrow(0, 0, n));
+        return 2 * (world - 1) * msg;
+    }
+
     void onGrad(size_t index, const torch::Tensor& grad) {
         std::lock_guard<std::mutex> lk(mutex);
         const auto [bi, slot] = where[index];
@@ -107,9 +221,14 @@ struct Reducer::Impl {
     }
 };
 
-Reducer::Reducer(DistContext& ctx, std::vector<torch::Tensor> params, double bucketMb) : m_impl(std::make_unique<Impl>()) {
+Reducer::Reducer(DistContext& ctx, std::vector<torch::Tensor> params, double bucketMb, CompressOptions compress)
+    : m_impl(std::make_unique<Impl>()) {
     auto& d = *m_impl;
     d.ctx = &ctx;
+    d.compress = compress;
+    const auto format = kc::parseCompressFormat(compress.format);
+    if (!format) throw ConfigError("`compress` must be none, fp16, bf16, int8 or int4 (got '" + compress.format + "')");
+    d.format = *format;
     d.params = std::move(params);
     d.where.resize(d.params.size());
     const int64_t firstCap = int64_t{1} << 20;
@@ -151,7 +270,7 @@ void Reducer::prepare() {
     d.anyLaunched = false;
 }
 
-Reducer::Stats Reducer::finish() {
+Reducer::Stats Reducer::finish(int64_t step) {
     auto& d = *m_impl;
     const auto backwardEnd = Clock::now();
     Stats s;
@@ -169,9 +288,15 @@ Reducer::Stats Reducer::finish() {
             }
         d.launchReady();
     }
-    int64_t payload = 0;
-    for (auto& b : d.buckets) {
-        b.work->wait();
+    const int n = d.ctx->worldSize();
+    int64_t payload = 0, sent = 0;
+    if (d.format != kc::CompressFormat::None) d.firstLaunch = Clock::now();
+    for (size_t bi = 0; bi < d.buckets.size(); ++bi) {
+        auto& b = d.buckets[bi];
+        if (d.format == kc::CompressFormat::None)
+            b.work->wait();
+        else
+            sent += d.exchangeCompressed(b, bi, step);
         payload += b.buffer.numel() * 4;
         for (size_t slot = 0; slot < b.params.size(); ++slot) {
             auto& p = d.params[b.params[slot]];
@@ -185,8 +310,9 @@ Reducer::Stats Reducer::finish() {
     const auto end = Clock::now();
     s.commMs = std::chrono::duration<double, std::milli>(end - d.firstLaunch).count();
     s.exposedMs = std::chrono::duration<double, std::milli>(end - std::max(backwardEnd, d.firstLaunch)).count();
-    const int n = d.ctx->worldSize();
-    s.bytesSent = payload * 2 * (n - 1) / n;
+    const int64_t ringBytes = payload * 2 * (n - 1) / n;
+    s.bytesSent = d.format == kc::CompressFormat::None ? ringBytes : sent;
+    s.compressionRatio = s.bytesSent > 0 ? static_cast<double>(ringBytes) / static_cast<double>(s.bytesSent) : 1.0;
     s.buckets = static_cast<int>(d.buckets.size());
     return s;
 }

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "lathe/core/distributed.h"
@@ -38,9 +39,22 @@ private:
 /// order (the first bucket 1 MB, the others `bucketMb`); autograd hooks copy each gradient into
 /// its bucket as backward produces it, and a full bucket's all-reduce starts asynchronously
 /// while backward continues. Buckets launch in the same order on every rank.
+/// Gradient compression on the wire (see Reducer).
+struct CompressOptions {
+    std::string format = "none";  // none | fp16 | bf16 | int8 | int4
+    bool errorFeedback = false;
+    int64_t chunk = 2048;           // elements per int8/int4 scale
+    bool stochastic = false;
+    uint64_t seed = 0;
+};
+
 class Reducer {
 public:
-    Reducer(DistContext& ctx, std::vector<torch::Tensor> params, double bucketMb);
+    /// With compression, each bucket is exchanged as a reduce-scatter and an all-gather of
+    /// compressed shards: every rank sends shard j of its (error-fed) compressed gradient to
+    /// rank j, which dequantizes and sums them in FP32, compresses the averaged shard again and
+    /// all-gathers it; quantized values are never summed in low precision.
+    Reducer(DistContext& ctx, std::vector<torch::Tensor> params, double bucketMb, CompressOptions compress = {});
     ~Reducer();
     /// Before backward.
     void prepare();
@@ -48,10 +62,12 @@ public:
         double commMs = 0;      // first launch to last completion
         double exposedMs = 0;   // of that, after backward had finished
         int64_t bytesSent = 0;  // by this rank (ring all-reduce: 2 (n-1)/n of the payload)
+        double compressionRatio = 1.0;  // fp32 ring bytes / bytes actually sent
         int buckets = 0;
     };
     /// After backward: launches what is left, waits, and writes the averaged gradients back.
-    Stats finish();
+    /// `step` seeds stochastic rounding.
+    Stats finish(int64_t step = 0);
 
 private:
     struct Impl;

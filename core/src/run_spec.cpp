@@ -229,6 +229,15 @@ const std::vector<KeyDef>& keyDefs() {
                 &RunSpec::nproc, 1, 256);
         real("bucket_mb", "gradient all-reduce bucket size in MB, > 0 and <= 1024 (the first bucket is 1 MB)",
              &RunSpec::bucketMb, 0, true, 1024, false);
+        choice("compress", "gradient compression on the wire: none, fp16, bf16, int8 or int4", &RunSpec::compress,
+               {"none", "fp16", "bf16", "int8", "int4"});
+        choice("error_feedback", "keep each step's compression error and add it to the next: auto (on for int8/int4), "
+                                 "on or off",
+               &RunSpec::errorFeedback, {"auto", "on", "off"});
+        integer("compress_chunk", "elements per int8/int4 scale, 8..1048576, a multiple of 8", &RunSpec::compressChunk, 8,
+                1 << 20);
+        boolean("stochastic_rounding", "int8/int4: round stochastically (unbiased) instead of to nearest",
+                &RunSpec::stochasticRounding);
         integer("profile_repeat", "profiler: cycles, 0..100000000 (0 = until the run ends)", &RunSpec::profileRepeat,
                 0, 100000000);
         return d;
@@ -333,6 +342,8 @@ std::vector<std::string> validate(const RunSpec& spec) {
     }
     if (spec.precision == "fp16" && spec.device == "cpu")
         problems.push_back("`precision` fp16 needs a CUDA GPU (device = cpu); use bf16 on the CPU");
+    if (spec.compressChunk % 8 != 0)
+        problems.push_back("`compress_chunk` must be a multiple of 8 (got " + std::to_string(spec.compressChunk) + ")");
     if (spec.minLr > spec.lr) problems.push_back("`min_lr` must be <= `lr` (" + fmtDouble(spec.minLr) + " > " + fmtDouble(spec.lr) + ")");
     return problems;
 }

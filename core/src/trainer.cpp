@@ -319,7 +319,17 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
             torch::NoGradGuard noGrad;
             dist->broadcast(p, 0);
         }
-        reducer = std::make_unique<Reducer>(*dist, params, spec.bucketMb);
+        CompressOptions compress;
+        compress.format = spec.compress;
+        compress.errorFeedback = spec.errorFeedback == "on" ||
+                                 (spec.errorFeedback == "auto" && (spec.compress == "int8" || spec.compress == "int4"));
+        compress.chunk = spec.compressChunk;
+        compress.stochastic = spec.stochasticRounding;
+        compress.seed = static_cast<uint64_t>(spec.seed);
+        reducer = std::make_unique<Reducer>(*dist, params, spec.bucketMb, compress);
+        if (spec.compress != "none")
+            emit(Event::log("info", "gradients on the wire: " + spec.compress + (compress.errorFeedback ? " with" : " without") +
+                                        " error feedback"));
     }
 
     const int64_t nTrain = trainSet.size();
@@ -442,7 +452,7 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
             }
             if (reducer) {
                 PhaseScope phase(profiler.get(), "communication");
-                comm = reducer->finish();
+                comm = reducer->finish(thisStep);
             }
             if (sampleMemory) {
                 sampleHeapPeak();
@@ -492,7 +502,7 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
                 metric("comm/ms", step, comm.commMs, last);
                 metric("comm/overlap", step, comm.commMs > 0 ? std::clamp(1.0 - comm.exposedMs / comm.commMs, 0.0, 1.0) : 0.0,
                        last);
-                metric("comm/compression_ratio", step, 1.0, last);
+                metric("comm/compression_ratio", step, comm.compressionRatio, last);
             }
             if (scaler.enabled()) {
                 metric("amp/loss_scale", step, usedScale, last);
