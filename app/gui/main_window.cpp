@@ -27,6 +27,7 @@
 #include <exception>
 
 #include "lathe/core/error.h"
+#include "lathe/widgets/comm_view.h"
 #include "lathe/widgets/dashboard.h"
 #include "lathe/widgets/loss_scale_view.h"
 #include "lathe/widgets/profile_view.h"
@@ -86,14 +87,19 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
     m_lossScale->setObjectName(QStringLiteral("lossScaleView"));
     m_profile = new widgets::ProfileView;
     m_profile->setObjectName(QStringLiteral("profileView"));
+    m_comm = new widgets::CommView;
+    m_comm->setObjectName(QStringLiteral("commView"));
     m_tabs = new QTabWidget;
     m_tabs->setObjectName(QStringLiteral("viewTabs"));
     m_tabs->setDocumentMode(true);
     m_tabs->addTab(m_dashboard, tr("Curves"));
     m_tabs->addTab(m_lossScale, tr("Loss scale"));
     m_tabs->addTab(m_profile, tr("Profile"));
+    m_tabs->addTab(m_comm, tr("Communication"));
     m_tabs->setTabToolTip(1, tr("Loss scale, skipped steps and gradient norm of the first selected run"));
     m_tabs->setTabToolTip(2, tr("Profile timeline, top ops and step phases of the first selected run"));
+    m_tabs->setTabToolTip(3, tr("Gradient communication per step and rank of the first selected run "
+                                "(data-parallel runs)"));
     connect(m_tabs, &QTabWidget::currentChanged, this, [this] { updateProfileTab(); });
 
     auto* right = new QSplitter(Qt::Vertical);
@@ -235,6 +241,7 @@ void MainWindow::onSelectionChanged() {
         // Loss scale and profile are single-run views: they follow the first selected run.
         const int64_t first = runs.empty() ? 0 : runs.front();
         if (m_lossScale->runId() != first || first == 0) m_lossScale->showRun(*m_store, first);
+        if (m_comm->runId() != first || first == 0) m_comm->showRun(*m_store, first);
     } catch (const std::exception& e) {
         showError(tr("Could not load metrics"), QString::fromUtf8(e.what()));
     }
@@ -264,6 +271,7 @@ void MainWindow::onStarted(qint64 runId) {
     if (m_liveRunId != 0 && m_liveRunId != runId) {
         m_dashboard->forgetLive(m_liveRunId);
         m_lossScale->forgetLive(m_liveRunId);
+        m_comm->forgetLive(m_liveRunId);
     }
     m_liveRunId = runId;
     refreshRuns();
@@ -275,6 +283,7 @@ void MainWindow::onStarted(qint64 runId) {
 void MainWindow::onEvents(qint64 runId, const std::vector<core::Event>& events) {
     m_dashboard->onEvents(runId, events);
     m_lossScale->onEvents(runId, events);
+    m_comm->onEvents(runId, events);
     // Status events carry the planned number of steps; metric steps then give the progress.
     int64_t step = -1;
     for (const auto& e : events) {
@@ -348,9 +357,11 @@ bool MainWindow::openWorkspace(const QString& path) {
     m_profile->clear();
     m_profileRunShown = -1;
     m_lossScale->clear();
+    m_comm->clear();
     if (m_liveRunId) {
         m_dashboard->forgetLive(m_liveRunId);
         m_lossScale->forgetLive(m_liveRunId);
+        m_comm->forgetLive(m_liveRunId);
     }
     m_liveRunId = 0;
     m_valAccuracy.clear();

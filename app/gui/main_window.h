@@ -21,6 +21,7 @@ class QTableView;
 class QTimer;
 
 namespace lathe::widgets {
+class CommView;
 class Dashboard;
 class LossScaleView;
 class ProfileView;
@@ -43,7 +44,8 @@ public:
     widgets::Dashboard* dashboard() const { return m_dashboard; }
     widgets::LossScaleView* lossScaleView() const { return m_lossScale; }
     widgets::ProfileView* profileView() const { return m_profile; }
-    /// "Curves", "Loss scale", "Profile".
+    widgets::CommView* commView() const { return m_comm; }
+    /// "Curves", "Loss scale", "Profile", "Communication".
     QTabWidget* viewTabs() const { return m_tabs; }
     widgets::RunListModel* runModel() const { return m_runModel; }
     QTableView* runTable() const { return m_table; }
@@ -85,6 +87,7 @@ private:
     widgets::Dashboard* m_dashboard = nullptr;
     widgets::LossScaleView* m_lossScale = nullptr;
     widgets::ProfileView* m_profile = nullptr;
+    widgets::CommView* m_comm = nullptr;
     QTabWidget* m_tabs = nullptr;
     int64_t m_profileRunShown = -1;  // run the Profile tab last loaded
     widgets::RunListModel* m_runModel = nullptr;

@@ -30,9 +30,10 @@ bool TrainingSession::start(const core::RunSpec& spec) {
         m_status.clear();
         m_error.clear();
     }
-    m_thread = std::thread([this, spec] {
+    m_thread = std::thread([this, spec, workerProgram = m_workerProgram] {
         core::RecordOptions options;
         options.stop = &m_stop;
+        options.workerProgram = workerProgram;
         options.onRunCreated = [this](int64_t id) {
             std::lock_guard<std::mutex> lock(m_mutex);
             m_runId = id;

@@ -34,6 +34,11 @@ public:
     /// Stops and blocks until the training thread has ended (used on close).
     void stopAndWait();
 
+    /// The `lathectl` that runs the workers of a run with nproc > 1; empty (the default): the
+    /// one next to the running executable. Applies to runs started afterwards.
+    void setWorkerProgram(const std::string& path) { m_workerProgram = path; }
+    const std::string& workerProgram() const { return m_workerProgram; }
+
     bool isRunning() const { return m_running; }
     bool stopRequested() const { return m_stop.load(); }
     /// The id of the current (or last) run; 0 until the store has created it.
@@ -57,6 +62,7 @@ private:
     std::atomic<bool> m_stop{false};
     bool m_running = false;  // GUI thread only
     bool m_startedEmitted = false;
+    std::string m_workerProgram;  // GUI thread; copied into the run's options at start
 
     mutable std::mutex m_mutex;  // guards everything below
     std::vector<core::Event> m_staged;

@@ -183,3 +183,78 @@ TEST_CASE("RunForm groups precision and profiling, with checkboxes for bool keys
     CHECK(profile->isChecked());
     CHECK(form.spec().profileRepeat == 2);
 }
+
+TEST_CASE("RunForm Distributed group: processes, buckets and compression", "[widgets][form][distributed]") {
+    RunForm form;
+    form.resize(360, 900);
+    form.show();
+
+    auto* group = form.findChild<QGroupBox*>("distributedGroup");
+    REQUIRE(group != nullptr);
+    for (const char* key : {"nproc", "bucket_mb", "compress", "error_feedback", "compress_chunk", "stochastic_rounding"}) {
+        INFO(key);
+        REQUIRE(form.hasField(QString::fromLatin1(key)));
+        CHECK(group->isAncestorOf(form.fieldWidget(QString::fromLatin1(key))));
+    }
+    REQUIRE(form.isValid());
+
+    // Processes and bucket size are checked as typed, by core's rules.
+    auto* nproc = qobject_cast<QLineEdit*>(form.fieldWidget("nproc"));
+    REQUIRE(nproc != nullptr);
+    nproc->selectAll();
+    QTest::keyClicks(nproc, "0");
+    CHECK_FALSE(form.isValid());
+    CHECK_FALSE(form.startButton()->isEnabled());
+    CHECK(form.fieldError("nproc").contains("nproc"));
+    CHECK(form.errorText().contains("nproc"));
+    nproc->selectAll();
+    QTest::keyClicks(nproc, "2");
+    CHECK(form.fieldError("nproc").isEmpty());
+    form.setFieldText("bucket_mb", "-1");
+    CHECK(form.fieldError("bucket_mb").contains("bucket_mb"));
+    form.setFieldText("bucket_mb", "4.5");
+    REQUIRE(form.isValid());
+
+    // Quantizer settings apply only to int8/int4.
+    for (const char* codec : {"none", "fp16", "bf16"}) {
+        form.setFieldText("compress", codec);
+        INFO(codec);
+        CHECK_FALSE(form.isFieldActive("compress_chunk"));
+        CHECK_FALSE(form.fieldWidget("error_feedback")->isEnabled());
+        CHECK_FALSE(form.fieldWidget("stochastic_rounding")->isEnabled());
+    }
+    // A bad chunk behind a greyed field neither blocks Start nor reaches the spec.
+    form.setFieldText("compress", "int8");
+    form.setFieldText("compress_chunk", "13");
+    CHECK_FALSE(form.isValid());
+    CHECK(form.errorText().contains("compress_chunk"));
+    form.setFieldText("compress", "bf16");
+    CHECK(form.isValid());
+    CHECK(form.spec().compressChunk == lathe::core::RunSpec{}.compressChunk);
+
+    form.setFieldText("compress", "int4");
+    CHECK(form.isFieldActive("compress_chunk"));
+    CHECK(form.fieldWidget("error_feedback")->isEnabled());
+    CHECK(form.fieldWidget("stochastic_rounding")->isEnabled());
+    CHECK_FALSE(form.isValid());  // 13 is active again
+    form.setFieldText("compress_chunk", "1024");
+    form.setFieldText("error_feedback", "off");
+    form.setFieldText("stochastic_rounding", "true");
+    REQUIRE(form.isValid());
+
+    const auto spec = form.spec();
+    CHECK(spec.nproc == 2);
+    CHECK(spec.bucketMb == Approx(4.5));
+    CHECK(spec.compress == "int4");
+    CHECK(spec.errorFeedback == "off");
+    CHECK(spec.compressChunk == 1024);
+    CHECK(spec.stochasticRounding);
+    form.grab().save(lathe::test::outputPath("run_form_distributed.png"));
+
+    lathe::core::RunSpec other;
+    other.nproc = 4;
+    other.compress = "none";
+    form.setSpec(other);
+    CHECK(form.fieldText("nproc") == "4");
+    CHECK_FALSE(form.isFieldActive("stochastic_rounding"));
+}

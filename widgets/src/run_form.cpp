@@ -39,6 +39,21 @@ const char* const kPrecisionKeys[] = {"precision",
                                       "profile_active",
                                       "profile_repeat"};
 
+// Data-parallel training: the world size, the reducer's bucket size and how gradients are
+// compressed on the wire. Chunk, error feedback and stochastic rounding only apply to the
+// quantizing codecs (int8/int4).
+const char* const kDistributedKeys[] = {"nproc",          "bucket_mb",      "compress",
+                                        "error_feedback", "compress_chunk", "stochastic_rounding"};
+
+bool isQuantizerKey(const std::string& key) {
+    return key == "error_feedback" || key == "compress_chunk" || key == "stochastic_rounding";
+}
+
+bool isDistributedKey(const std::string& key) {
+    return std::any_of(std::begin(kDistributedKeys), std::end(kDistributedKeys),
+                       [&](const char* k) { return key == k; });
+}
+
 bool isPrimary(const std::string& key) {
     return std::any_of(std::begin(kPrimaryKeys), std::end(kPrimaryKeys),
                        [&](const char* k) { return key == k; });
@@ -67,6 +82,10 @@ QString labelFor(const std::string& key) {
     s.replace(QLatin1Char('_'), QLatin1Char(' '));
     if (s == QLatin1String("lr")) return QStringLiteral("learning rate");
     if (s == QLatin1String("hidden")) return QStringLiteral("hidden widths");
+    if (s == QLatin1String("nproc")) return QStringLiteral("processes");
+    if (s == QLatin1String("bucket mb")) return QStringLiteral("bucket size (MB)");
+    if (s == QLatin1String("compress")) return QStringLiteral("compression");
+    if (s == QLatin1String("compress chunk")) return QStringLiteral("chunk (elements)");
     return s;
 }
 
@@ -103,6 +122,21 @@ RunForm::RunForm(QWidget* parent) : QWidget(parent) {
     else
         precisionBox->hide();
 
+    auto* distributedBox = new QGroupBox(tr("Distributed"), this);
+    distributedBox->setObjectName(QStringLiteral("distributedGroup"));
+    distributedBox->setToolTip(tr("Data-parallel training over local worker processes (lathectl worker)"));
+    auto* distributedLayout = new QFormLayout(distributedBox);
+    distributedLayout->setFieldGrowthPolicy(QFormLayout::AllNonFixedFieldsGrow);
+    for (const char* name : kDistributedKeys) {
+        auto it =
+            std::find_if(keys.begin(), keys.end(), [&](const core::SpecKey& k) { return k.name == name; });
+        if (it != keys.end()) addField(distributedLayout, *it, defaults);
+    }
+    if (distributedLayout->rowCount() > 0)
+        outer->addWidget(distributedBox);
+    else
+        distributedBox->hide();
+
     // Advanced keys: everything else the spec table knows, so a new core key shows up here
     // without a GUI change.
     auto* toggle = new QToolButton(this);
@@ -116,7 +150,7 @@ RunForm::RunForm(QWidget* parent) : QWidget(parent) {
     advancedLayout->setContentsMargins(0, 0, 0, 0);
     advancedLayout->setFieldGrowthPolicy(QFormLayout::AllNonFixedFieldsGrow);
     for (const auto& k : keys)
-        if (!isPrimary(k.name) && !isPrecisionKey(k.name)) addField(advancedLayout, k, defaults);
+        if (!isPrimary(k.name) && !isPrecisionKey(k.name) && !isDistributedKey(k.name)) addField(advancedLayout, k, defaults);
     advanced->setVisible(false);
     connect(toggle, &QToolButton::toggled, this, [toggle, advanced](bool on) {
         toggle->setArrowType(on ? Qt::DownArrow : Qt::RightArrow);
@@ -240,6 +274,9 @@ core::RunSpec RunForm::spec() const {
     for (const auto& f : m_fields) {
         const QString text = textOf(f);
         if (f.key.name == "name" && text.isEmpty()) continue;  // empty name = core generates one
+        // A greyed quantizer field has no effect and is not validated: keep the default so a
+        // half-typed chunk never fails the cross-field checks of an uncompressed run.
+        if (f.inactive && isQuantizerKey(f.key.name)) continue;
         try {
             core::setSpecValue(s, f.key.name, text.toStdString());
         } catch (const std::exception&) {
@@ -329,9 +366,12 @@ void RunForm::updateDependentFields() {
     } catch (const std::exception&) {
         dynamicScale = true;  // while the mode does not parse, leave its parameters editable
     }
+    const QString codec = fieldText(QStringLiteral("compress"));
+    const bool quantizing = codec == QLatin1String("int8") || codec == QLatin1String("int4");
     for (auto& f : m_fields) {
         bool inactive = false;
         if (startsWith(f.key.name, "profile_")) inactive = !profiling;
+        if (isQuantizerKey(f.key.name)) inactive = !quantizing;
         if (startsWith(f.key.name, "loss_scale_")) inactive = !dynamicScale;
         if (inactive != f.inactive) {
             f.inactive = inactive;
@@ -346,7 +386,9 @@ void RunForm::applyEnabled(Field& f) {
 }
 
 void RunForm::revalidate() {
-    if (hasField(QStringLiteral("profile")) || hasField(QStringLiteral("loss_scale"))) updateDependentFields();
+    if (hasField(QStringLiteral("profile")) || hasField(QStringLiteral("loss_scale")) ||
+        hasField(QStringLiteral("compress")))
+        updateDependentFields();
     QStringList messages;
     for (auto& f : m_fields) {
         const QString text = textOf(f);

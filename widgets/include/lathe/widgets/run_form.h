@@ -39,7 +39,8 @@ public:
     QString fieldError(const QString& key) const;
     QWidget* fieldWidget(const QString& key) const;
     /// False for a field that does not apply (profile schedule with Profile off, dynamic
-    /// loss-scale parameters with another mode); such fields are greyed and not validated.
+    /// loss-scale parameters with another mode, chunk / error feedback / stochastic rounding
+    /// without int8/int4 compression); such fields are greyed and not validated.
     bool isFieldActive(const QString& key) const;
     /// All messages currently shown under the form.
     QString errorText() const;

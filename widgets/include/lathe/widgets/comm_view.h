@@ -1,0 +1,124 @@
+#pragma once
+// Gradient communication of one data-parallel run, per step and per rank: the time spent
+// exchanging gradients (comm/ms), the share of it hidden under backward (comm/overlap, 0..1),
+// and the bytes each rank put on the wire with the compression ratio beside them. Three axis
+// rects share one linked step axis; each rank has one colour across all of them (rank 0's
+// figures are the plain `comm/*` keys, rank N's are `rankN/comm/*`). Live points are staged
+// and moved into the graphs by a ~40 ms timer with one queued replot, like LossScaleView.
+#include <QColor>
+#include <QString>
+#include <QWidget>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lathe/core/events.h"
+#include "lathe/core/store.h"
+
+class QCustomPlot;
+class QCPAxisRect;
+class QCPGraph;
+class QCPItemText;
+class QLabel;
+class QMouseEvent;
+class QTimer;
+
+namespace lathe::widgets {
+
+class CommView : public QWidget {
+    Q_OBJECT
+public:
+    /// The per-step communication figures a rank reports.
+    enum class Metric { Ms = 0, Overlap, BytesSent, CompressionRatio };
+    static constexpr int kMetricCount = 4;
+
+    /// "comm/ms" → (0, Ms); "rank3/comm/overlap" → (3, Overlap); anything else → nullopt.
+    static std::optional<std::pair<int, Metric>> parseKey(const std::string& key);
+    static std::string keyFor(int rank, Metric metric);
+    /// The colour of a rank in every chart of this view.
+    static QColor rankColor(int rank);
+
+    explicit CommView(QWidget* parent = nullptr);
+    ~CommView() override;
+
+    /// Shows one run's history from the store (runId 0: nothing). Live points of this run
+    /// received earlier are merged by step.
+    void showRun(const core::Store& store, int64_t runId);
+    int64_t runId() const { return m_runId; }
+    void clear();
+
+    /// Live events of a running run; comm metrics are staged, others ignored. Points of runs
+    /// that are not shown are remembered for when they are selected.
+    void onEvents(int64_t runId, const std::vector<core::Event>& events);
+    void forgetLive(int64_t runId);
+
+    // For tests and the status line.
+    int rankCount() const { return int(m_ranks.size()); }
+    std::vector<int> ranks() const;
+    int graphCount() const;  // graphs holding data
+    int pointCount(int rank, Metric metric) const;
+    QCPGraph* graph(int rank, Metric metric) const;
+    bool hasCommData() const;
+    /// The placeholder text shown over the charts; empty when data is shown.
+    QString placeholderText() const;
+    QString summaryText() const;
+    int stagedCount() const { return m_stagedCount; }
+    int flushCount() const { return m_flushCount; }
+    int replotCount() const { return m_replotCount; }
+
+    QCustomPlot* plot() const { return m_plot; }
+    QCPAxisRect* msRect() const { return m_msRect; }
+    QCPAxisRect* overlapRect() const { return m_overlapRect; }
+    QCPAxisRect* bytesRect() const { return m_bytesRect; }
+
+    void setFlushInterval(int ms);
+    bool savePng(const QString& path, int width = 0, int height = 0, double scale = 1.0);
+    bool savePdf(const QString& path, int width = 0, int height = 0);
+
+    /// Shows the tooltip for the step nearest to `pos` (plot pixels); returns its text.
+    QString hoverAt(const QPointF& pos);
+
+public Q_SLOTS:
+    void flushStaged();
+    void rescale();
+    void exportDialog();
+
+Q_SIGNALS:
+    void flushed(int points);
+
+private:
+    struct RankGraphs {
+        QCPGraph* graphs[kMetricCount] = {};
+    };
+    RankGraphs& ensureRank(int rank);
+    void addPoints(int rank, Metric metric, const std::vector<core::MetricPoint>& points);
+    void applyAutoRange();
+    void updateHint();
+    void onMouseMove(QMouseEvent* event);
+
+    QCustomPlot* m_plot = nullptr;
+    QCPAxisRect* m_msRect = nullptr;
+    QCPAxisRect* m_overlapRect = nullptr;
+    QCPAxisRect* m_bytesRect = nullptr;
+    QCPItemText* m_hint = nullptr;
+    QLabel* m_title = nullptr;
+    QLabel* m_summary = nullptr;
+    QTimer* m_flushTimer = nullptr;
+
+    int64_t m_runId = 0;
+    std::map<int, RankGraphs> m_ranks;
+    std::map<std::string, int64_t> m_lastStep;  // per key: live points at or before are loaded
+    std::map<std::string, std::vector<core::MetricPoint>> m_staged;
+    int m_stagedCount = 0;
+    std::map<std::pair<int64_t, std::string>, std::vector<core::MetricPoint>> m_live;
+    int m_flushCount = 0;
+    int m_replotCount = 0;
+    bool m_follow = true;
+    QString m_hoverText;
+};
+
+}  // namespace lathe::widgets

@@ -1,0 +1,554 @@
+#include "lathe/widgets/comm_view.h"
+
+#include <QFileDialog>
+#include <QFileInfo>
+#include <QHBoxLayout>
+#include <QLabel>
+#include <QMenu>
+#include <QMessageBox>
+#include <QMouseEvent>
+#include <QTimer>
+#include <QToolButton>
+#include <QToolTip>
+#include <QVBoxLayout>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "lathe/widgets/qcustomplot_include.h"
+
+namespace lathe::widgets {
+
+namespace {
+
+constexpr int kDefaultFlushMs = 40;
+constexpr double kHoverRadiusPx = 20.0;
+// Bytes are drawn in KiB: the models trained here send kilobytes to megabytes per step, and
+// a KiB axis keeps tick labels short without a unit switch mid-run.
+constexpr double kBytesPerUnit = 1024.0;
+
+const char* const kMetricNames[CommView::kMetricCount] = {"ms", "overlap", "bytes_sent", "compression_ratio"};
+
+int metricIndex(CommView::Metric m) { return static_cast<int>(m); }
+
+QString formatBytes(double b) {
+    if (!std::isfinite(b)) return QStringLiteral("—");
+    if (b >= 1024.0 * 1024.0) return QStringLiteral("%1 MiB").arg(b / (1024.0 * 1024.0), 0, 'f', 2);
+    if (b >= 1024.0) return QStringLiteral("%1 KiB").arg(b / 1024.0, 0, 'f', 1);
+    return QStringLiteral("%1 B").arg(b, 0, 'f', 0);
+}
+
+double meanOf(const QCPGraph* g) {
+    if (!g || g->data()->isEmpty()) return std::numeric_limits<double>::quiet_NaN();
+    double sum = 0;
+    int n = 0;
+    for (auto it = g->data()->constBegin(); it != g->data()->constEnd(); ++it)
+        if (std::isfinite(it->value)) {
+            sum += it->value;
+            ++n;
+        }
+    return n ? sum / n : std::numeric_limits<double>::quiet_NaN();
+}
+
+// The value at exactly `step`, NaN when the graph has none there.
+double valueAt(const QCPGraph* g, double step) {
+    if (!g) return std::numeric_limits<double>::quiet_NaN();
+    auto it = g->data()->findBegin(step, false);
+    if (it == g->data()->constEnd() || it->key != step) return std::numeric_limits<double>::quiet_NaN();
+    return it->value;
+}
+
+}  // namespace
+
+std::optional<std::pair<int, CommView::Metric>> CommView::parseKey(const std::string& key) {
+    int rank = 0;
+    std::string rest = key;
+    if (key.rfind("rank", 0) == 0) {
+        const size_t slash = key.find('/');
+        if (slash == std::string::npos || slash == 4) return std::nullopt;
+        const std::string digits = key.substr(4, slash - 4);
+        if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
+            digits.size() > 6)
+            return std::nullopt;
+        rank = std::stoi(digits);
+        rest = key.substr(slash + 1);
+    }
+    if (rest.rfind("comm/", 0) != 0) return std::nullopt;
+    const std::string name = rest.substr(5);
+    for (int i = 0; i < kMetricCount; ++i)
+        if (name == kMetricNames[i]) return std::make_pair(rank, static_cast<Metric>(i));
+    return std::nullopt;
+}
+
+std::string CommView::keyFor(int rank, Metric metric) {
+    std::string k = std::string("comm/") + kMetricNames[metricIndex(metric)];
+    return rank == 0 ? k : "rank" + std::to_string(rank) + "/" + k;
+}
+
+QColor CommView::rankColor(int rank) {
+    // Tableau 10: distinct on screen and in print; beyond ten ranks hues repeat darker.
+    static const QColor palette[] = {{0x1f, 0x77, 0xb4}, {0xff, 0x7f, 0x0e}, {0x2c, 0xa0, 0x2c}, {0xd6, 0x27, 0x28},
+                                     {0x94, 0x67, 0xbd}, {0x8c, 0x56, 0x4b}, {0xe3, 0x77, 0xc2}, {0x7f, 0x7f, 0x7f},
+                                     {0xbc, 0xbd, 0x22}, {0x17, 0xbe, 0xcf}};
+    const int n = int(std::size(palette));
+    const QColor c = palette[rank % n];
+    return rank < n ? c : c.darker(100 + 30 * (rank / n));
+}
+
+CommView::CommView(QWidget* parent) : QWidget(parent) {
+    auto* layout = new QVBoxLayout(this);
+    layout->setContentsMargins(0, 0, 0, 0);
+    layout->setSpacing(0);
+
+    auto* header = new QHBoxLayout;
+    header->setContentsMargins(6, 2, 2, 0);
+    m_title = new QLabel(tr("<b>Communication</b>"), this);
+    m_summary = new QLabel(this);
+    m_summary->setObjectName(QStringLiteral("commSummary"));
+    m_summary->setStyleSheet(QStringLiteral("color: #606060;"));
+    auto* fit = new QToolButton(this);
+    fit->setText(tr("Fit"));
+    fit->setToolTip(tr("Fit the axes to the data and follow new points (or double-click the chart)"));
+    fit->setAutoRaise(true);
+    auto* exportButton = new QToolButton(this);
+    exportButton->setText(tr("Export…"));
+    exportButton->setToolTip(tr("Save these charts as PNG or PDF"));
+    exportButton->setAutoRaise(true);
+    header->addWidget(m_title);
+    header->addSpacing(12);
+    header->addWidget(m_summary, 1);
+    header->addWidget(fit);
+    header->addWidget(exportButton);
+    layout->addLayout(header);
+
+    m_plot = new QCustomPlot(this);
+    m_plot->setObjectName(QStringLiteral("commPlot"));
+    m_plot->setMinimumSize(240, 260);
+    m_plot->setMouseTracking(true);
+    m_plot->setInteractions(QCP::iRangeDrag | QCP::iRangeZoom);
+    m_plot->setContextMenuPolicy(Qt::CustomContextMenu);
+    layout->addWidget(m_plot, 1);
+
+    // Top: communication time per step. Bottom two: overlap share and bytes on the wire.
+    m_msRect = m_plot->axisRect();
+    m_overlapRect = new QCPAxisRect(m_plot);
+    m_bytesRect = new QCPAxisRect(m_plot);
+    m_plot->plotLayout()->addElement(1, 0, m_overlapRect);
+    m_plot->plotLayout()->addElement(2, 0, m_bytesRect);
+    m_plot->plotLayout()->setRowStretchFactor(0, 3);
+    m_plot->plotLayout()->setRowStretchFactor(1, 2);
+    m_plot->plotLayout()->setRowStretchFactor(2, 2);
+    m_plot->plotLayout()->setRowSpacing(4);
+    auto* margins = new QCPMarginGroup(m_plot);
+    QCPAxis* steps[] = {m_msRect->axis(QCPAxis::atBottom), m_overlapRect->axis(QCPAxis::atBottom),
+                        m_bytesRect->axis(QCPAxis::atBottom)};
+    for (QCPAxisRect* r : {m_msRect, m_overlapRect, m_bytesRect}) {
+        r->setMarginGroup(QCP::msLeft | QCP::msRight, margins);
+        // Drag and wheel act on the step axis only: the value axes are fitted.
+        r->setRangeDrag(Qt::Horizontal);
+        r->setRangeZoom(Qt::Horizontal);
+    }
+    // The right axis of every rect is shown so the margins line up with the bytes rect, whose
+    // right axis carries the compression ratio.
+    m_msRect->axis(QCPAxis::atRight)->setVisible(true);
+    m_msRect->axis(QCPAxis::atRight)->setTickLabels(false);
+    m_overlapRect->axis(QCPAxis::atRight)->setVisible(true);
+    m_overlapRect->axis(QCPAxis::atRight)->setTickLabels(false);
+    steps[0]->setTickLabels(false);
+    steps[1]->setTickLabels(false);
+    steps[2]->setLabel(tr("step"));
+    // Linked step axes: a change on any is copied to the others (setRange with an equal range
+    // emits nothing, so this does not loop).
+    for (QCPAxis* from : steps)
+        for (QCPAxis* to : steps)
+            if (from != to)
+                connect(from, qOverload<const QCPRange&>(&QCPAxis::rangeChanged), to,
+                        qOverload<const QCPRange&>(&QCPAxis::setRange));
+
+    m_msRect->axis(QCPAxis::atLeft)->setLabel(tr("comm ms / step"));
+    QCPAxis* overlapY = m_overlapRect->axis(QCPAxis::atLeft);
+    overlapY->setLabel(tr("overlap"));
+    overlapY->setRange(0, 1.05);
+    QSharedPointer<QCPAxisTickerFixed> share(new QCPAxisTickerFixed);
+    share->setTickStep(0.25);
+    overlapY->setTicker(share);
+    m_bytesRect->axis(QCPAxis::atLeft)->setLabel(tr("KiB sent / step"));
+    QCPAxis* ratioY = m_bytesRect->axis(QCPAxis::atRight);
+    ratioY->setVisible(true);
+    ratioY->setLabel(tr("compression ×  (dashed)"));
+
+    m_plot->legend->setVisible(true);
+    QFont legendFont = font();
+    legendFont.setPointSizeF(std::max(7.0, legendFont.pointSizeF() - 1.0));
+    m_plot->legend->setFont(legendFont);
+    m_plot->legend->setBrush(QColor(255, 255, 255, 215));
+    m_plot->legend->setBorderPen(QPen(QColor(0xbb, 0xbb, 0xbb)));
+    m_msRect->insetLayout()->setInsetAlignment(0, Qt::AlignTop | Qt::AlignRight);
+
+    m_hint = new QCPItemText(m_plot);
+    m_hint->setClipAxisRect(m_overlapRect);
+    m_hint->position->setAxisRect(m_overlapRect);
+    m_hint->position->setType(QCPItemPosition::ptAxisRectRatio);
+    m_hint->position->setCoords(0.5, 0.5);
+    m_hint->setColor(QColor(0x70, 0x70, 0x70));
+    QFont hintFont = font();
+    hintFont.setPointSizeF(hintFont.pointSizeF() + 1.0);
+    m_hint->setFont(hintFont);
+    m_hint->setClipToAxisRect(false);
+
+    m_flushTimer = new QTimer(this);
+    m_flushTimer->setSingleShot(true);
+    m_flushTimer->setInterval(kDefaultFlushMs);
+    connect(m_flushTimer, &QTimer::timeout, this, &CommView::flushStaged);
+    connect(m_plot, &QCustomPlot::afterReplot, this, [this] { ++m_replotCount; });
+    connect(m_plot, &QCustomPlot::mouseMove, this, &CommView::onMouseMove);
+    connect(m_plot, &QCustomPlot::mouseWheel, this, [this](QWheelEvent*) { m_follow = false; });
+    connect(m_plot, &QCustomPlot::mouseDoubleClick, this, [this](QMouseEvent*) { rescale(); });
+    connect(m_plot, &QWidget::customContextMenuRequested, this, [this](const QPoint& pos) {
+        QMenu menu(this);
+        menu.addAction(tr("Fit to data"), this, &CommView::rescale);
+        menu.addSeparator();
+        menu.addAction(tr("Export PNG/PDF…"), this, &CommView::exportDialog);
+        menu.exec(m_plot->mapToGlobal(pos));
+    });
+    connect(fit, &QToolButton::clicked, this, &CommView::rescale);
+    connect(exportButton, &QToolButton::clicked, this, &CommView::exportDialog);
+    updateHint();
+}
+
+CommView::~CommView() = default;
+
+CommView::RankGraphs& CommView::ensureRank(int rank) {
+    auto it = m_ranks.find(rank);
+    if (it != m_ranks.end()) return it->second;
+    RankGraphs g;
+    const QColor color = rankColor(rank);
+    const QString name = tr("rank %1").arg(rank);
+    g.graphs[metricIndex(Metric::Ms)] =
+        m_plot->addGraph(m_msRect->axis(QCPAxis::atBottom), m_msRect->axis(QCPAxis::atLeft));
+    g.graphs[metricIndex(Metric::Overlap)] =
+        m_plot->addGraph(m_overlapRect->axis(QCPAxis::atBottom), m_overlapRect->axis(QCPAxis::atLeft));
+    g.graphs[metricIndex(Metric::BytesSent)] =
+        m_plot->addGraph(m_bytesRect->axis(QCPAxis::atBottom), m_bytesRect->axis(QCPAxis::atLeft));
+    g.graphs[metricIndex(Metric::CompressionRatio)] =
+        m_plot->addGraph(m_bytesRect->axis(QCPAxis::atBottom), m_bytesRect->axis(QCPAxis::atRight));
+    for (int i = 0; i < kMetricCount; ++i) {
+        QCPGraph* graph = g.graphs[i];
+        graph->setName(name);
+        graph->setAdaptiveSampling(true);
+        QPen pen(color, 1.3);
+        if (static_cast<Metric>(i) == Metric::CompressionRatio) {
+            pen.setStyle(Qt::DashLine);
+            graph->setLineStyle(QCPGraph::lsStepLeft);  // the ratio is piecewise constant
+        }
+        graph->setPen(pen);
+        // One legend entry per rank (the colour is the rank everywhere).
+        if (i != metricIndex(Metric::Ms)) graph->removeFromLegend();
+    }
+    return m_ranks.emplace(rank, g).first->second;
+}
+
+std::vector<int> CommView::ranks() const {
+    std::vector<int> out;
+    for (const auto& [rank, g] : m_ranks) out.push_back(rank);
+    return out;
+}
+
+QCPGraph* CommView::graph(int rank, Metric metric) const {
+    auto it = m_ranks.find(rank);
+    return it == m_ranks.end() ? nullptr : it->second.graphs[metricIndex(metric)];
+}
+
+int CommView::pointCount(int rank, Metric metric) const {
+    QCPGraph* g = graph(rank, metric);
+    return g ? g->data()->size() : 0;
+}
+
+int CommView::graphCount() const {
+    int n = 0;
+    for (const auto& [rank, g] : m_ranks)
+        for (QCPGraph* graph : g.graphs)
+            if (!graph->data()->isEmpty()) ++n;
+    return n;
+}
+
+bool CommView::hasCommData() const { return graphCount() > 0; }
+
+QString CommView::placeholderText() const { return m_hint->visible() ? m_hint->text() : QString(); }
+
+QString CommView::summaryText() const { return m_summary->text(); }
+
+void CommView::clear() {
+    m_runId = 0;
+    // Graphs are per rank and the next run may have another world size: drop them.
+    for (auto& [rank, g] : m_ranks)
+        for (QCPGraph* graph : g.graphs) m_plot->removeGraph(graph);
+    m_ranks.clear();
+    m_lastStep.clear();
+    m_staged.clear();
+    m_stagedCount = 0;
+    m_follow = true;
+    m_hoverText.clear();
+    // Neutral ranges, so a placeholder never sits on the previous run's scales.
+    m_msRect->axis(QCPAxis::atBottom)->setRange(0, 10);
+    m_msRect->axis(QCPAxis::atLeft)->setRange(0, 1);
+    m_bytesRect->axis(QCPAxis::atLeft)->setRange(0, 1);
+    m_bytesRect->axis(QCPAxis::atRight)->setRange(0, 1);
+    m_title->setText(tr("<b>Communication</b>"));
+    updateHint();
+    m_plot->replot(QCustomPlot::rpQueuedReplot);
+}
+
+void CommView::showRun(const core::Store& store, int64_t runId) {
+    clear();
+    m_runId = runId;
+    if (runId <= 0) return;
+    m_title->setText(tr("<b>Communication · run %1</b>").arg(runId));
+    std::vector<std::string> keys;
+    for (const auto& key : store.metricKeys(runId))
+        if (parseKey(key)) keys.push_back(key);
+    // Live keys the store writer has not committed a first point of yet.
+    for (const auto& [k, points] : m_live)
+        if (k.first == runId && std::find(keys.begin(), keys.end(), k.second) == keys.end()) keys.push_back(k.second);
+    for (const auto& key : keys) {
+        const auto parsed = parseKey(key);
+        std::vector<core::MetricPoint> points = store.metrics(runId, key);
+        auto live = m_live.find({runId, key});
+        if (live != m_live.end()) {
+            const int64_t last = points.empty() ? std::numeric_limits<int64_t>::min() : points.back().step;
+            for (const auto& p : live->second)
+                if (p.step > last) points.push_back(p);
+        }
+        addPoints(parsed->first, parsed->second, points);
+        m_lastStep[key] = points.empty() ? std::numeric_limits<int64_t>::min() : points.back().step;
+    }
+    if (m_follow) applyAutoRange();
+    updateHint();
+    m_plot->replot(QCustomPlot::rpQueuedReplot);
+}
+
+void CommView::addPoints(int rank, Metric metric, const std::vector<core::MetricPoint>& points) {
+    if (points.empty()) return;
+    QVector<double> keys, values;
+    keys.reserve(qsizetype(points.size()));
+    values.reserve(qsizetype(points.size()));
+    const double div = metric == Metric::BytesSent ? kBytesPerUnit : 1.0;
+    for (const auto& p : points) {
+        keys << double(p.step);
+        values << (std::isfinite(p.value) ? p.value / div : std::numeric_limits<double>::quiet_NaN());
+    }
+    ensureRank(rank).graphs[metricIndex(metric)]->addData(keys, values, true);
+}
+
+void CommView::onEvents(int64_t runId, const std::vector<core::Event>& events) {
+    for (const auto& e : events) {
+        if (e.type != core::Event::Type::Metric || !parseKey(e.key)) continue;
+        core::MetricPoint p;
+        p.step = e.step;
+        p.value = e.value;
+        p.wallTime = e.wallTime;
+        m_live[{runId, e.key}].push_back(p);
+        if (runId != m_runId) continue;
+        auto [it, inserted] = m_lastStep.try_emplace(e.key, std::numeric_limits<int64_t>::min());
+        if (p.step <= it->second) continue;  // already loaded from the store
+        it->second = p.step;
+        m_staged[e.key].push_back(p);
+        ++m_stagedCount;
+    }
+    if (m_stagedCount > 0 && !m_flushTimer->isActive()) m_flushTimer->start();
+}
+
+void CommView::forgetLive(int64_t runId) {
+    for (auto it = m_live.begin(); it != m_live.end();) {
+        if (it->first.first == runId)
+            it = m_live.erase(it);
+        else
+            ++it;
+    }
+}
+
+void CommView::flushStaged() {
+    m_flushTimer->stop();
+    if (m_stagedCount == 0) return;
+    const int moved = m_stagedCount;
+    for (auto& [key, points] : m_staged) {
+        const auto parsed = parseKey(key);
+        addPoints(parsed->first, parsed->second, points);
+    }
+    m_staged.clear();
+    m_stagedCount = 0;
+    ++m_flushCount;
+    if (m_follow) applyAutoRange();
+    updateHint();
+    m_plot->replot(QCustomPlot::rpQueuedReplot);
+    Q_EMIT flushed(moved);
+}
+
+void CommView::setFlushInterval(int ms) { m_flushTimer->setInterval(ms); }
+
+void CommView::applyAutoRange() {
+    bool found = false;
+    QCPRange keys;
+    auto valueRange = [this](Metric m, bool& any) {
+        QCPRange out;
+        any = false;
+        for (const auto& [rank, g] : m_ranks) {
+            bool ok = false;
+            const QCPRange r = g.graphs[metricIndex(m)]->getValueRange(ok, QCP::sdBoth);
+            if (!ok) continue;
+            out = any ? QCPRange(std::min(out.lower, r.lower), std::max(out.upper, r.upper)) : r;
+            any = true;
+        }
+        return out;
+    };
+    for (const auto& [rank, g] : m_ranks)
+        for (QCPGraph* graph : g.graphs) {
+            bool ok = false;
+            const QCPRange r = graph->getKeyRange(ok);
+            if (!ok) continue;
+            keys = found ? QCPRange(std::min(keys.lower, r.lower), std::max(keys.upper, r.upper)) : r;
+            found = true;
+        }
+    if (!found) return;
+    const double pad = std::max(1.0, keys.size() * 0.02);
+    m_msRect->axis(QCPAxis::atBottom)->setRange(keys.lower - pad, keys.upper + pad);
+
+    // Times, bytes and ratios start at zero so ranks compare by height.
+    bool ok = false;
+    QCPRange r = valueRange(Metric::Ms, ok);
+    if (ok) m_msRect->axis(QCPAxis::atLeft)->setRange(0, r.upper > 0 ? r.upper * 1.1 : 1.0);
+    r = valueRange(Metric::BytesSent, ok);
+    if (ok) m_bytesRect->axis(QCPAxis::atLeft)->setRange(0, r.upper > 0 ? r.upper * 1.15 : 1.0);
+    r = valueRange(Metric::CompressionRatio, ok);
+    if (ok) m_bytesRect->axis(QCPAxis::atRight)->setRange(0, std::max(1.0, r.upper) * 1.7);
+    m_overlapRect->axis(QCPAxis::atLeft)->setRange(0, 1.05);
+}
+
+void CommView::rescale() {
+    m_follow = true;
+    applyAutoRange();
+    m_plot->replot(QCustomPlot::rpQueuedReplot);
+}
+
+void CommView::updateHint() {
+    QString hint;
+    if (m_runId <= 0)
+        hint = tr("No run selected");
+    else if (!hasCommData())
+        hint = tr("Run %1 ran in one process — no gradient communication to show.\n"
+                  "Set Processes > 1 (Distributed) to train data-parallel.")
+                   .arg(m_runId);
+    m_hint->setText(hint);
+    m_hint->setVisible(!hint.isEmpty());
+    m_plot->legend->setVisible(hint.isEmpty());
+
+    QString summary;
+    if (hasCommData()) {
+        // Means over all ranks: what an engineer compares between runs.
+        double ms = 0, overlap = 0, bytes = 0;
+        int nMs = 0, nOverlap = 0, nBytes = 0;
+        double ratio = std::numeric_limits<double>::quiet_NaN();
+        for (const auto& [rank, g] : m_ranks) {
+            const double m = meanOf(g.graphs[metricIndex(Metric::Ms)]);
+            const double o = meanOf(g.graphs[metricIndex(Metric::Overlap)]);
+            const double b = meanOf(g.graphs[metricIndex(Metric::BytesSent)]);
+            if (std::isfinite(m)) ms += m, ++nMs;
+            if (std::isfinite(o)) overlap += o, ++nOverlap;
+            if (std::isfinite(b)) bytes += b, ++nBytes;
+            const QCPGraph* rg = g.graphs[metricIndex(Metric::CompressionRatio)];
+            if (rank == m_ranks.begin()->first && !rg->data()->isEmpty())
+                ratio = (rg->data()->constEnd() - 1)->value;
+        }
+        QStringList parts;
+        parts << (m_ranks.size() == 1 ? tr("1 rank") : tr("%1 ranks").arg(m_ranks.size()));
+        if (nMs) parts << tr("comm %1 ms/step").arg(ms / nMs, 0, 'f', 2);
+        if (nOverlap) parts << tr("%1% hidden").arg(100.0 * overlap / nOverlap, 0, 'f', 0);
+        if (nBytes) parts << tr("%1/step").arg(formatBytes(bytes / nBytes * kBytesPerUnit));
+        if (std::isfinite(ratio)) parts << tr("%1× smaller than fp32").arg(ratio, 0, 'f', 2);
+        summary = parts.join(QStringLiteral(" · "));
+    }
+    m_summary->setText(summary);
+}
+
+void CommView::onMouseMove(QMouseEvent* event) {
+    if (event->buttons() != Qt::NoButton) {
+        m_follow = false;  // panning
+        return;
+    }
+    hoverAt(event->position());
+}
+
+QString CommView::hoverAt(const QPointF& pos) {
+    QString text;
+    QCPAxisRect* rect = nullptr;
+    for (QCPAxisRect* r : {m_msRect, m_overlapRect, m_bytesRect})
+        if (r->rect().contains(pos.toPoint())) rect = r;
+    if (rect && !m_ranks.empty()) {
+        QCPAxis* x = rect->axis(QCPAxis::atBottom);
+        const double key = x->pixelToCoord(pos.x());
+        // The nearest step any rank reported.
+        double best = std::numeric_limits<double>::quiet_NaN();
+        double bestDist = kHoverRadiusPx;
+        for (const auto& [rank, g] : m_ranks)
+            for (QCPGraph* graph : g.graphs) {
+                if (graph->data()->isEmpty()) continue;
+                auto it = graph->data()->findBegin(key, false);
+                for (auto c : {it, it == graph->data()->constBegin() ? graph->data()->constEnd() : it - 1}) {
+                    if (c == graph->data()->constEnd()) continue;
+                    const double d = std::abs(x->coordToPixel(c->key) - pos.x());
+                    if (d <= bestDist) {
+                        bestDist = d;
+                        best = c->key;
+                    }
+                }
+            }
+        if (std::isfinite(best)) {
+            text = tr("run %1 · step %2").arg(m_runId).arg(qint64(best));
+            for (const auto& [rank, g] : m_ranks) {
+                const double ms = valueAt(g.graphs[metricIndex(Metric::Ms)], best);
+                const double ov = valueAt(g.graphs[metricIndex(Metric::Overlap)], best);
+                const double kb = valueAt(g.graphs[metricIndex(Metric::BytesSent)], best);
+                const double cr = valueAt(g.graphs[metricIndex(Metric::CompressionRatio)], best);
+                text += tr("\nrank %1: %2 ms · %3% hidden · %4 · %5×")
+                            .arg(rank)
+                            .arg(std::isfinite(ms) ? QString::number(ms, 'f', 3) : QStringLiteral("—"))
+                            .arg(std::isfinite(ov) ? QString::number(100 * ov, 'f', 0) : QStringLiteral("—"))
+                            .arg(formatBytes(kb * kBytesPerUnit))
+                            .arg(std::isfinite(cr) ? QString::number(cr, 'f', 2) : QStringLiteral("—"));
+            }
+        }
+    }
+    if (!text.isEmpty())
+        QToolTip::showText(m_plot->mapToGlobal(pos.toPoint()), text, m_plot);
+    else if (!m_hoverText.isEmpty())
+        QToolTip::hideText();
+    m_hoverText = text;
+    return text;
+}
+
+bool CommView::savePng(const QString& path, int width, int height, double scale) {
+    flushStaged();
+    return m_plot->savePng(path, width, height, scale);
+}
+
+bool CommView::savePdf(const QString& path, int width, int height) {
+    flushStaged();
+    return m_plot->savePdf(path, width, height);
+}
+
+void CommView::exportDialog() {
+    QString selected;
+    QString path = QFileDialog::getSaveFileName(
+        this, tr("Export communication charts"),
+        m_runId ? QStringLiteral("run-%1-communication.png").arg(m_runId) : QStringLiteral("communication.png"),
+        tr("PNG image (*.png);;PDF document (*.pdf)"), &selected);
+    if (path.isEmpty()) return;
+    if (QFileInfo(path).suffix().isEmpty())
+        path += selected.contains(QLatin1String("pdf")) ? QStringLiteral(".pdf") : QStringLiteral(".png");
+    const bool pdf = QFileInfo(path).suffix().compare(QLatin1String("pdf"), Qt::CaseInsensitive) == 0;
+    const bool ok = pdf ? savePdf(path) : savePng(path, 0, 0, 2.0);
+    if (!ok) QMessageBox::warning(this, tr("Export failed"), tr("Could not write %1.").arg(path));
+}
+
+}  // namespace lathe::widgets
