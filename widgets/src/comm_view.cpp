@@ -465,7 +465,9 @@ void CommView::updateHint() {
         if (nMs) parts << tr("comm %1 ms/step").arg(ms / nMs, 0, 'f', 2);
         if (nOverlap) parts << tr("%1% hidden").arg(100.0 * overlap / nOverlap, 0, 'f', 0);
         if (nBytes) parts << tr("%1/step").arg(formatBytes(bytes / nBytes * kBytesPerUnit));
-        if (std::isfinite(ratio)) parts << tr("%1× smaller than fp32").arg(ratio, 0, 'f', 2);
+        if (std::isfinite(ratio))
+            parts << (std::abs(ratio - 1.0) < 0.005 ? tr("uncompressed")
+                                                    : tr("%1× fewer bytes than fp32").arg(ratio, 0, 'f', 2));
         summary = parts.join(QStringLiteral(" · "));
     }
     m_summary->setText(summary);
