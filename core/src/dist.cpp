@@ -1,5 +1,6 @@
 #include "dist.h"
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -15,6 +16,9 @@ using Clock = std::chrono::steady_clock;
 struct DistContext::Impl {
     c10::intrusive_ptr<c10d::Store> store;
     c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+    c10::intrusive_ptr<c10d::ProcessGroupGloo> host;     // hierarchical: this host's ranks
+    c10::intrusive_ptr<c10d::ProcessGroupGloo> leaders;  // hierarchical: one rank per host (leaders only)
+    std::chrono::seconds timeout{60};
 };
 
 DistContext::DistContext(const DistEnv& env) : m_env(env), m_impl(std::make_unique<Impl>()) {
@@ -29,6 +33,7 @@ DistContext::DistContext(const DistEnv& env) : m_env(env), m_impl(std::make_uniq
         m_impl->store = c10::make_intrusive<c10d::TCPStore>(env.masterAddr, opts);
         auto pgOpts = c10d::ProcessGroupGloo::Options::create();
         pgOpts->timeout = timeout;
+        m_impl->timeout = timeout;
         pgOpts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(env.masterAddr));
         m_impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(m_impl->store, env.rank, env.worldSize, pgOpts);
     } catch (const std::exception& ex) {
@@ -40,6 +45,24 @@ DistContext::DistContext(const DistEnv& env) : m_env(env), m_impl(std::make_uniq
 }
 
 DistContext::~DistContext() = default;
+
+void DistContext::initHierarchy(int ranksPerHost) {
+    const int world = m_env.worldSize;
+    if (ranksPerHost <= 0 || world % ranksPerHost != 0)
+        throw ConfigError("`ranks_per_host` " + std::to_string(ranksPerHost) + " must divide the " +
+                          std::to_string(world) + " ranks");
+    m_ranksPerHost = ranksPerHost;
+    auto group = [&](const std::string& prefix, int rank, int size) {
+        auto opts = c10d::ProcessGroupGloo::Options::create();
+        opts->timeout = m_impl->timeout;
+        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(m_env.masterAddr));
+        auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, m_impl->store);
+        return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+    };
+    const int host = m_env.rank / ranksPerHost;
+    m_impl->host = group("lathe/host/" + std::to_string(host), m_env.rank % ranksPerHost, ranksPerHost);
+    if (m_env.rank % ranksPerHost == 0) m_impl->leaders = group("lathe/leaders", host, world / ranksPerHost);
+}
 
 void DistContext::broadcast(std::vector<torch::Tensor>& tensors, int root) {
     c10d::BroadcastOptions o;
@@ -91,8 +114,8 @@ struct Reducer::Impl {
     std::mutex mutex;  // hooks may run on autograd worker threads
 
     void launchReady() {
-        // Compressed exchanges run in finish(): they are several collectives each.
-        if (format != kc::CompressFormat::None) return;
+        // Compressed, hierarchical and ps exchanges run in finish(): they are several collectives each.
+        if (format != kc::CompressFormat::None || compress.strategy != "ring") return;
         // Strictly in bucket order, so every rank issues the same collectives in the same order.
         while (nextToLaunch < buckets.size() && buckets[nextToLaunch].pending == 0) {
             auto& b = buckets[nextToLaunch++];
@@ -210,6 +233,46 @@ struct Reducer::Impl {
         return 2 * (world - 1) * msg;
     }
 
+    // Reduce within the host to its leader, all-reduce among leaders, broadcast within the host.
+    int64_t exchangeHierarchical(Bucket& b) {
+        auto& g = ctx->impl();
+        const int rph = ctx->ranksPerHost(), world = ctx->worldSize();
+        const int64_t bytes = b.buffer.numel() * 4;
+        b.buffer.div_(world);
+        std::vector<at::Tensor> one{b.buffer};
+        c10d::ReduceOptions ro;
+        ro.rootRank = 0;
+        g.host->reduce(one, ro)->wait();
+        int64_t sent = ctx->rank() % rph == 0 ? 0 : bytes;
+        if (g.leaders) {
+            const int hosts = world / rph;
+            g.leaders->allreduce(one)->wait();
+            sent += bytes * 2 * (hosts - 1) / hosts + bytes * (rph - 1);
+        }
+        c10d::BroadcastOptions bo;
+        bo.rootRank = 0;
+        g.host->broadcast(one, bo)->wait();
+        return sent;
+    }
+
+    // Parameter-server style: bucket k is pushed to (reduced on) server rank k mod ps_ranks, which
+    // aggregates it; every rank pulls the aggregate back and applies the same update.
+    int64_t exchangePs(Bucket& b, size_t bucketIndex) {
+        auto& pg = ctx->impl().pg;
+        const int world = ctx->worldSize();
+        const int server = static_cast<int>(bucketIndex % static_cast<size_t>(std::max(1, compress.psRanks)));
+        const int64_t bytes = b.buffer.numel() * 4;
+        b.buffer.div_(world);
+        std::vector<at::Tensor> one{b.buffer};
+        c10d::ReduceOptions ro;
+        ro.rootRank = server;
+        pg->reduce(one, ro)->wait();
+        c10d::BroadcastOptions bo;
+        bo.rootRank = server;
+        pg->broadcast(one, bo)->wait();
+        return ctx->rank() == server ? bytes * (world - 1) : bytes;
+    }
+
     void onGrad(size_t index, const torch::Tensor& grad) {
         std::lock_guard<std::mutex> lk(mutex);
         const auto [bi, slot] = where[index];
@@ -290,13 +353,18 @@ Reducer::Stats Reducer::finish(int64_t step) {
     }
     const int n = d.ctx->worldSize();
     int64_t payload = 0, sent = 0;
-    if (d.format != kc::CompressFormat::None) d.firstLaunch = Clock::now();
+    const bool ring = d.format == kc::CompressFormat::None && d.compress.strategy == "ring";
+    if (!ring) d.firstLaunch = Clock::now();
     for (size_t bi = 0; bi < d.buckets.size(); ++bi) {
         auto& b = d.buckets[bi];
-        if (d.format == kc::CompressFormat::None)
+        if (ring)
             b.work->wait();
-        else
+        else if (d.format != kc::CompressFormat::None)
             sent += d.exchangeCompressed(b, bi, step);
+        else if (d.compress.strategy == "hierarchical")
+            sent += d.exchangeHierarchical(b);
+        else
+            sent += d.exchangePs(b, bi);
         payload += b.buffer.numel() * 4;
         for (size_t slot = 0; slot < b.params.size(); ++slot) {
             auto& p = d.params[b.params[slot]];
@@ -311,8 +379,10 @@ Reducer::Stats Reducer::finish(int64_t step) {
     s.commMs = std::chrono::duration<double, std::milli>(end - d.firstLaunch).count();
     s.exposedMs = std::chrono::duration<double, std::milli>(end - std::max(backwardEnd, d.firstLaunch)).count();
     const int64_t ringBytes = payload * 2 * (n - 1) / n;
-    s.bytesSent = d.format == kc::CompressFormat::None ? ringBytes : sent;
-    s.compressionRatio = s.bytesSent > 0 ? static_cast<double>(ringBytes) / static_cast<double>(s.bytesSent) : 1.0;
+    s.bytesSent = ring ? ringBytes : sent;
+    s.compressionRatio = d.format == kc::CompressFormat::None || s.bytesSent == 0
+                             ? 1.0
+                             : static_cast<double>(ringBytes) / static_cast<double>(s.bytesSent);
     s.buckets = static_cast<int>(d.buckets.size());
     return s;
 }

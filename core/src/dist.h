@@ -26,12 +26,17 @@ public:
     void allreduceSum(torch::Tensor& t);
     /// Whether any rank says yes (all ranks must call it at the same point).
     bool any(bool flag);
+    /// Hierarchical groups: ranks of one host (rank / ranksPerHost), and the hosts' leaders
+    /// (local rank 0). Throws ConfigError when ranksPerHost does not divide the world.
+    void initHierarchy(int ranksPerHost);
+    int ranksPerHost() const { return m_ranksPerHost; }
 
     struct Impl;
     Impl& impl() { return *m_impl; }
 
 private:
     DistEnv m_env;
+    int m_ranksPerHost = 0;
     std::unique_ptr<Impl> m_impl;
 };
 
@@ -41,6 +46,8 @@ private:
 /// while backward continues. Buckets launch in the same order on every rank.
 /// Gradient compression on the wire (see Reducer).
 struct CompressOptions {
+    std::string strategy = "ring";  // ring | hierarchical | ps
+    int psRanks = 1;
     std::string format = "none";  // none | fp16 | bf16 | int8 | int4
     bool errorFeedback = false;
     int64_t chunk = 2048;           // elements per int8/int4 scale

@@ -229,6 +229,12 @@ const std::vector<KeyDef>& keyDefs() {
                 &RunSpec::nproc, 1, 256);
         real("bucket_mb", "gradient all-reduce bucket size in MB, > 0 and <= 1024 (the first bucket is 1 MB)",
              &RunSpec::bucketMb, 0, true, 1024, false);
+        choice("strategy", "gradient exchange: ring (all-reduce), hierarchical (within host, then among hosts) or ps "
+                           "(parameter-server style)",
+               &RunSpec::strategy, {"ring", "hierarchical", "ps"});
+        integer("ranks_per_host", "hierarchical: ranks per host, 0..4096 (0 = LOCAL_WORLD_SIZE)", &RunSpec::ranksPerHost,
+                0, 4096);
+        integer("ps_ranks", "ps: how many ranks (0..N-1) aggregate gradients, 1..4096", &RunSpec::psRanks, 1, 4096);
         choice("compress", "gradient compression on the wire: none, fp16, bf16, int8 or int4", &RunSpec::compress,
                {"none", "fp16", "bf16", "int8", "int4"});
         choice("error_feedback", "keep each step's compression error and add it to the next: auto (on for int8/int4), "
@@ -342,6 +348,14 @@ std::vector<std::string> validate(const RunSpec& spec) {
     }
     if (spec.precision == "fp16" && spec.device == "cpu")
         problems.push_back("`precision` fp16 needs a CUDA GPU (device = cpu); use bf16 on the CPU");
+    if (spec.strategy != "ring" && spec.compress != "none")
+        problems.push_back("`compress` works with strategy = \"ring\" (got strategy " + spec.strategy + ")");
+    if (spec.nproc > 1 && spec.strategy == "ps" && spec.psRanks >= spec.nproc)
+        problems.push_back("`ps_ranks` must be below `nproc` (" + std::to_string(spec.psRanks) + " >= " +
+                           std::to_string(spec.nproc) + ")");
+    if (spec.nproc > 1 && spec.strategy == "hierarchical" && spec.ranksPerHost > 0 && spec.nproc % spec.ranksPerHost != 0)
+        problems.push_back("`ranks_per_host` must divide `nproc` (" + std::to_string(spec.nproc) + " % " +
+                           std::to_string(spec.ranksPerHost) + " != 0)");
     if (spec.compressChunk % 8 != 0)
         problems.push_back("`compress_chunk` must be a multiple of 8 (got " + std::to_string(spec.compressChunk) + ")");
     if (spec.minLr > spec.lr) problems.push_back("`min_lr` must be <= `lr` (" + fmtDouble(spec.minLr) + " > " + fmtDouble(spec.lr) + ")");

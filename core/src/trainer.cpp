@@ -320,6 +320,10 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
             dist->broadcast(p, 0);
         }
         CompressOptions compress;
+        compress.strategy = spec.strategy;
+        compress.psRanks = static_cast<int>(spec.psRanks);
+        if (spec.strategy == "hierarchical")
+            dist->initHierarchy(static_cast<int>(spec.ranksPerHost > 0 ? spec.ranksPerHost : denv.localWorldSize));
         compress.format = spec.compress;
         compress.errorFeedback = spec.errorFeedback == "on" ||
                                  (spec.errorFeedback == "auto" && (spec.compress == "int8" || spec.compress == "int4"));
@@ -327,6 +331,10 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
         compress.stochastic = spec.stochasticRounding;
         compress.seed = static_cast<uint64_t>(spec.seed);
         reducer = std::make_unique<Reducer>(*dist, params, spec.bucketMb, compress);
+        emit(Event::log("info", "gradient exchange: " + spec.strategy +
+                                    (spec.strategy == "hierarchical"
+                                         ? " (" + std::to_string(dist->ranksPerHost()) + " ranks per host)"
+                                         : spec.strategy == "ps" ? " (" + std::to_string(spec.psRanks) + " server ranks)" : "")));
         if (spec.compress != "none")
             emit(Event::log("info", "gradients on the wire: " + spec.compress + (compress.errorFeedback ? " with" : " without") +
                                         " error feedback"));

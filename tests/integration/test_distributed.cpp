@@ -42,12 +42,15 @@ std::vector<int> workerPids(const std::string& configPath) {
 
 }  // namespace
 
-TEST_CASE("2 ranks with batch 32 each follow 1 rank with batch 64 step by step", "[distributed]") {
+TEST_CASE("2 ranks with batch 32 each follow 1 rank with batch 64 step by step, with every strategy", "[distributed]") {
     TempDir dir;
     const auto db = dir.file("l.db");
     const auto one = runShell(lathectl("train --epochs 1 --batch 64 --threads 1 -q --json --db " + db));
     REQUIRE(one.exitCode == 0);
-    const auto two = runShell(lathectl("train --epochs 1 --batch 32 --nproc 2 -q --json --db " + db));
+    const std::string strategy = GENERATE(as<std::string>{}, "ring", "hierarchical --ranks-per-host 1", "ps");
+    INFO("strategy " << strategy);
+    const auto two = runShell(lathectl("train --epochs 1 --batch 32 --nproc 2 -q --json --strategy " + strategy +
+                                       " --db " + db));
     INFO(two.err);
     REQUIRE(two.exitCode == 0);
     const auto a = json::parse(one.out), b = json::parse(two.out);
@@ -65,7 +68,7 @@ TEST_CASE("2 ranks with batch 32 each follow 1 rank with batch 64 step by step",
     CHECK(b.at("train/loss").get<double>() == Approx(a.at("train/loss").get<double>()).epsilon(1e-5));
     // Communication is measured per step, and rank 1's own figures are kept beside rank 0's.
     CHECK(values(store, rb, "comm/bytes_sent").size() == 23);
-    CHECK(values(store, rb, "comm/bytes_sent").front() > 26122 * 4 / 2);  // about the gradient's size
+    CHECK(values(store, rb, "comm/bytes_sent").front() >= 26122 * 4);  // the gradient's size, at least
     CHECK(values(store, rb, "rank1/comm/ms").size() == 23);
     const auto overlap = values(store, rb, "comm/overlap");
     CHECK(*std::min_element(overlap.begin(), overlap.end()) >= 0.0);
