@@ -8,6 +8,11 @@ them, and reports medians and ratios (never a wall-clock threshold):
                  without --activation-checkpointing: activation memory (perf/activation_mb: the
                  heap's growth from a step's start to its peak, steady-state epochs) and step time
                  (perf/step_ms). Target: >= 40% less activation memory for <= 35% more step time.
+  data parallel  the same global batch of 256 on the 784-512-512-10 MLP, one process with two
+                 threads vs two ranks of 128 with one thread each (Gloo over loopback): step time
+                 and samples/s. On a 2-core machine the
+                 ranks share the cores, so this measures the distributed machinery's cost rather
+                 than a speed-up.
   profiler       a 784-512-512-10 MLP, batch 128, on a synthetic MNIST-shaped IDX set: no profiler
                  (baseline), the profiler present but never attached ("off": --profile with a
                  schedule that waits past the run's end), and recording every step ("on":
@@ -39,14 +44,16 @@ def write_idx(directory, n_train, n_test, seed):
 
 
 def run(lathectl, db, args):
-    cmd = [lathectl, "train", "--db", db, "--json", "-q", "--threads", "1", "--seed", "7"] + args
+    # The launcher splits the cores between ranks; one process given the same cores says so itself.
+    threads = [] if ("--nproc" in args or "--threads" in args) else ["--threads", "1"]
+    cmd = [lathectl, "train", "--db", db, "--json", "-q", "--seed", "7"] + threads + args
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit("bench_training_features: %s failed (%d): %s" % (" ".join(cmd), p.returncode, p.stderr.strip()))
     out = json.loads(p.stdout)
     # Per-epoch series: drop the first epoch (it also allocates gradients and optimizer state).
     series = {}
-    for key in ("perf/step_ms", "perf/activation_mb"):
+    for key in ("perf/step_ms", "perf/activation_mb", "perf/samples_per_s"):
         m = subprocess.run([lathectl, "metrics", str(out["run_id"]), "--key", key, "--json", "--db", db],
                            capture_output=True, text=True)
         if m.returncode != 0:
@@ -62,8 +69,9 @@ def compare(lathectl, db, variants, repeats):
         order = variants if rep % 2 == 0 else list(reversed(variants))
         for name, args in order:
             results[name].append(run(lathectl, db, args))
-            print("  rep %d %-14s step %8.3f ms  activation %8.2f MB" % (
-                rep + 1, name, results[name][-1]["perf/step_ms"], results[name][-1]["perf/activation_mb"]), flush=True)
+            print("  rep %d %-14s step %8.3f ms  activation %8.2f MB  %9.0f samples/s" % (
+                rep + 1, name, results[name][-1]["perf/step_ms"], results[name][-1]["perf/activation_mb"],
+                results[name][-1]["perf/samples_per_s"]), flush=True)
     return {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in results.items()}
 
 
@@ -99,6 +107,13 @@ def main():
                                       "--profile-active", "1", "--profile-repeat", "0"]),
         ], repeats)
 
+        print("data parallel: MLP 784-512-512-10, global batch 256: 1 process vs 2 ranks x 128")
+        dp = compare(a.lathectl, db, [
+            ("1 process", mnist[:mnist.index("--batch")] + ["--batch", "256", "--threads", "2"] +
+             mnist[mnist.index("--batch") + 2:]),
+            ("2 ranks", mnist[:mnist.index("--batch")] + ["--batch", "128", "--nproc", "2"] + mnist[mnist.index("--batch") + 2:]),
+        ], repeats)
+
     base, chk = ck["baseline"], ck["checkpointing"]
     mem_saving = 1.0 - chk["perf/activation_mb"] / base["perf/activation_mb"]
     time_cost = chk["perf/step_ms"] / base["perf/step_ms"] - 1.0
@@ -110,7 +125,10 @@ def main():
         print("%-34s %12.3f %12.2f" % ("deep MLP, " + name, r["perf/step_ms"], r["perf/activation_mb"]))
     for name, r in prof.items():
         print("%-34s %12.3f" % ("784-512-512, " + name, r["perf/step_ms"]))
+    for name, r in dp.items():
+        print("%-34s %12.3f %12s %10.0f samples/s" % ("global batch 256, " + name, r["perf/step_ms"], "", r["perf/samples_per_s"]))
     print("-" * 78)
+    print("data parallel: 2 ranks / 1 process samples/s: %.2fx" % (dp["2 ranks"]["perf/samples_per_s"] / dp["1 process"]["perf/samples_per_s"]))
     print("activation checkpointing: %5.1f%% less activation memory for %+5.1f%% step time  (target >= 40%% for <= 35%%)"
           % (100 * mem_saving, 100 * time_cost))
     print("profiler off: %+5.1f%% step time (target < 1%%)   profiler on: %+5.1f%% step time (target < 10%%)"
@@ -118,7 +136,7 @@ def main():
     if a.out:
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, "bench_training_features.json"), "w") as f:
-            json.dump({"checkpointing": ck, "profiler": prof, "activation_memory_saving": mem_saving,
+            json.dump({"checkpointing": ck, "profiler": prof, "data_parallel": dp, "activation_memory_saving": mem_saving,
                        "checkpointing_step_time_cost": time_cost, "profiler_off_cost": off,
                        "profiler_on_cost": on, "repeats": repeats}, f, indent=2)
     return 0
