@@ -32,8 +32,11 @@ DistContext::DistContext(const DistEnv& env) : m_env(env), m_impl(std::make_uniq
         opts.timeout = timeout;
         m_impl->store = c10::make_intrusive<c10d::TCPStore>(env.masterAddr, opts);
         auto pgOpts = c10d::ProcessGroupGloo::Options::create();
-        pgOpts->timeout = timeout;
-        m_impl->timeout = timeout;
+        // Collectives wait much longer than the rendezvous: rank 0 validates and checkpoints
+        // while the others wait at their next collective (torch's default is 30 minutes).
+        const auto collective = std::max(timeout, std::chrono::seconds(1800));
+        pgOpts->timeout = collective;
+        m_impl->timeout = collective;
         pgOpts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(env.masterAddr));
         m_impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(m_impl->store, env.rank, env.worldSize, pgOpts);
     } catch (const std::exception& ex) {
@@ -99,6 +102,7 @@ struct Reducer::Impl {
         std::vector<int64_t> offsets;     // element offset of each in `buffer`
         torch::Tensor buffer;
         size_t pending = 0;
+        std::vector<char> ready;          // per slot: its gradient arrived this step
         bool launched = false;
         c10::intrusive_ptr<c10d::Work> work;
         // Compression state, kept across steps: the padded working copy and the error-feedback
@@ -204,6 +208,7 @@ struct Reducer::Impl {
             }
         }
         b.padded.narrow(0, 0, n).copy_(b.buffer);
+        if (b.padded.numel() > n) b.padded.narrow(0, n, b.padded.numel() - n).zero_();  // last step's decoded tail
         const int64_t msg = messageBytes(b.shard);
         auto send = torch::empty({msg * world}, torch::kUInt8);
         auto recv = torch::empty({msg * world}, torch::kUInt8);
@@ -279,7 +284,10 @@ struct Reducer::Impl {
         auto& b = buckets[bi];
         const auto n = params[index].numel();
         b.buffer.narrow(0, b.offsets[slot], n).copy_(grad.reshape({-1}));
-        if (b.pending > 0) --b.pending;
+        if (!b.ready[slot]) {
+            b.ready[slot] = 1;
+            if (b.pending > 0) --b.pending;
+        }
         launchReady();
     }
 };
@@ -326,6 +334,7 @@ void Reducer::prepare() {
     std::lock_guard<std::mutex> lk(d.mutex);
     for (auto& b : d.buckets) {
         b.pending = b.params.size();
+        b.ready.assign(b.params.size(), 0);
         b.launched = false;
         b.work.reset();
     }
@@ -343,10 +352,9 @@ Reducer::Stats Reducer::finish(int64_t step) {
         // collectives still match across ranks.
         for (auto& b : d.buckets)
             if (b.pending > 0 && !b.launched) {
-                for (size_t slot = 0; slot < b.params.size(); ++slot) {
-                    const auto& p = d.params[b.params[slot]];
-                    if (!p.grad().defined()) b.buffer.narrow(0, b.offsets[slot], p.numel()).zero_();
-                }
+                // zero_grad() keeps .grad defined, so "no gradient this step" is the ready flag.
+                for (size_t slot = 0; slot < b.params.size(); ++slot)
+                    if (!b.ready[slot]) b.buffer.narrow(0, b.offsets[slot], d.params[b.params[slot]].numel()).zero_();
                 b.pending = 0;
             }
         d.launchReady();

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <filesystem>
 #include <thread>
 
@@ -21,6 +22,7 @@
 #include "lathe/core/error.h"
 
 namespace fs = std::filesystem;
+extern char** environ;
 
 namespace lathe::core {
 namespace {
@@ -130,30 +132,44 @@ LaunchResult launchLocal(const LaunchOptions& options, const EventSink& sink) {
         std::vector<std::string> args{program, "worker", options.configPath};
         if (!options.checkpointDir.empty()) args.insert(args.end(), {"--checkpoint-dir", options.checkpointDir});
         if (!options.resumeFrom.empty()) args.insert(args.end(), {"--resume", options.resumeFrom});
+        // Everything the child needs is built here: between fork and exec a child of a
+        // multi-threaded process (the GUI) may only make async-signal-safe calls.
+        std::vector<std::string> env;
+        const std::map<std::string, std::string> set{
+            {"RANK", std::to_string(r)},          {"LOCAL_RANK", std::to_string(r)},
+            {"WORLD_SIZE", std::to_string(options.nproc)}, {"LOCAL_WORLD_SIZE", std::to_string(options.nproc)},
+            {"MASTER_ADDR", "127.0.0.1"},         {"MASTER_PORT", std::to_string(port)}};
+        for (char** e = environ; *e; ++e) {
+            const std::string kv(*e);
+            const auto name = kv.substr(0, kv.find('='));
+            if (set.count(name)) continue;
+            env.push_back(kv);
+        }
+        for (const auto& [k, v] : set) env.push_back(k + "=" + v);
+        // N processes on the same cores: split them rather than oversubscribe (unless set).
+        for (const char* k : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"})
+            if (!std::getenv(k)) env.push_back(std::string(k) + "=" + threads);
+        std::vector<char*> argv, envp;
+        for (auto& a : args) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        for (auto& e : env) envp.push_back(e.data());
+        envp.push_back(nullptr);
+        const pid_t parent = ::getpid();
         const pid_t pid = ::fork();
         if (pid < 0) {
             killAll(SIGKILL);
             throw Error(std::string("fork: ") + std::strerror(errno));
         }
         if (pid == 0) {
-            // Child: never outlive the launcher, even if it is killed.
+            // Child: never outlive the launcher, even if it is killed (and if it already died
+            // before the prctl, leave at once).
             ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (::getppid() != parent) ::_exit(1);
             ::dup2(out[1], STDOUT_FILENO);
             ::dup2(err[1], STDERR_FILENO);
-            ::setenv("RANK", std::to_string(r).c_str(), 1);
-            ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-            ::setenv("WORLD_SIZE", std::to_string(options.nproc).c_str(), 1);
-            ::setenv("LOCAL_WORLD_SIZE", std::to_string(options.nproc).c_str(), 1);
-            ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-            ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-            // N processes on the same cores: split them rather than oversubscribe.
-            ::setenv("OMP_NUM_THREADS", threads.c_str(), 0);
-            ::setenv("OPENBLAS_NUM_THREADS", threads.c_str(), 0);
-            std::vector<char*> argv;
-            for (auto& a : args) argv.push_back(a.data());
-            argv.push_back(nullptr);
-            ::execv(program.c_str(), argv.data());
-            std::fprintf(stderr, "cannot start %s: %s\n", program.c_str(), std::strerror(errno));
+            ::execve(program.c_str(), argv.data(), envp.data());
+            static const char msg[] = "cannot start lathectl worker\n";
+            (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
             ::_exit(127);
         }
         ::close(out[1]);
@@ -202,8 +218,20 @@ LaunchResult launchLocal(const LaunchOptions& options, const EventSink& sink) {
 
     auto drain = [&](Worker& w, int fd, bool isErr) -> bool {
         char buf[65536];
-        const ssize_t n = ::read(fd, buf, sizeof buf);
-        if (n <= 0) return false;
+        ssize_t n;
+        do {
+            n = ::read(fd, buf, sizeof buf);
+        } while (n < 0 && errno == EINTR);
+        if (n <= 0) {
+            // End of stream: an unterminated last line (a crashing rank's final words) still counts.
+            std::string& rest = isErr ? w.errBuf : w.outBuf;
+            if (!rest.empty()) {
+                if (isErr) remember(w, rest);
+                else handleLine(w, rest);
+                rest.clear();
+            }
+            return false;
+        }
         std::string& acc = isErr ? w.errBuf : w.outBuf;
         acc.append(buf, static_cast<size_t>(n));
         size_t pos;
@@ -248,7 +276,8 @@ LaunchResult launchLocal(const LaunchOptions& options, const EventSink& sink) {
                 w.exited = true;
                 w.status = status;
                 const bool clean = WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 130);
-                if (!clean && !terminating && result.failedRank < 0) {
+                const bool stopping = options.stop && options.stop->load();
+                if (!clean && !terminating && !stopping && result.failedRank < 0) {
                     result.failedRank = w.rank;
                     beginTermination();
                 }

@@ -477,13 +477,18 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
                     }
             }
             const double lossValue = loss.item<double>();
-            bool skip = false;
+            bool skip = false, lossBad = false;
             double norm = 0;
             const double usedScale = scaler.scale();
             {
                 PhaseScope phase(profiler.get(), "optimizer");
                 // Unscale once, before clipping, so the norm and the clip see true gradients.
-                const bool foundInf = scaler.unscaleAndCheck(params) || (scaler.enabled() && !std::isfinite(lossValue));
+                // Every rank must take the same decision: the gradients are the same averaged
+                // ones, but each rank's loss is its own.
+                lossBad = !std::isfinite(lossValue);
+                if (dist) lossBad = dist->any(lossBad);
+                bool foundInf = scaler.unscaleAndCheck(params) || (scaler.enabled() && lossBad);
+                if (dist && scaler.enabled()) foundInf = dist->any(foundInf);
                 norm = gradNorm(params);
                 skip = scaler.enabled() && foundInf;
                 if (!skip) {
@@ -556,7 +561,7 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
                 }
                 continue;  // a skipped step contributes no loss to the window
             }
-            if (!std::isfinite(lossValue)) {
+            if (lossBad) {
                 metric("train/loss", step, lossValue, last);
                 result.status = "failed";
                 result.error = "loss became " + fmt(lossValue) + " at step " + std::to_string(step) + " (epoch " +
@@ -581,7 +586,7 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
             seen = static_cast<int64_t>(t[1].item<double>());
         }
         metric("train/accuracy", step, static_cast<double>(correct) / static_cast<double>(seen), last);
-        if (rank == 0) {  // the ranks hold identical models: one validation pass is enough
+        if (rank == 0 && !stopped) {  // the ranks hold identical models: one validation pass is enough
             const auto val = evaluate(model, valSet, cast, device);
             metric("val/loss", step, val.loss, last);
             metric("val/accuracy", step, val.accuracy, last);
