@@ -232,6 +232,20 @@ TEST_CASE("RunForm Distributed group: processes, buckets and compression", "[wid
     CHECK(form.isValid());
     CHECK(form.spec().compressChunk == lathe::core::RunSpec{}.compressChunk);
 
+    // Exchange strategies (when core has them) live here too, each with its own parameter.
+    if (form.hasField("strategy")) {
+        CHECK(group->isAncestorOf(form.fieldWidget("strategy")));
+        CHECK_FALSE(form.isFieldActive("ps_ranks"));
+        form.setFieldText("strategy", "ps");
+        CHECK(form.isFieldActive("ps_ranks"));
+        CHECK_FALSE(form.isFieldActive("ranks_per_host"));
+        form.setFieldText("strategy", "hierarchical");
+        CHECK(form.isFieldActive("ranks_per_host"));
+        CHECK_FALSE(form.isFieldActive("ps_ranks"));
+        form.setFieldText("strategy", "ring");
+        REQUIRE(form.isValid());
+    }
+
     form.setFieldText("compress", "int4");
     CHECK(form.isFieldActive("compress_chunk"));
     CHECK(form.fieldWidget("error_feedback")->isEnabled());

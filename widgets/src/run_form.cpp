@@ -42,11 +42,15 @@ const char* const kPrecisionKeys[] = {"precision",
 // Data-parallel training: the world size, the reducer's bucket size and how gradients are
 // compressed on the wire. Chunk, error feedback and stochastic rounding only apply to the
 // quantizing codecs (int8/int4).
-const char* const kDistributedKeys[] = {"nproc",          "bucket_mb",      "compress",
+const char* const kDistributedKeys[] = {"nproc",          "strategy",       "ranks_per_host",
+                                        "ps_ranks",       "bucket_mb",      "compress",
                                         "error_feedback", "compress_chunk", "stochastic_rounding"};
 
 bool isQuantizerKey(const std::string& key) {
     return key == "error_feedback" || key == "compress_chunk" || key == "stochastic_rounding";
+}
+
+bool isStrategyParam(const std::string& key) { return key == "ranks_per_host" || key == "ps_ranks";
 }
 
 bool isDistributedKey(const std::string& key) {
@@ -276,7 +280,7 @@ core::RunSpec RunForm::spec() const {
         if (f.key.name == "name" && text.isEmpty()) continue;  // empty name = core generates one
         // A greyed quantizer field has no effect and is not validated: keep the default so a
         // half-typed chunk never fails the cross-field checks of an uncompressed run.
-        if (f.inactive && isQuantizerKey(f.key.name)) continue;
+        if (f.inactive && (isQuantizerKey(f.key.name) || isStrategyParam(f.key.name))) continue;
         try {
             core::setSpecValue(s, f.key.name, text.toStdString());
         } catch (const std::exception&) {
@@ -368,10 +372,14 @@ void RunForm::updateDependentFields() {
     }
     const QString codec = fieldText(QStringLiteral("compress"));
     const bool quantizing = codec == QLatin1String("int8") || codec == QLatin1String("int4");
+    const QString strategy = fieldText(QStringLiteral("strategy"));
     for (auto& f : m_fields) {
         bool inactive = false;
         if (startsWith(f.key.name, "profile_")) inactive = !profiling;
         if (isQuantizerKey(f.key.name)) inactive = !quantizing;
+        // Each exchange strategy's own parameter.
+        if (f.key.name == "ranks_per_host") inactive = strategy != QLatin1String("hierarchical");
+        if (f.key.name == "ps_ranks") inactive = strategy != QLatin1String("ps");
         if (startsWith(f.key.name, "loss_scale_")) inactive = !dynamicScale;
         if (inactive != f.inactive) {
             f.inactive = inactive;
@@ -387,7 +395,7 @@ void RunForm::applyEnabled(Field& f) {
 
 void RunForm::revalidate() {
     if (hasField(QStringLiteral("profile")) || hasField(QStringLiteral("loss_scale")) ||
-        hasField(QStringLiteral("compress")))
+        hasField(QStringLiteral("compress")) || hasField(QStringLiteral("strategy")))
         updateDependentFields();
     QStringList messages;
     for (auto& f : m_fields) {
