@@ -1,16 +1,8 @@
 #include "lathe/widgets/comm_view.h"
 
-#include <QFileDialog>
-#include <QFileInfo>
-#include <QHBoxLayout>
 #include <QLabel>
-#include <QMenu>
-#include <QMessageBox>
-#include <QMouseEvent>
 #include <QTimer>
-#include <QToolButton>
 #include <QToolTip>
-#include <QVBoxLayout>
 
 #include <algorithm>
 #include <cmath>
@@ -22,7 +14,6 @@ namespace lathe::widgets {
 
 namespace {
 
-constexpr int kDefaultFlushMs = 40;
 constexpr double kHoverRadiusPx = 20.0;
 // Bytes are drawn in KiB: the models trained here send kilobytes to megabytes per step, and
 // a KiB axis keeps tick labels short without a unit switch mid-run.
@@ -96,39 +87,10 @@ QColor CommView::rankColor(int rank) {
     return rank < n ? c : c.darker(100 + 30 * (rank / n));
 }
 
-CommView::CommView(QWidget* parent) : QWidget(parent) {
-    auto* layout = new QVBoxLayout(this);
-    layout->setContentsMargins(0, 0, 0, 0);
-    layout->setSpacing(0);
-
-    auto* header = new QHBoxLayout;
-    header->setContentsMargins(6, 2, 2, 0);
-    m_title = new QLabel(tr("<b>Communication</b>"), this);
-    m_summary = new QLabel(this);
+CommView::CommView(QWidget* parent)
+    : ChartPanel(tr("<b>Communication</b>"), true, tr("Save these charts as PNG or PDF"), QStringLiteral("commPlot"),
+                 QSize(240, 260), parent) {
     m_summary->setObjectName(QStringLiteral("commSummary"));
-    m_summary->setStyleSheet(QStringLiteral("color: #606060;"));
-    auto* fit = new QToolButton(this);
-    fit->setText(tr("Fit"));
-    fit->setToolTip(tr("Fit the axes to the data and follow new points (or double-click the chart)"));
-    fit->setAutoRaise(true);
-    auto* exportButton = new QToolButton(this);
-    exportButton->setText(tr("Export…"));
-    exportButton->setToolTip(tr("Save these charts as PNG or PDF"));
-    exportButton->setAutoRaise(true);
-    header->addWidget(m_title);
-    header->addSpacing(12);
-    header->addWidget(m_summary, 1);
-    header->addWidget(fit);
-    header->addWidget(exportButton);
-    layout->addLayout(header);
-
-    m_plot = new QCustomPlot(this);
-    m_plot->setObjectName(QStringLiteral("commPlot"));
-    m_plot->setMinimumSize(240, 260);
-    m_plot->setMouseTracking(true);
-    m_plot->setInteractions(QCP::iRangeDrag | QCP::iRangeZoom);
-    m_plot->setContextMenuPolicy(Qt::CustomContextMenu);
-    layout->addWidget(m_plot, 1);
 
     // Top: communication time per step. Bottom two: overlap share and bytes on the wire.
     m_msRect = m_plot->axisRect();
@@ -197,23 +159,6 @@ CommView::CommView(QWidget* parent) : QWidget(parent) {
     m_hint->setFont(hintFont);
     m_hint->setClipToAxisRect(false);
 
-    m_flushTimer = new QTimer(this);
-    m_flushTimer->setSingleShot(true);
-    m_flushTimer->setInterval(kDefaultFlushMs);
-    connect(m_flushTimer, &QTimer::timeout, this, &CommView::flushStaged);
-    connect(m_plot, &QCustomPlot::afterReplot, this, [this] { ++m_replotCount; });
-    connect(m_plot, &QCustomPlot::mouseMove, this, &CommView::onMouseMove);
-    connect(m_plot, &QCustomPlot::mouseWheel, this, [this](QWheelEvent*) { m_follow = false; });
-    connect(m_plot, &QCustomPlot::mouseDoubleClick, this, [this](QMouseEvent*) { rescale(); });
-    connect(m_plot, &QWidget::customContextMenuRequested, this, [this](const QPoint& pos) {
-        QMenu menu(this);
-        menu.addAction(tr("Fit to data"), this, &CommView::rescale);
-        menu.addSeparator();
-        menu.addAction(tr("Export PNG/PDF…"), this, &CommView::exportDialog);
-        menu.exec(m_plot->mapToGlobal(pos));
-    });
-    connect(fit, &QToolButton::clicked, this, &CommView::rescale);
-    connect(exportButton, &QToolButton::clicked, this, &CommView::exportDialog);
     updateHint();
 }
 
@@ -295,7 +240,7 @@ void CommView::clear() {
     m_msRect->axis(QCPAxis::atLeft)->setRange(0, 1);
     m_bytesRect->axis(QCPAxis::atLeft)->setRange(0, 1);
     m_bytesRect->axis(QCPAxis::atRight)->setRange(0, 1);
-    m_title->setText(tr("<b>Communication</b>"));
+    m_titleLabel->setText(tr("<b>Communication</b>"));
     updateHint();
     m_plot->replot(QCustomPlot::rpQueuedReplot);
 }
@@ -304,7 +249,7 @@ void CommView::showRun(const core::Store& store, int64_t runId) {
     clear();
     m_runId = runId;
     if (runId <= 0) return;
-    m_title->setText(tr("<b>Communication · run %1</b>").arg(runId));
+    m_titleLabel->setText(tr("<b>Communication · run %1</b>").arg(runId));
     std::vector<std::string> keys;
     for (const auto& key : store.metricKeys(runId))
         if (parseKey(key)) keys.push_back(key);
@@ -384,8 +329,6 @@ void CommView::flushStaged() {
     m_plot->replot(QCustomPlot::rpQueuedReplot);
     Q_EMIT flushed(moved);
 }
-
-void CommView::setFlushInterval(int ms) { m_flushTimer->setInterval(ms); }
 
 void CommView::applyAutoRange() {
     bool found = false;
@@ -473,14 +416,6 @@ void CommView::updateHint() {
     m_summary->setText(summary);
 }
 
-void CommView::onMouseMove(QMouseEvent* event) {
-    if (event->buttons() != Qt::NoButton) {
-        m_follow = false;  // panning
-        return;
-    }
-    hoverAt(event->position());
-}
-
 QString CommView::hoverAt(const QPointF& pos) {
     QString text;
     QCPAxisRect* rect = nullptr;
@@ -529,28 +464,9 @@ QString CommView::hoverAt(const QPointF& pos) {
     return text;
 }
 
-bool CommView::savePng(const QString& path, int width, int height, double scale) {
-    flushStaged();
-    return m_plot->savePng(path, width, height, scale);
-}
-
-bool CommView::savePdf(const QString& path, int width, int height) {
-    flushStaged();
-    return m_plot->savePdf(path, width, height);
-}
-
 void CommView::exportDialog() {
-    QString selected;
-    QString path = QFileDialog::getSaveFileName(
-        this, tr("Export communication charts"),
-        m_runId ? QStringLiteral("run-%1-communication.png").arg(m_runId) : QStringLiteral("communication.png"),
-        tr("PNG image (*.png);;PDF document (*.pdf)"), &selected);
-    if (path.isEmpty()) return;
-    if (QFileInfo(path).suffix().isEmpty())
-        path += selected.contains(QLatin1String("pdf")) ? QStringLiteral(".pdf") : QStringLiteral(".png");
-    const bool pdf = QFileInfo(path).suffix().compare(QLatin1String("pdf"), Qt::CaseInsensitive) == 0;
-    const bool ok = pdf ? savePdf(path) : savePng(path, 0, 0, 2.0);
-    if (!ok) QMessageBox::warning(this, tr("Export failed"), tr("Could not write %1.").arg(path));
+    exportWithDialog(tr("Export communication charts"), m_runId ? QStringLiteral("run-%1-communication.png").arg(m_runId)
+                                                                : QStringLiteral("communication.png"));
 }
 
 }  // namespace lathe::widgets

@@ -1,16 +1,7 @@
 #include "lathe/widgets/loss_scale_view.h"
 
-#include <QFileDialog>
-#include <QFileInfo>
-#include <QHBoxLayout>
 #include <QLabel>
-#include <QMenu>
-#include <QMessageBox>
-#include <QMouseEvent>
 #include <QTimer>
-#include <QToolButton>
-#include <QToolTip>
-#include <QVBoxLayout>
 
 #include <algorithm>
 #include <cmath>
@@ -21,7 +12,6 @@ namespace lathe::widgets {
 
 namespace {
 
-constexpr int kDefaultFlushMs = 40;
 constexpr double kHoverRadiusPx = 20.0;
 const QColor kScaleColor(0x1f, 0x77, 0xb4);
 const QColor kSkipColor(0xd6, 0x27, 0x28);
@@ -43,39 +33,9 @@ QString formatScale(double v) {
 
 }  // namespace
 
-LossScaleView::LossScaleView(QWidget* parent) : QWidget(parent) {
-    auto* layout = new QVBoxLayout(this);
-    layout->setContentsMargins(0, 0, 0, 0);
-    layout->setSpacing(0);
-
-    auto* header = new QHBoxLayout;
-    header->setContentsMargins(6, 2, 2, 0);
-    m_title = new QLabel(tr("<b>Loss scale</b>"), this);
-    m_summary = new QLabel(this);
-    m_summary->setStyleSheet(QStringLiteral("color: #606060;"));
-    auto* fit = new QToolButton(this);
-    fit->setText(tr("Fit"));
-    fit->setToolTip(tr("Fit the axes to the data and follow new points (or double-click the chart)"));
-    fit->setAutoRaise(true);
-    auto* exportButton = new QToolButton(this);
-    exportButton->setText(tr("Export…"));
-    exportButton->setToolTip(tr("Save these charts as PNG or PDF"));
-    exportButton->setAutoRaise(true);
-    header->addWidget(m_title);
-    header->addSpacing(12);
-    header->addWidget(m_summary, 1);
-    header->addWidget(fit);
-    header->addWidget(exportButton);
-    layout->addLayout(header);
-
-    m_plot = new QCustomPlot(this);
-    m_plot->setObjectName(QStringLiteral("lossScalePlot"));
-    m_plot->setMinimumSize(240, 220);
-    m_plot->setMouseTracking(true);
-    m_plot->setInteractions(QCP::iRangeDrag | QCP::iRangeZoom);
-    m_plot->setContextMenuPolicy(Qt::CustomContextMenu);
-    layout->addWidget(m_plot, 1);
-
+LossScaleView::LossScaleView(QWidget* parent)
+    : ChartPanel(tr("<b>Loss scale</b>"), true, tr("Save these charts as PNG or PDF"),
+                 QStringLiteral("lossScalePlot"), QSize(240, 220), parent) {
     // Top: the loss scale on a log axis (it moves by factors of two).
     m_scaleRect = m_plot->axisRect();
     QCPAxis* scaleX = m_scaleRect->axis(QCPAxis::atBottom);
@@ -153,23 +113,6 @@ LossScaleView::LossScaleView(QWidget* parent) : QWidget(parent) {
     m_hint->setColor(QColor(0x90, 0x90, 0x90));
     m_hint->setClipToAxisRect(false);
 
-    m_flushTimer = new QTimer(this);
-    m_flushTimer->setSingleShot(true);
-    m_flushTimer->setInterval(kDefaultFlushMs);
-    connect(m_flushTimer, &QTimer::timeout, this, &LossScaleView::flushStaged);
-    connect(m_plot, &QCustomPlot::afterReplot, this, [this] { ++m_replotCount; });
-    connect(m_plot, &QCustomPlot::mouseMove, this, &LossScaleView::onMouseMove);
-    connect(m_plot, &QCustomPlot::mouseWheel, this, [this](QWheelEvent*) { m_follow = false; });
-    connect(m_plot, &QCustomPlot::mouseDoubleClick, this, [this](QMouseEvent*) { rescale(); });
-    connect(m_plot, &QWidget::customContextMenuRequested, this, [this](const QPoint& pos) {
-        QMenu menu(this);
-        menu.addAction(tr("Fit to data"), this, &LossScaleView::rescale);
-        menu.addSeparator();
-        menu.addAction(tr("Export PNG/PDF…"), this, &LossScaleView::exportDialog);
-        menu.exec(m_plot->mapToGlobal(pos));
-    });
-    connect(fit, &QToolButton::clicked, this, &LossScaleView::rescale);
-    connect(exportButton, &QToolButton::clicked, this, &LossScaleView::exportDialog);
     updateHint();
 }
 
@@ -188,7 +131,7 @@ void LossScaleView::clear() {
     m_scaleGraph->data()->clear();
     m_skippedGraph->data()->clear();
     m_normGraph->data()->clear();
-    m_title->setText(tr("<b>Loss scale</b>"));
+    m_titleLabel->setText(tr("<b>Loss scale</b>"));
     updateHint();
     m_plot->replot(QCustomPlot::rpQueuedReplot);
 }
@@ -197,7 +140,7 @@ void LossScaleView::showRun(const core::Store& store, int64_t runId) {
     clear();
     m_runId = runId;
     if (runId <= 0) return;
-    m_title->setText(tr("<b>Loss scale · run %1</b>").arg(runId));
+    m_titleLabel->setText(tr("<b>Loss scale · run %1</b>").arg(runId));
     for (const char* key : {kScaleKey, kSkippedKey, kGradNormKey}) {
         std::vector<core::MetricPoint> points = store.metrics(runId, key);
         // Top up with live points the store writer has not committed yet.
@@ -311,8 +254,6 @@ int LossScaleView::gradNormPointCount() const {
     return n;
 }
 
-void LossScaleView::setFlushInterval(int ms) { m_flushTimer->setInterval(ms); }
-
 void LossScaleView::applyAutoRange() {
     bool found = false;
     QCPRange keys;
@@ -373,14 +314,6 @@ void LossScaleView::updateHint() {
     m_summary->setText(summary);
 }
 
-void LossScaleView::onMouseMove(QMouseEvent* event) {
-    if (event->buttons() != Qt::NoButton) {
-        m_follow = false;  // panning
-        return;
-    }
-    hoverAt(event->position());
-}
-
 QString LossScaleView::hoverAt(const QPointF& pos) {
     QString text;
     QCPAxisRect* rect = nullptr;
@@ -419,41 +352,13 @@ QString LossScaleView::hoverAt(const QPointF& pos) {
             }
         }
     }
-    if (!text.isEmpty()) {
-        QToolTip::showText(m_plot->mapToGlobal(pos.toPoint()), text, m_plot);
-    } else if (m_tracer->visible()) {
-        m_tracer->setVisible(false);
-        QToolTip::hideText();
-    }
-    if (text != m_hoverText) {
-        m_hoverText = text;
-        m_plot->replot(QCustomPlot::rpQueuedReplot);
-    }
+    showHover(pos, text, m_tracer);
     return text;
 }
 
-bool LossScaleView::savePng(const QString& path, int width, int height, double scale) {
-    flushStaged();
-    return m_plot->savePng(path, width, height, scale);
-}
-
-bool LossScaleView::savePdf(const QString& path, int width, int height) {
-    flushStaged();
-    return m_plot->savePdf(path, width, height);
-}
-
 void LossScaleView::exportDialog() {
-    QString selected;
-    QString path = QFileDialog::getSaveFileName(
-        this, tr("Export loss scale chart"),
-        m_runId ? QStringLiteral("run-%1-loss-scale.png").arg(m_runId) : QStringLiteral("loss-scale.png"),
-        tr("PNG image (*.png);;PDF document (*.pdf)"), &selected);
-    if (path.isEmpty()) return;
-    if (QFileInfo(path).suffix().isEmpty())
-        path += selected.contains(QLatin1String("pdf")) ? QStringLiteral(".pdf") : QStringLiteral(".png");
-    const bool pdf = QFileInfo(path).suffix().compare(QLatin1String("pdf"), Qt::CaseInsensitive) == 0;
-    const bool ok = pdf ? savePdf(path) : savePng(path, 0, 0, 2.0);
-    if (!ok) QMessageBox::warning(this, tr("Export failed"), tr("Could not write %1.").arg(path));
+    exportWithDialog(tr("Export loss scale chart"), m_runId ? QStringLiteral("run-%1-loss-scale.png").arg(m_runId)
+                                                            : QStringLiteral("loss-scale.png"));
 }
 
 }  // namespace lathe::widgets

@@ -1,17 +1,6 @@
 #include "lathe/widgets/metric_chart.h"
 
-#include <QContextMenuEvent>
-#include <QFileDialog>
-#include <QFileInfo>
-#include <QHBoxLayout>
-#include <QLabel>
-#include <QMenu>
-#include <QMessageBox>
-#include <QMouseEvent>
 #include <QTimer>
-#include <QToolButton>
-#include <QToolTip>
-#include <QVBoxLayout>
 
 #include <algorithm>
 #include <cmath>
@@ -30,7 +19,6 @@ const QColor kRunColors[] = {QColor(0x1f, 0x77, 0xb4), QColor(0xff, 0x7f, 0x0e),
                              QColor(0x17, 0xbe, 0xcf)};
 constexpr int kRunColorCount = int(sizeof(kRunColors) / sizeof(kRunColors[0]));
 
-constexpr int kDefaultFlushMs = 40;
 constexpr double kHoverRadiusPx = 24.0;
 // Bounds the hover search at a million points: checking every n-th point in a 2·radius
 // pixel window is as good as exhaustive at screen resolution.
@@ -39,37 +27,13 @@ constexpr int kHoverMaxChecks = 4000;
 }  // namespace
 
 MetricChart::MetricChart(const QString& title, const QStringList& keys, QWidget* parent)
-    : QWidget(parent), m_title(title), m_keys(keys) {
-    auto* layout = new QVBoxLayout(this);
-    layout->setContentsMargins(0, 0, 0, 0);
-    layout->setSpacing(0);
-
-    auto* header = new QHBoxLayout;
-    header->setContentsMargins(6, 2, 2, 0);
-    auto* titleLabel = new QLabel(QStringLiteral("<b>%1</b>").arg(title.toHtmlEscaped()), this);
-    header->addWidget(titleLabel);
-    header->addStretch(1);
-    auto* fit = new QToolButton(this);
-    fit->setText(tr("Fit"));
-    fit->setToolTip(tr("Fit the axes to the data and follow new points (or double-click the chart)"));
-    fit->setAutoRaise(true);
-    auto* exportButton = new QToolButton(this);
-    exportButton->setText(tr("Export…"));
-    exportButton->setToolTip(tr("Save this chart as PNG or PDF"));
-    exportButton->setAutoRaise(true);
-    header->addWidget(fit);
-    header->addWidget(exportButton);
-    layout->addLayout(header);
-
-    m_plot = new QCustomPlot(this);
-    m_plot->setObjectName(QStringLiteral("plot"));
-    m_plot->setMinimumSize(200, 140);
-    m_plot->setMouseTracking(true);
-    m_plot->setInteractions(QCP::iRangeDrag | QCP::iRangeZoom);
+    : ChartPanel(QStringLiteral("<b>%1</b>").arg(title.toHtmlEscaped()), false, tr("Save this chart as PNG or PDF"),
+                 QStringLiteral("plot"), QSize(200, 140), parent),
+      m_title(title),
+      m_keys(keys) {
     // Draw solid lines as polylines without per-segment joins: the difference between a
     // millisecond and a second per replot at a million noisy points.
     m_plot->setPlottingHint(QCP::phFastPolylines, true);
-    m_plot->setContextMenuPolicy(Qt::CustomContextMenu);
     m_plot->xAxis->setLabel(tr("step"));
     m_plot->yAxis->setLabel(title);
     m_plot->legend->setVisible(true);
@@ -79,7 +43,6 @@ MetricChart::MetricChart(const QString& title, const QStringList& keys, QWidget*
     m_plot->legend->setBrush(QColor(255, 255, 255, 210));
     m_plot->legend->setBorderPen(QPen(QColor(0xbb, 0xbb, 0xbb)));
     m_plot->axisRect()->insetLayout()->setInsetAlignment(0, Qt::AlignTop | Qt::AlignRight);
-    layout->addWidget(m_plot, 1);
 
     m_tracer = new QCPItemTracer(m_plot);
     m_tracer->setStyle(QCPItemTracer::tsCircle);
@@ -96,25 +59,7 @@ MetricChart::MetricChart(const QString& title, const QStringList& keys, QWidget*
     m_emptyHint->setColor(QColor(0x90, 0x90, 0x90));
     m_emptyHint->setClipToAxisRect(false);
 
-    m_flushTimer = new QTimer(this);
-    m_flushTimer->setSingleShot(true);
-    m_flushTimer->setInterval(kDefaultFlushMs);
-    connect(m_flushTimer, &QTimer::timeout, this, &MetricChart::flushStaged);
-
-    connect(m_plot, &QCustomPlot::afterReplot, this, [this] { ++m_replotCount; });
-    connect(m_plot, &QCustomPlot::mouseMove, this, &MetricChart::onMouseMove);
-    connect(m_plot, &QCustomPlot::mouseWheel, this, [this](QWheelEvent*) { stopFollowing(); });
-    connect(m_plot, &QCustomPlot::mouseDoubleClick, this, [this](QMouseEvent*) { rescale(); });
-    connect(m_plot, &QWidget::customContextMenuRequested, this, [this](const QPoint& pos) {
-        QMenu menu(this);
-        menu.addAction(tr("Fit to data"), this, &MetricChart::rescale);
-        menu.addSeparator();
-        menu.addAction(tr("Export PNG/PDF…"), this, &MetricChart::exportDialog);
-        menu.exec(m_plot->mapToGlobal(pos));
-    });
-    connect(fit, &QToolButton::clicked, this, &MetricChart::rescale);
     updateEmptyHint();
-    connect(exportButton, &QToolButton::clicked, this, &MetricChart::exportDialog);
 }
 
 MetricChart::~MetricChart() = default;
@@ -306,8 +251,6 @@ int64_t MetricChart::lastStep(int64_t runId, const std::string& key) const {
     return int64_t((g->data()->constEnd() - 1)->key);
 }
 
-void MetricChart::setFlushInterval(int ms) { m_flushTimer->setInterval(ms); }
-
 int MetricChart::flushInterval() const { return m_flushTimer->interval(); }
 
 void MetricChart::setAdaptiveSampling(bool on) {
@@ -330,8 +273,6 @@ void MetricChart::rescale() {
     m_plot->replot(QCustomPlot::rpQueuedReplot);
 }
 
-void MetricChart::stopFollowing() { m_follow = false; }
-
 void MetricChart::updateEmptyHint() {
     const bool empty = m_graphs.empty();
     m_emptyHint->setVisible(empty);
@@ -340,15 +281,6 @@ void MetricChart::updateEmptyHint() {
 
 QPointF MetricChart::pixelFor(double step, double value) const {
     return {m_plot->xAxis->coordToPixel(step), m_plot->yAxis->coordToPixel(value)};
-}
-
-void MetricChart::onMouseMove(QMouseEvent* event) {
-    if (event->buttons() != Qt::NoButton) {
-        // Dragging pans the view: stop snapping back to the data on the next flush.
-        stopFollowing();
-        return;
-    }
-    hoverAt(event->position());
 }
 
 QString MetricChart::hoverAt(const QPointF& pos) {
@@ -388,40 +320,13 @@ QString MetricChart::hoverAt(const QPointF& pos) {
         m_tracer->setGraph(best);
         m_tracer->setGraphKey(bestKey);
         m_tracer->setVisible(true);
-        QToolTip::showText(m_plot->mapToGlobal(pos.toPoint()), text, m_plot);
-    } else if (m_tracer->visible()) {
-        m_tracer->setVisible(false);
-        QToolTip::hideText();
     }
-    if (text != m_hoverText) {
-        m_hoverText = text;
-        m_plot->replot(QCustomPlot::rpQueuedReplot);
-    }
+    showHover(pos, text, m_tracer);
     return text;
 }
 
-bool MetricChart::savePng(const QString& path, int width, int height, double scale) {
-    flushStaged();  // what the user sees after the next tick belongs in the file too
-    return m_plot->savePng(path, width, height, scale);
-}
-
-bool MetricChart::savePdf(const QString& path, int width, int height) {
-    flushStaged();
-    return m_plot->savePdf(path, width, height);
-}
-
 void MetricChart::exportDialog() {
-    QString selected;
-    QString path = QFileDialog::getSaveFileName(this, tr("Export %1 chart").arg(m_title),
-                                                m_title + QStringLiteral(".png"),
-                                                tr("PNG image (*.png);;PDF document (*.pdf)"), &selected);
-    if (path.isEmpty()) return;
-    if (QFileInfo(path).suffix().isEmpty())
-        path += selected.contains(QLatin1String("pdf")) ? QStringLiteral(".pdf") : QStringLiteral(".png");
-    const bool pdf = QFileInfo(path).suffix().compare(QLatin1String("pdf"), Qt::CaseInsensitive) == 0;
-    // 2x raster so the PNG stays sharp in slides and reports.
-    const bool ok = pdf ? savePdf(path) : savePng(path, 0, 0, 2.0);
-    if (!ok) QMessageBox::warning(this, tr("Export failed"), tr("Could not write %1.").arg(path));
+    exportWithDialog(tr("Export %1 chart").arg(m_title), m_title + QStringLiteral(".png"));
 }
 
 void MetricChart::setLegendAlignment(Qt::Alignment alignment) {

@@ -7,7 +7,6 @@
 // and moved into the graphs by a ~40 ms timer with one queued replot, like LossScaleView.
 #include <QColor>
 #include <QString>
-#include <QWidget>
 
 #include <cstdint>
 #include <map>
@@ -18,18 +17,15 @@
 
 #include "lathe/core/events.h"
 #include "lathe/core/store.h"
+#include "lathe/widgets/chart_panel.h"
 
-class QCustomPlot;
 class QCPAxisRect;
 class QCPGraph;
 class QCPItemText;
-class QLabel;
-class QMouseEvent;
-class QTimer;
 
 namespace lathe::widgets {
 
-class CommView : public QWidget {
+class CommView : public ChartPanel {
     Q_OBJECT
 public:
     /// The per-step communication figures a rank reports.
@@ -67,25 +63,18 @@ public:
     QString placeholderText() const;
     QString summaryText() const;
     int stagedCount() const { return m_stagedCount; }
-    int flushCount() const { return m_flushCount; }
-    int replotCount() const { return m_replotCount; }
 
-    QCustomPlot* plot() const { return m_plot; }
     QCPAxisRect* msRect() const { return m_msRect; }
     QCPAxisRect* overlapRect() const { return m_overlapRect; }
     QCPAxisRect* bytesRect() const { return m_bytesRect; }
 
-    void setFlushInterval(int ms);
-    bool savePng(const QString& path, int width = 0, int height = 0, double scale = 1.0);
-    bool savePdf(const QString& path, int width = 0, int height = 0);
-
     /// Shows the tooltip for the step nearest to `pos` (plot pixels); returns its text.
-    QString hoverAt(const QPointF& pos);
+    QString hoverAt(const QPointF& pos) override;
 
 public Q_SLOTS:
-    void flushStaged();
-    void rescale();
-    void exportDialog();
+    void flushStaged() override;
+    void rescale() override;
+    void exportDialog() override;
 
 Q_SIGNALS:
     void flushed(int points);
@@ -98,16 +87,11 @@ private:
     void addPoints(int rank, Metric metric, const std::vector<core::MetricPoint>& points);
     void applyAutoRange();
     void updateHint();
-    void onMouseMove(QMouseEvent* event);
 
-    QCustomPlot* m_plot = nullptr;
     QCPAxisRect* m_msRect = nullptr;
     QCPAxisRect* m_overlapRect = nullptr;
     QCPAxisRect* m_bytesRect = nullptr;
     QCPItemText* m_hint = nullptr;
-    QLabel* m_title = nullptr;
-    QLabel* m_summary = nullptr;
-    QTimer* m_flushTimer = nullptr;
 
     int64_t m_runId = 0;
     std::map<int, RankGraphs> m_ranks;
@@ -115,10 +99,6 @@ private:
     std::map<std::string, std::vector<core::MetricPoint>> m_staged;
     int m_stagedCount = 0;
     std::map<std::pair<int64_t, std::string>, std::vector<core::MetricPoint>> m_live;
-    int m_flushCount = 0;
-    int m_replotCount = 0;
-    bool m_follow = true;
-    QString m_hoverText;
 };
 
 }  // namespace lathe::widgets

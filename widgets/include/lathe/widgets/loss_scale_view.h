@@ -5,7 +5,6 @@
 // points are staged and moved into the graphs by a ~40 ms timer with one queued replot, like
 // MetricChart.
 #include <QString>
-#include <QWidget>
 
 #include <cstdint>
 #include <limits>
@@ -15,19 +14,16 @@
 
 #include "lathe/core/events.h"
 #include "lathe/core/store.h"
+#include "lathe/widgets/chart_panel.h"
 
-class QCustomPlot;
 class QCPAxisRect;
 class QCPGraph;
 class QCPItemText;
 class QCPItemTracer;
-class QLabel;
-class QMouseEvent;
-class QTimer;
 
 namespace lathe::widgets {
 
-class LossScaleView : public QWidget {
+class LossScaleView : public ChartPanel {
     Q_OBJECT
 public:
     static constexpr const char* kScaleKey = "amp/loss_scale";
@@ -54,28 +50,21 @@ public:
     int skippedCount() const;
     int gradNormPointCount() const;  // finite grad norms plotted
     int stagedCount() const { return m_stagedCount; }
-    int flushCount() const { return m_flushCount; }
-    int replotCount() const { return m_replotCount; }
 
-    QCustomPlot* plot() const { return m_plot; }
     QCPAxisRect* scaleRect() const { return m_scaleRect; }
     QCPAxisRect* normRect() const { return m_normRect; }
     QCPGraph* scaleGraph() const { return m_scaleGraph; }
     QCPGraph* skippedGraph() const { return m_skippedGraph; }
     QCPGraph* gradNormGraph() const { return m_normGraph; }
 
-    void setFlushInterval(int ms);
-    bool savePng(const QString& path, int width = 0, int height = 0, double scale = 1.0);
-    bool savePdf(const QString& path, int width = 0, int height = 0);
-
     /// Shows the tooltip for the step nearest to `pos` (plot pixels); returns its text.
-    QString hoverAt(const QPointF& pos);
+    QString hoverAt(const QPointF& pos) override;
     QString hoverText() const { return m_hoverText; }
 
 public Q_SLOTS:
-    void flushStaged();
-    void rescale();
-    void exportDialog();
+    void flushStaged() override;
+    void rescale() override;
+    void exportDialog() override;
 
 Q_SIGNALS:
     void flushed(int points);
@@ -90,9 +79,7 @@ private:
     void addPoints(const std::string& key, const std::vector<core::MetricPoint>& points);
     void applyAutoRange();
     void updateHint();
-    void onMouseMove(QMouseEvent* event);
 
-    QCustomPlot* m_plot = nullptr;
     QCPAxisRect* m_scaleRect = nullptr;
     QCPAxisRect* m_normRect = nullptr;
     QCPGraph* m_scaleGraph = nullptr;
@@ -100,9 +87,6 @@ private:
     QCPGraph* m_normGraph = nullptr;
     QCPItemTracer* m_tracer = nullptr;
     QCPItemText* m_hint = nullptr;
-    QLabel* m_title = nullptr;
-    QLabel* m_summary = nullptr;
-    QTimer* m_flushTimer = nullptr;
 
     int64_t m_runId = 0;
     // Everything the hover needs, by step (the graphs hold what is drawn).
@@ -112,11 +96,7 @@ private:
     int m_stagedCount = 0;
     // Live points per run and key, so a run selected mid-training gets uncommitted points.
     std::map<std::pair<int64_t, std::string>, std::vector<core::MetricPoint>> m_live;
-    int m_flushCount = 0;
-    int m_replotCount = 0;
     int m_skipped = 0;
-    bool m_follow = true;
-    QString m_hoverText;
 };
 
 }  // namespace lathe::widgets

@@ -7,7 +7,6 @@
 #include <QColor>
 #include <QString>
 #include <QStringList>
-#include <QWidget>
 
 #include <cstdint>
 #include <map>
@@ -16,18 +15,16 @@
 #include <vector>
 
 #include "lathe/core/store.h"
+#include "lathe/widgets/chart_panel.h"
 
 class QCustomPlot;
 class QCPGraph;
 class QCPItemTracer;
 class QCPItemText;
-class QMouseEvent;
-class QTimer;
-class QToolButton;
 
 namespace lathe::widgets {
 
-class MetricChart : public QWidget {
+class MetricChart : public ChartPanel {
     Q_OBJECT
 public:
     /// `keys` fixes the line style order (first key solid, second dashed...); other keys
@@ -51,26 +48,18 @@ public:
     int pointCount(int64_t runId, const std::string& key) const;
     int stagedCount() const;
     int graphCount() const;
-    /// Timer flushes that moved staged points into the graphs.
-    int flushCount() const { return m_flushCount; }
-    /// Replots actually performed by QCustomPlot (after coalescing).
-    int replotCount() const { return m_replotCount; }
     /// Last step in the graph of a series, or INT64_MIN when empty/absent.
     int64_t lastStep(int64_t runId, const std::string& key) const;
     QColor runColor(int64_t runId);
 
-    void setFlushInterval(int ms);
     int flushInterval() const;
     /// QCustomPlot's adaptive sampling for every graph (on by default; the benchmark turns it off).
     void setAdaptiveSampling(bool on);
     bool adaptiveSampling() const { return m_adaptiveSampling; }
 
-    bool savePng(const QString& path, int width = 0, int height = 0, double scale = 1.0);
-    bool savePdf(const QString& path, int width = 0, int height = 0);
-
     /// Shows the tracer and tooltip for the data point nearest to `pos` (plot pixels);
     /// returns the text shown, empty when nothing is near.
-    QString hoverAt(const QPointF& pos);
+    QString hoverAt(const QPointF& pos) override;
     QString hoverText() const { return m_hoverText; }
 
     /// Pixel position of a data point, for tests.
@@ -79,16 +68,15 @@ public:
     /// Where the legend sits inside the axis rect (loss: top right, accuracy: bottom right).
     void setLegendAlignment(Qt::Alignment alignment);
 
-    QCustomPlot* plot() const { return m_plot; }
     QCPGraph* graph(int64_t runId, const std::string& key) const;
 
 public Q_SLOTS:
     /// Moves staged points into the graphs and requests one queued replot.
-    void flushStaged();
+    void flushStaged() override;
     /// Fits the axes to the data and resumes following new points.
-    void rescale();
+    void rescale() override;
     /// Asks for a file name and saves PNG or PDF by its suffix.
-    void exportDialog();
+    void exportDialog() override;
 
 Q_SIGNALS:
     /// After a flush moved `points` staged points into the graphs.
@@ -100,24 +88,16 @@ private:
     int keyStyleIndex(const std::string& key);
     void applyAutoRange();
     void updateEmptyHint();
-    void onMouseMove(QMouseEvent* event);
-    void stopFollowing();
 
     QString m_title;
     QStringList m_keys;
-    QCustomPlot* m_plot = nullptr;
     QCPItemTracer* m_tracer = nullptr;
     QCPItemText* m_emptyHint = nullptr;
-    QTimer* m_flushTimer = nullptr;
     std::map<SeriesKey, QCPGraph*> m_graphs;
     std::map<SeriesKey, std::vector<core::MetricPoint>> m_staged;
     int m_stagedCount = 0;
     std::map<int64_t, int> m_runColorIndex;
-    int m_flushCount = 0;
-    int m_replotCount = 0;
-    bool m_follow = true;  // fit axes on every flush until the user pans or zooms
     bool m_adaptiveSampling = true;
-    QString m_hoverText;
 };
 
 }  // namespace lathe::widgets

@@ -1,0 +1,65 @@
+#pragma once
+// What MetricChart, LossScaleView and CommView share: a header row (title, optional summary,
+// "Fit" and "Export…"), one QCustomPlot below it with drag/zoom, a context menu, hover on
+// mouse move, the single-shot timer that coalesces staged live points, and PNG/PDF export
+// that flushes the staged points first. The views own their data, staging and hover text.
+#include <QSize>
+#include <QString>
+#include <QWidget>
+
+class QCPItemTracer;
+class QCustomPlot;
+class QLabel;
+class QMouseEvent;
+class QPointF;
+class QTimer;
+
+namespace lathe::widgets {
+
+class ChartPanel : public QWidget {
+    Q_OBJECT
+public:
+    ~ChartPanel() override;
+
+    /// Timer flushes that moved staged points into the graphs.
+    int flushCount() const { return m_flushCount; }
+    /// Replots actually performed by QCustomPlot (after coalescing).
+    int replotCount() const { return m_replotCount; }
+    void setFlushInterval(int ms);
+
+    bool savePng(const QString& path, int width = 0, int height = 0, double scale = 1.0);
+    bool savePdf(const QString& path, int width = 0, int height = 0);
+
+    QCustomPlot* plot() const { return m_plot; }
+
+    /// Moves staged points into the graphs (the views declare these as slots).
+    virtual void flushStaged() = 0;
+    virtual void rescale() = 0;
+    virtual void exportDialog() = 0;
+    virtual QString hoverAt(const QPointF& pos) = 0;
+
+protected:
+    /// Builds the header row and the plot; `withSummary` puts a grey summary label after the title.
+    ChartPanel(const QString& titleHtml, bool withSummary, const QString& exportToolTip, const QString& plotName,
+               const QSize& plotMinimumSize, QWidget* parent);
+
+    /// Asks for a file name and saves PNG (2x) or PDF by its suffix.
+    void exportWithDialog(const QString& caption, const QString& defaultName);
+    /// Shows `text` as the tooltip at `pos`, or hides the tracer and tooltip when it is empty;
+    /// replots when the text changed.
+    void showHover(const QPointF& pos, const QString& text, QCPItemTracer* tracer);
+
+    QLabel* m_titleLabel = nullptr;
+    QLabel* m_summary = nullptr;  // null without a summary
+    QCustomPlot* m_plot = nullptr;
+    QTimer* m_flushTimer = nullptr;
+    int m_flushCount = 0;
+    int m_replotCount = 0;
+    bool m_follow = true;  // fit axes on every flush until the user pans or zooms
+    QString m_hoverText;
+
+private:
+    void onMouseMove(QMouseEvent* event);
+};
+
+}  // namespace lathe::widgets
