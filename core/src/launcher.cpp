@@ -111,10 +111,30 @@ DistEnv distEnvFromEnvironment() {
     return d;
 }
 
+namespace {
+
+LaunchResult launchOnce(const LaunchOptions& options, const EventSink& sink, const std::string& program, int port,
+                        bool& rendezvousPortTaken);
+
+}  // namespace
+
 LaunchResult launchLocal(const LaunchOptions& options, const EventSink& sink) {
     if (options.nproc < 1) throw ConfigError("`nproc` must be at least 1");
     const std::string program = options.program.empty() ? defaultProgram() : options.program;
-    const int port = freePort();
+    // The free port is probed and released before rank 0 binds it; if another program takes it
+    // in between, the rendezvous fails at once and the launch is retried on a new port.
+    for (int attempt = 1;; ++attempt) {
+        bool portTaken = false;
+        auto result = launchOnce(options, sink, program, freePort(), portTaken);
+        if (!portTaken || attempt == 3) return result;
+        if (sink) sink(Event::log("warn", "rendezvous port was taken by another program; retrying on a new port"));
+    }
+}
+
+namespace {
+
+LaunchResult launchOnce(const LaunchOptions& options, const EventSink& sink, const std::string& program, int port,
+                        bool& rendezvousPortTaken) {
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     const std::string threads = std::to_string(std::max(1u, cores / static_cast<unsigned>(options.nproc)));
 
@@ -292,6 +312,12 @@ LaunchResult launchLocal(const LaunchOptions& options, const EventSink& sink) {
         if (fds.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
 
+    bool anyRunning = false;
+    for (const auto& w : workers) anyRunning |= !w.lastStatus.empty();
+    if (result.failedRank >= 0 && !anyRunning) {
+        for (const auto& line : workers[static_cast<size_t>(result.failedRank)].lastErrors)
+            if (line.find("in use") != std::string::npos) rendezvousPortTaken = true;
+    }
     if (result.failedRank >= 0) {
         const auto& w = workers[static_cast<size_t>(result.failedRank)];
         result.status = "failed";
@@ -315,5 +341,7 @@ LaunchResult launchLocal(const LaunchOptions& options, const EventSink& sink) {
     }
     return result;
 }
+
+}  // namespace
 
 }  // namespace lathe::core
