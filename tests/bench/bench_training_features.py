@@ -23,24 +23,13 @@ Exit codes: 0 measured (whatever the ratios), 1 something broke, 2 bad arguments
 import argparse
 import json
 import os
-import random
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
 
-
-def write_idx(directory, n_train, n_test, seed):
-    rng = random.Random(seed)
-    os.makedirs(directory, exist_ok=True)
-    for prefix, n in (("train", n_train), ("t10k", n_test)):
-        with open(os.path.join(directory, prefix + "-images-idx3-ubyte"), "wb") as f:
-            f.write(struct.pack(">IIII", 0x00000803, n, 28, 28))
-            f.write(rng.randbytes(n * 28 * 28))
-        with open(os.path.join(directory, prefix + "-labels-idx1-ubyte"), "wb") as f:
-            f.write(struct.pack(">II", 0x00000801, n))
-            f.write(bytes(rng.randrange(10) for _ in range(n)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_trainer import write_idx  # noqa: E402  (the same synthetic MNIST-shaped IDX writer)
 
 
 def run(lathectl, db, args):

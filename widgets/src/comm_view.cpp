@@ -230,9 +230,7 @@ void CommView::clear() {
     for (auto& [rank, g] : m_ranks)
         for (QCPGraph* graph : g.graphs) m_plot->removeGraph(graph);
     m_ranks.clear();
-    m_lastStep.clear();
-    m_staged.clear();
-    m_stagedCount = 0;
+    m_live.resetShown();
     m_follow = true;
     m_hoverText.clear();
     // Neutral ranges, so a placeholder never sits on the previous run's scales.
@@ -254,19 +252,11 @@ void CommView::showRun(const core::Store& store, int64_t runId) {
     for (const auto& key : store.metricKeys(runId))
         if (parseKey(key)) keys.push_back(key);
     // Live keys the store writer has not committed a first point of yet.
-    for (const auto& [k, points] : m_live)
-        if (k.first == runId && std::find(keys.begin(), keys.end(), k.second) == keys.end()) keys.push_back(k.second);
+    for (const auto& key : m_live.liveKeys(runId))
+        if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
     for (const auto& key : keys) {
         const auto parsed = parseKey(key);
-        std::vector<core::MetricPoint> points = store.metrics(runId, key);
-        auto live = m_live.find({runId, key});
-        if (live != m_live.end()) {
-            const int64_t last = points.empty() ? std::numeric_limits<int64_t>::min() : points.back().step;
-            for (const auto& p : live->second)
-                if (p.step > last) points.push_back(p);
-        }
-        addPoints(parsed->first, parsed->second, points);
-        m_lastStep[key] = points.empty() ? std::numeric_limits<int64_t>::min() : points.back().step;
+        addPoints(parsed->first, parsed->second, m_live.load(store, runId, key));
     }
     if (m_follow) applyAutoRange();
     updateHint();
@@ -287,42 +277,20 @@ void CommView::addPoints(int rank, Metric metric, const std::vector<core::Metric
 }
 
 void CommView::onEvents(int64_t runId, const std::vector<core::Event>& events) {
-    for (const auto& e : events) {
-        if (e.type != core::Event::Type::Metric || !parseKey(e.key)) continue;
-        core::MetricPoint p;
-        p.step = e.step;
-        p.value = e.value;
-        p.wallTime = e.wallTime;
-        m_live[{runId, e.key}].push_back(p);
-        if (runId != m_runId) continue;
-        auto [it, inserted] = m_lastStep.try_emplace(e.key, std::numeric_limits<int64_t>::min());
-        if (p.step <= it->second) continue;  // already loaded from the store
-        it->second = p.step;
-        m_staged[e.key].push_back(p);
-        ++m_stagedCount;
-    }
-    if (m_stagedCount > 0 && !m_flushTimer->isActive()) m_flushTimer->start();
+    m_live.add(runId, m_runId, events, [](const std::string& key) { return parseKey(key).has_value(); });
+    if (m_live.stagedCount() > 0 && !m_flushTimer->isActive()) m_flushTimer->start();
 }
 
-void CommView::forgetLive(int64_t runId) {
-    for (auto it = m_live.begin(); it != m_live.end();) {
-        if (it->first.first == runId)
-            it = m_live.erase(it);
-        else
-            ++it;
-    }
-}
+void CommView::forgetLive(int64_t runId) { m_live.forget(runId); }
 
 void CommView::flushStaged() {
     m_flushTimer->stop();
-    if (m_stagedCount == 0) return;
-    const int moved = m_stagedCount;
-    for (auto& [key, points] : m_staged) {
+    if (m_live.stagedCount() == 0) return;
+    const int moved = m_live.stagedCount();
+    for (auto& [key, points] : m_live.takeStaged()) {
         const auto parsed = parseKey(key);
         addPoints(parsed->first, parsed->second, points);
     }
-    m_staged.clear();
-    m_stagedCount = 0;
     ++m_flushCount;
     if (m_follow) applyAutoRange();
     updateHint();

@@ -121,9 +121,7 @@ LossScaleView::~LossScaleView() = default;
 void LossScaleView::clear() {
     m_runId = 0;
     m_steps.clear();
-    m_lastStep.clear();
-    m_staged.clear();
-    m_stagedCount = 0;
+    m_live.resetShown();
     m_skipped = 0;
     m_follow = true;
     m_hoverText.clear();
@@ -141,18 +139,7 @@ void LossScaleView::showRun(const core::Store& store, int64_t runId) {
     m_runId = runId;
     if (runId <= 0) return;
     m_titleLabel->setText(tr("<b>Loss scale · run %1</b>").arg(runId));
-    for (const char* key : {kScaleKey, kSkippedKey, kGradNormKey}) {
-        std::vector<core::MetricPoint> points = store.metrics(runId, key);
-        // Top up with live points the store writer has not committed yet.
-        auto live = m_live.find({runId, key});
-        if (live != m_live.end()) {
-            const int64_t last = points.empty() ? std::numeric_limits<int64_t>::min() : points.back().step;
-            for (const auto& p : live->second)
-                if (p.step > last) points.push_back(p);
-        }
-        addPoints(key, points);
-        m_lastStep[key] = points.empty() ? std::numeric_limits<int64_t>::min() : points.back().step;
-    }
+    for (const char* key : {kScaleKey, kSkippedKey, kGradNormKey}) addPoints(key, m_live.load(store, runId, key));
     if (m_follow) applyAutoRange();
     updateHint();
     m_plot->replot(QCustomPlot::rpQueuedReplot);
@@ -203,39 +190,17 @@ void LossScaleView::addPoints(const std::string& key, const std::vector<core::Me
 }
 
 void LossScaleView::onEvents(int64_t runId, const std::vector<core::Event>& events) {
-    for (const auto& e : events) {
-        if (e.type != core::Event::Type::Metric || !isKey(e.key)) continue;
-        core::MetricPoint p;
-        p.step = e.step;
-        p.value = e.value;
-        p.wallTime = e.wallTime;
-        m_live[{runId, e.key}].push_back(p);
-        if (runId != m_runId) continue;
-        auto [it, inserted] = m_lastStep.try_emplace(e.key, std::numeric_limits<int64_t>::min());
-        if (p.step <= it->second) continue;  // already loaded from the store
-        it->second = p.step;
-        m_staged[e.key].push_back(p);
-        ++m_stagedCount;
-    }
-    if (m_stagedCount > 0 && !m_flushTimer->isActive()) m_flushTimer->start();
+    m_live.add(runId, m_runId, events, [](const std::string& key) { return isKey(key); });
+    if (m_live.stagedCount() > 0 && !m_flushTimer->isActive()) m_flushTimer->start();
 }
 
-void LossScaleView::forgetLive(int64_t runId) {
-    for (auto it = m_live.begin(); it != m_live.end();) {
-        if (it->first.first == runId)
-            it = m_live.erase(it);
-        else
-            ++it;
-    }
-}
+void LossScaleView::forgetLive(int64_t runId) { m_live.forget(runId); }
 
 void LossScaleView::flushStaged() {
     m_flushTimer->stop();
-    if (m_stagedCount == 0) return;
-    const int moved = m_stagedCount;
-    for (auto& [key, points] : m_staged) addPoints(key, points);
-    m_staged.clear();
-    m_stagedCount = 0;
+    if (m_live.stagedCount() == 0) return;
+    const int moved = m_live.stagedCount();
+    for (auto& [key, points] : m_live.takeStaged()) addPoints(key, points);
     ++m_flushCount;
     if (m_follow) applyAutoRange();
     updateHint();

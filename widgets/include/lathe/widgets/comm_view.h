@@ -18,6 +18,7 @@
 #include "lathe/core/events.h"
 #include "lathe/core/store.h"
 #include "lathe/widgets/chart_panel.h"
+#include "lathe/widgets/live_series.h"
 
 class QCPAxisRect;
 class QCPGraph;
@@ -62,7 +63,7 @@ public:
     /// The placeholder text shown over the charts; empty when data is shown.
     QString placeholderText() const;
     QString summaryText() const;
-    int stagedCount() const { return m_stagedCount; }
+    int stagedCount() const { return m_live.stagedCount(); }
 
     QCPAxisRect* msRect() const { return m_msRect; }
     QCPAxisRect* overlapRect() const { return m_overlapRect; }
@@ -95,10 +96,7 @@ private:
 
     int64_t m_runId = 0;
     std::map<int, RankGraphs> m_ranks;
-    std::map<std::string, int64_t> m_lastStep;  // per key: live points at or before are loaded
-    std::map<std::string, std::vector<core::MetricPoint>> m_staged;
-    int m_stagedCount = 0;
-    std::map<std::pair<int64_t, std::string>, std::vector<core::MetricPoint>> m_live;
+    LiveSeries m_live;  // live points of every run; the shown run's new ones staged
 };
 
 }  // namespace lathe::widgets

@@ -15,6 +15,7 @@
 #include "lathe/core/events.h"
 #include "lathe/core/store.h"
 #include "lathe/widgets/chart_panel.h"
+#include "lathe/widgets/live_series.h"
 
 class QCPAxisRect;
 class QCPGraph;
@@ -49,7 +50,7 @@ public:
     int scalePointCount() const;
     int skippedCount() const;
     int gradNormPointCount() const;  // finite grad norms plotted
-    int stagedCount() const { return m_stagedCount; }
+    int stagedCount() const { return m_live.stagedCount(); }
 
     QCPAxisRect* scaleRect() const { return m_scaleRect; }
     QCPAxisRect* normRect() const { return m_normRect; }
@@ -91,11 +92,7 @@ private:
     int64_t m_runId = 0;
     // Everything the hover needs, by step (the graphs hold what is drawn).
     std::map<int64_t, StepValues> m_steps;
-    std::map<std::string, int64_t> m_lastStep;  // per key: live points at or before are loaded
-    std::map<std::string, std::vector<core::MetricPoint>> m_staged;
-    int m_stagedCount = 0;
-    // Live points per run and key, so a run selected mid-training gets uncommitted points.
-    std::map<std::pair<int64_t, std::string>, std::vector<core::MetricPoint>> m_live;
+    LiveSeries m_live;  // live points of every run; the shown run's new ones staged
     int m_skipped = 0;
 };
 
