@@ -1,0 +1,48 @@
+#pragma once
+// An open-loop HTTP load generator for KServe v2 servers (`lathectl load`). Requests are
+// scheduled at fixed intended send times (rate R); latency is measured from the intended send
+// time, so a server that falls behind shows its queueing instead of hiding it (the "coordinated
+// omission" correction of wrk2).
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace lathe::core {
+
+struct LoadOptions {
+    std::string url = "http://127.0.0.1:8500";  // server base URL
+    std::string model;                          // /v2/models/MODEL/infer
+    double rate = 100;                          // requests per second (intended)
+    double durationS = 10;
+    int users = 8;                              // concurrent connections (keep-alive)
+    double timeoutS = 10;                       // per request
+    int64_t rowsPerRequest = 1;
+    std::string body;  // request body; empty = random FP32 input built from GET /v2/models/MODEL
+};
+
+struct LoadReport {
+    int64_t sent = 0;
+    int64_t ok = 0;
+    int64_t errors = 0;                       // non-2xx answers + transport failures
+    std::map<std::string, int64_t> byStatus;  // "200", "503", "connect", "timeout", ...
+    double elapsedS = 0;
+    double qps = 0;                           // completed answers per second
+    double p50Ms = 0, p90Ms = 0, p99Ms = 0, p999Ms = 0, maxMs = 0, meanMs = 0;
+    std::vector<double> latenciesMs;          // every successful request, in completion order
+};
+
+/// Progress once a second: seconds elapsed, report so far.
+using LoadProgress = std::function<void(double, const LoadReport&)>;
+
+/// Runs the load until the duration ends or `stop` is set. Throws Error when the server cannot be
+/// reached or the model's metadata is unusable before the run starts.
+LoadReport runLoad(const LoadOptions& options, const std::atomic<bool>* stop = nullptr,
+                   const LoadProgress& progress = {});
+
+/// Percentile (0..100) of unsorted values, nearest-rank; 0 for none.
+double percentile(std::vector<double> values, double p);
+
+}  // namespace lathe::core

@@ -1,0 +1,61 @@
+#pragma once
+// The inference server behind `lathectl serve`: an asynchronous HTTP/1.1 server (Boost.Beast)
+// speaking the Open Inference (KServe v2) protocol, with a Triton-style dynamic batcher, hot
+// model swap, and Prometheus metrics. Torch stays inside core's private sources.
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "lathe/core/registry.h"
+
+namespace lathe::core {
+
+struct ServeOptions {
+    std::string host = "127.0.0.1";
+    uint16_t port = 8500;          // 0 = any free port (see InferenceServer::port())
+    int64_t maxBatch = 32;         // rows per batch
+    double maxDelayMs = 10;        // the oldest request waits at most this long for a fuller batch
+    int64_t maxQueue = 1024;       // rows waiting; beyond it requests get 503 + Retry-After
+    int ioThreads = 2;             // HTTP threads (connections are multiplexed on them)
+    int computeThreads = 0;        // LibTorch intra-op threads; 0 = LibTorch's default
+    int64_t maxBodyBytes = 8 << 20;
+    double idleTimeoutS = 30;      // a client silent this long mid-request (or idle) is dropped
+    std::string workspace;         // registry to load versions from (hot swap by version); optional
+};
+
+/// A model to serve: a registered version or a plain artifact file.
+struct ServedModel {
+    std::string name;     // the URL name: /v2/models/NAME
+    int64_t version = 0;  // 0 = from a file
+    std::string path;
+};
+
+class InferenceServer {
+public:
+    explicit InferenceServer(ServeOptions options);
+    ~InferenceServer();  // stops
+    InferenceServer(const InferenceServer&) = delete;
+    InferenceServer& operator=(const InferenceServer&) = delete;
+
+    /// Loads (and warms up) a model. A model already served under that name is replaced
+    /// atomically once the new one is ready: requests admitted before the switch finish on the
+    /// old one. Throws (and keeps the old model) when the new one fails to load.
+    void load(const ServedModel& model);
+    /// Binds and starts serving; returns the port actually bound. Throws Error("port 8500 is in use ...").
+    uint16_t start();
+    uint16_t port() const;
+    /// The version now served under `name` (0 when none or from a file).
+    int64_t servedVersion(const std::string& name) const;
+    /// Stops accepting, answers what is queued, closes connections. Idempotent.
+    void stop();
+    /// Blocks until stop() (from another thread or a signal handler's flag via runUntil).
+    void runUntil(const std::atomic<bool>& stopFlag);
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> d;
+};
+
+}  // namespace lathe::core
