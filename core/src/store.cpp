@@ -17,6 +17,7 @@
 
 #include "lathe/core/error.h"
 #include "lathe/core/events.h"
+#include "sqlite_util.h"
 
 namespace fs = std::filesystem;
 
@@ -93,70 +94,67 @@ CREATE TABLE profile_spans(
   cuda_ns INTEGER);
 CREATE INDEX profile_spans_by_run ON profile_spans(run_id, step, start_ns);
 )sql",
+    // 2 -> 3: model registry, deployments, serving metrics, alerts
+    R"sql(
+CREATE TABLE models(
+  id INTEGER PRIMARY KEY,
+  name TEXT NOT NULL UNIQUE,
+  created_at REAL NOT NULL);
+CREATE TABLE model_versions(
+  model_id INTEGER NOT NULL REFERENCES models(id) ON DELETE CASCADE,
+  version INTEGER NOT NULL,
+  path TEXT NOT NULL,
+  sha256 TEXT NOT NULL,
+  size_bytes INTEGER NOT NULL,
+  signature TEXT NOT NULL,
+  metrics TEXT NOT NULL DEFAULT '{}',
+  run_id INTEGER REFERENCES runs(id) ON DELETE SET NULL,
+  data TEXT NOT NULL DEFAULT '',
+  parent_version INTEGER,
+  source TEXT NOT NULL,
+  created_at REAL NOT NULL,
+  PRIMARY KEY(model_id, version));
+CREATE TABLE model_aliases(
+  model_id INTEGER NOT NULL REFERENCES models(id) ON DELETE CASCADE,
+  alias TEXT NOT NULL,
+  version INTEGER NOT NULL,
+  updated_at REAL NOT NULL,
+  PRIMARY KEY(model_id, alias));
+CREATE TABLE deployments(
+  id INTEGER PRIMARY KEY,
+  model TEXT NOT NULL,
+  version INTEGER NOT NULL,
+  target TEXT NOT NULL,
+  url TEXT NOT NULL,
+  pid INTEGER,
+  log_path TEXT NOT NULL DEFAULT '',
+  actor TEXT NOT NULL,
+  action TEXT NOT NULL,
+  reason TEXT NOT NULL DEFAULT '',
+  started_at REAL NOT NULL,
+  ended_at REAL,
+  end_reason TEXT);
+CREATE INDEX deployments_by_model ON deployments(model, started_at);
+CREATE TABLE serving_metrics(
+  model TEXT NOT NULL,
+  key TEXT NOT NULL,
+  t REAL NOT NULL,
+  value REAL,
+  version INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX serving_metrics_by_model ON serving_metrics(model, key, t);
+CREATE TABLE alerts(
+  id INTEGER PRIMARY KEY,
+  model TEXT NOT NULL,
+  rule TEXT NOT NULL,
+  message TEXT NOT NULL,
+  value REAL,
+  fired_at REAL NOT NULL,
+  resolved_at REAL);
+CREATE INDEX alerts_by_model ON alerts(model, fired_at);
+)sql",
 };
 constexpr int kLatestSchema = static_cast<int>(sizeof(kMigrations) / sizeof(kMigrations[0]));
 static_assert(kLatestSchema == Store::kSchemaVersion, "add a migration when bumping the schema version");
-
-class Stmt {
-public:
-    Stmt(sqlite3* db, const char* sql) : m_db(db) {
-        if (sqlite3_prepare_v2(db, sql, -1, &m_stmt, nullptr) != SQLITE_OK)
-            throw StoreError(std::string("SQL prepare failed: ") + sqlite3_errmsg(db));
-    }
-    ~Stmt() { sqlite3_finalize(m_stmt); }
-    Stmt(const Stmt&) = delete;
-    Stmt& operator=(const Stmt&) = delete;
-
-    Stmt& bind(int i, int64_t v) { return check(sqlite3_bind_int64(m_stmt, i, v)); }
-    Stmt& bind(int i, double v) { return check(sqlite3_bind_double(m_stmt, i, v)); }
-    Stmt& bind(int i, const std::string& v) {
-        return check(sqlite3_bind_text(m_stmt, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT));
-    }
-    Stmt& bindNull(int i) { return check(sqlite3_bind_null(m_stmt, i)); }
-    /// true while there is a row.
-    bool step() {
-        const int rc = sqlite3_step(m_stmt);
-        if (rc == SQLITE_ROW) return true;
-        if (rc == SQLITE_DONE) return false;
-        throw StoreError(std::string("SQL failed: ") + sqlite3_errmsg(m_db));
-    }
-    void run() {
-        // Reset even when the step fails: a statement left mid-step refuses every later bind.
-        struct Reset {
-            Stmt* s;
-            ~Reset() { s->reset(); }
-        } guard{this};
-        step();
-    }
-    void reset() {
-        sqlite3_reset(m_stmt);
-        sqlite3_clear_bindings(m_stmt);
-    }
-    int64_t i64(int c) const { return sqlite3_column_int64(m_stmt, c); }
-    double f64(int c) const { return sqlite3_column_double(m_stmt, c); }
-    bool isNull(int c) const { return sqlite3_column_type(m_stmt, c) == SQLITE_NULL; }
-    std::string text(int c) const {
-        const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(m_stmt, c));
-        return p ? std::string(p, sqlite3_column_bytes(m_stmt, c)) : std::string();
-    }
-
-private:
-    Stmt& check(int rc) {
-        if (rc != SQLITE_OK) throw StoreError(std::string("SQL bind failed: ") + sqlite3_errmsg(m_db));
-        return *this;
-    }
-    sqlite3* m_db;
-    sqlite3_stmt* m_stmt = nullptr;
-};
-
-void exec(sqlite3* db, const char* sql) {
-    char* err = nullptr;
-    if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
-        std::string msg = err ? err : sqlite3_errmsg(db);
-        sqlite3_free(err);
-        throw StoreError(msg);
-    }
-}
 
 // A metric point as queued: 40 bytes, the key interned (Impl::keyNames), so a million queued
 // points cost ~40 MB rather than a full WriteOp each.

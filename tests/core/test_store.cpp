@@ -202,7 +202,9 @@ TEST_CASE("a schema-1 workspace is migrated forward and keeps its runs", "[store
         s.flush();
     }
     // Turn it back into what Lathe 0.1 with schema 1 wrote.
-    sqlExec(path, "DROP TABLE profile_spans; PRAGMA user_version = 1;");
+    sqlExec(path,
+            "DROP TABLE profile_spans; DROP TABLE models; DROP TABLE model_versions; DROP TABLE model_aliases; "
+            "DROP TABLE deployments; DROP TABLE serving_metrics; DROP TABLE alerts; PRAGMA user_version = 1;");
     Store s(path);
     CHECK(s.schemaVersion() == Store::kSchemaVersion);
     CHECK(s.run(id)->name == "from-v1");
