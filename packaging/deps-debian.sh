@@ -11,8 +11,10 @@ core=(
   libgloo-dev                                # c10d Gloo process group (data-parallel training on the CPU)
   libsqlite3-dev libssh-dev libssl-dev zlib1g-dev
   libtomlplusplus-dev nlohmann-json3-dev libcli11-dev
+  libboost-dev prometheus-cpp-dev            # Beast/Asio HTTP server and client; Prometheus metrics
   catch2 openssh-server openssh-client       # tests; sshd is started on loopback by the remote tests
   python3-torch                              # PyTorch baseline of the trainer benchmark
+  clang libclang-rt-14-dev                   # libFuzzer for the request-parser fuzz test
 )
 gui=(
   qt6-base-dev libqcustomplot-dev libgl-dev fonts-dejavu-core

@@ -178,4 +178,19 @@ CheckpointInfo loadCheckpoint(const std::string& path, torch::nn::Module& model,
     return info;
 }
 
+CheckpointInfo loadModelWeights(const std::string& path, torch::nn::Module& model) {
+    CheckpointInfo info;
+    const std::string payload = readVerified(path, info);
+    try {
+        std::istringstream in(payload);
+        torch::serialize::InputArchive archive;
+        archive.load_from(in);
+        model.load(archive);
+    } catch (const c10::Error& ex) {
+        std::string msg = ex.what_without_backtrace();
+        throw CheckpointError("checkpoint " + path + " does not fit this model: " + msg.substr(0, msg.find('\n')));
+    }
+    return info;
+}
+
 }  // namespace lathe::core

@@ -21,4 +21,7 @@ CheckpointInfo saveCheckpoint(const std::string& path, torch::nn::Module& model,
 CheckpointInfo loadCheckpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                               CheckpointExtras* extras = nullptr);
 
+/// Verifies the checksum and restores only the model's parameters and buffers (for export).
+CheckpointInfo loadModelWeights(const std::string& path, torch::nn::Module& model);
+
 }  // namespace lathe::core

@@ -51,6 +51,9 @@ namespace lathe::core::data {
 struct SplitSet {
     RawSet train;
     RawSet val;
+    // Per-feature standardisation applied to both splits (csv only; empty otherwise): a served
+    // model must apply the same to raw inputs.
+    std::vector<float> mean, stddev;
 };
 /// Loads spec.data and splits it deterministically by spec.seed (an IDX directory's t10k files
 /// are its validation set). csv features are standardised with the training split's statistics.

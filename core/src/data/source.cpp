@@ -134,6 +134,13 @@ void standardise(SplitSet& sp) {
             const double t = sp.train.x[i * d + k] - mean[k];
             var[k] += t * t;
         }
+    sp.mean.assign(static_cast<size_t>(d), 0.0f);
+    sp.stddev.assign(static_cast<size_t>(d), 1.0f);
+    for (int64_t k = 0; k < d; ++k) {
+        const double sd = std::sqrt(var[k] / static_cast<double>(n));
+        sp.mean[k] = static_cast<float>(mean[k]);
+        sp.stddev[k] = static_cast<float>(sd > 1e-12 ? sd : 1.0);
+    }
     for (auto* set : {&sp.train, &sp.val}) {
         for (int64_t i = 0; i < set->size(); ++i)
             for (int64_t k = 0; k < d; ++k) {

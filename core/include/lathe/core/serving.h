@@ -53,8 +53,9 @@ public:
     /// Blocks until stop() (from another thread or a signal handler's flag via runUntil).
     void runUntil(const std::atomic<bool>& stopFlag);
 
+    struct Impl;  // public only so the server's private session class can name it
+
 private:
-    struct Impl;
     std::unique_ptr<Impl> d;
 };
 

@@ -1,0 +1,118 @@
+#include "batcher.h"
+
+#include <cstring>
+
+namespace lathe::core::serving {
+
+Batcher::Batcher(int64_t maxBatch, double maxDelayMs, int64_t maxQueueRows, BatcherStats stats)
+    : m_maxBatch(std::max<int64_t>(1, maxBatch)),
+      m_maxDelay(std::chrono::nanoseconds(static_cast<int64_t>(std::max(0.0, maxDelayMs) * 1e6))),
+      m_maxQueueRows(std::max<int64_t>(1, maxQueueRows)),
+      m_stats(std::move(stats)) {
+    m_thread = std::thread([this] { loop(); });
+}
+
+Batcher::~Batcher() { stop(); }
+
+bool Batcher::submit(PendingRequest&& r) {
+    int64_t depth = 0;
+    {
+        std::lock_guard<std::mutex> lk(m_mutex);
+        if (m_stopping || m_queuedRows + r.rows > m_maxQueueRows) return false;
+        m_queuedRows += r.rows;
+        depth = m_queuedRows;
+        m_queue.push_back(std::move(r));
+    }
+    m_cv.notify_one();
+    if (m_stats.onQueueDepth) m_stats.onQueueDepth(depth);
+    return true;
+}
+
+int64_t Batcher::queuedRows() const {
+    std::lock_guard<std::mutex> lk(m_mutex);
+    return m_queuedRows;
+}
+
+void Batcher::stop() {
+    {
+        std::lock_guard<std::mutex> lk(m_mutex);
+        m_stopping = true;
+    }
+    m_cv.notify_all();
+    if (m_thread.joinable()) m_thread.join();
+}
+
+void Batcher::loop() {
+    std::vector<PendingRequest> batch;
+    for (;;) {
+        {
+            std::unique_lock<std::mutex> lk(m_mutex);
+            m_cv.wait(lk, [&] { return m_stopping || !m_queue.empty(); });
+            if (m_queue.empty()) return;  // stopping and drained
+            // Rows that could join the oldest request's batch: same model version, in order.
+            auto ready = [&] {
+                int64_t rows = 0;
+                for (const auto& r : m_queue) {
+                    if (r.model != m_queue.front().model) return true;  // a version boundary closes the batch
+                    rows += r.rows;
+                    if (rows >= m_maxBatch) return true;
+                }
+                return false;
+            };
+            const auto deadline = m_queue.front().enqueued + m_maxDelay;
+            while (!m_stopping && !ready() && Clock::now() < deadline) m_cv.wait_until(lk, deadline);
+            const auto model = m_queue.front().model;
+            int64_t rows = 0;
+            while (!m_queue.empty() && m_queue.front().model == model && rows + m_queue.front().rows <= m_maxBatch) {
+                rows += m_queue.front().rows;
+                batch.push_back(std::move(m_queue.front()));
+                m_queue.pop_front();
+            }
+            m_queuedRows -= rows;
+        }
+        if (m_stats.onQueueDepth) m_stats.onQueueDepth(queuedRows());
+        runBatch(batch);
+        batch.clear();
+    }
+}
+
+void Batcher::runBatch(std::vector<PendingRequest>& batch) {
+    auto& model = *batch.front().model;
+    const auto start = Clock::now();
+    // Rows go straight into the model's pre-allocated batch buffer: no tensor is allocated per request.
+    float* in = model.inputBuffer();
+    int64_t rows = 0;
+    for (const auto& r : batch) {
+        std::memcpy(in + rows * model.inputElems(), r.input.data(), r.input.size() * sizeof(float));
+        rows += r.rows;
+    }
+    m_output.resize(static_cast<size_t>(rows * model.outputElems()));
+    BatchResult proto;
+    try {
+        model.run(rows, m_output.data());
+    } catch (const std::exception& ex) {
+        proto.status = 500;
+        proto.error = std::string("inference failed: ") + ex.what();
+    }
+    const auto end = Clock::now();
+    proto.computeS = std::chrono::duration<double>(end - start).count();
+    proto.batchRows = rows;
+    if (m_stats.onBatch && proto.status == 200) m_stats.onBatch(model, rows, proto.computeS);
+    int64_t offset = 0;
+    for (auto& r : batch) {
+        BatchResult res;
+        res.status = proto.status;
+        res.error = proto.error;
+        res.computeS = proto.computeS;
+        res.batchRows = rows;
+        res.queueS = std::chrono::duration<double>(start - r.enqueued).count();
+        if (proto.status == 200) {
+            const auto n = r.rows * model.outputElems();
+            res.output.assign(m_output.begin() + offset, m_output.begin() + offset + n);
+            offset += n;
+        }
+        r.done(std::move(res));
+    }
+}
+
+}  // namespace lathe::core::serving

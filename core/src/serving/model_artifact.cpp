@@ -1,0 +1,319 @@
+// Model artifacts as TorchScript archives. LibTorch's C++ modules cannot be scripted, so the
+// exporter writes the forward pass of our zoo's layer sequence as TorchScript source and
+// compiles it with Module::define: the result is an ordinary TorchScript file that
+// torch.jit.load opens anywhere, with the weights as parameters and Lathe's metadata as an
+// extra file.
+#include "lathe/core/model_artifact.h"
+
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "../checkpoint_io.h"
+#include "../data/raw.h"
+#include "../models.h"
+#include "../sha256.h"
+#include "lathe/core/store.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace lathe::core {
+namespace {
+
+constexpr const char* kMetaFile = "lathe_meta.json";
+
+std::string datatypeOf(c10::ScalarType t) {
+    switch (t) {
+        case c10::kFloat: return "FP32";
+        case c10::kDouble: return "FP64";
+        case c10::kHalf: return "FP16";
+        case c10::kBFloat16: return "BF16";
+        case c10::kLong: return "INT64";
+        case c10::kInt: return "INT32";
+        case c10::kBool: return "BOOL";
+        default: return "BYTES";
+    }
+}
+
+std::string metaJson(const ArtifactInfo& info) {
+    json j{{"format", kArtifactFormat},
+           {"signature", json::parse(signatureToJson(info.signature))},
+           {"metrics", info.metrics},
+           {"run_id", info.runId},
+           {"data", info.data},
+           {"source", info.source}};
+    return j.dump(2);
+}
+
+void fillMeta(ArtifactInfo& info, const std::string& text, const std::string& path) {
+    try {
+        const auto j = json::parse(text);
+        const int format = j.at("format").get<int>();
+        if (format > kArtifactFormat)
+            throw ConfigError("model artifact " + path + " has format " + std::to_string(format) +
+                              ", newer than this Lathe understands; upgrade Lathe");
+        info.signature = signatureFromJson(j.at("signature").dump());
+        for (const auto& [k, v] : j.value("metrics", json::object()).items())
+            if (v.is_number()) info.metrics[k] = v.get<double>();
+        info.runId = j.value("run_id", int64_t{0});
+        info.data = j.value("data", std::string());
+        info.source = j.value("source", std::string());
+    } catch (const json::exception& ex) {
+        throw ConfigError("model artifact " + path + " has malformed Lathe metadata: " + ex.what());
+    }
+}
+
+void finish(ArtifactInfo& info, const std::string& path) {
+    info.path = path;
+    info.sha256 = sha256File(path);
+    std::error_code ec;
+    info.sizeBytes = static_cast<int64_t>(fs::file_size(path, ec));
+}
+
+// Saves to a temporary name and renames, so a crash never leaves half an artifact.
+void saveModule(const torch::jit::Module& m, const std::string& outPath, const std::string& meta) {
+    std::error_code ec;
+    fs::create_directories(fs::path(outPath).parent_path(), ec);
+    const std::string tmp = outPath + ".tmp-" + std::to_string(::getpid());
+    try {
+        m.save(tmp, {{kMetaFile, meta}});
+    } catch (const c10::Error& ex) {
+        fs::remove(tmp, ec);
+        throw Error("cannot write model artifact " + outPath + ": " + ex.what_without_backtrace());
+    }
+    fs::rename(tmp, outPath, ec);
+    if (ec) {
+        fs::remove(tmp, ec);
+        throw Error("cannot move model artifact into place at " + outPath + ": " + ec.message());
+    }
+}
+
+std::string intList(std::initializer_list<int64_t> v) {
+    std::string s = "[";
+    for (auto x : v) s += (s.size() > 1 ? ", " : "") + std::to_string(x);
+    return s + "]";
+}
+
+// TorchScript for the zoo's Sequential: one statement per layer, weights as parameters.
+torch::jit::Module scriptSequential(torch::nn::Sequential& seq, const data::SplitSet& split) {
+    torch::jit::Module m("LatheModel");
+    std::ostringstream src;
+    src << "def forward(self, x: Tensor) -> Tensor:\n";
+    if (!split.mean.empty()) {
+        // csv data was standardised with the training split's statistics: apply the same to raw input.
+        m.register_buffer("input_mean", torch::tensor(split.mean));
+        m.register_buffer("input_std", torch::tensor(split.stddev));
+        src << "    x = (x - self.input_mean) / self.input_std\n";
+    }
+    int i = 0;
+    for (const auto& layer : *seq) {
+        const auto* p = layer.ptr().get();
+        const std::string n = "l" + std::to_string(i++);
+        if (dynamic_cast<const torch::nn::FlattenImpl*>(p)) {
+            src << "    x = torch.flatten(x, 1)\n";
+        } else if (const auto* lin = dynamic_cast<const torch::nn::LinearImpl*>(p)) {
+            m.register_parameter(n + "_weight", lin->weight.detach().clone(), false);
+            m.register_parameter(n + "_bias", lin->bias.detach().clone(), false);
+            src << "    x = torch.addmm(self." << n << "_bias, x, self." << n << "_weight.t())\n";
+        } else if (dynamic_cast<const torch::nn::ReLUImpl*>(p)) {
+            src << "    x = torch.relu(x)\n";
+        } else if (const auto* conv = dynamic_cast<const torch::nn::Conv2dImpl*>(p)) {
+            const auto& o = conv->options;
+            const auto& pad = c10::get<torch::ExpandingArray<2>>(o.padding());
+            m.register_parameter(n + "_weight", conv->weight.detach().clone(), false);
+            m.register_parameter(n + "_bias", conv->bias.detach().clone(), false);
+            src << "    x = torch.conv2d(x, self." << n << "_weight, self." << n << "_bias, "
+                << intList({o.stride()->at(0), o.stride()->at(1)}) << ", " << intList({pad->at(0), pad->at(1)})
+                << ", " << intList({o.dilation()->at(0), o.dilation()->at(1)}) << ", " << o.groups() << ")\n";
+        } else if (const auto* pool = dynamic_cast<const torch::nn::MaxPool2dImpl*>(p)) {
+            const auto& o = pool->options;
+            src << "    x = torch.max_pool2d(x, " << intList({o.kernel_size()->at(0), o.kernel_size()->at(1)}) << ", "
+                << intList({o.stride()->at(0), o.stride()->at(1)}) << ", "
+                << intList({o.padding()->at(0), o.padding()->at(1)}) << ", "
+                << intList({o.dilation()->at(0), o.dilation()->at(1)}) << ", " << (o.ceil_mode() ? "True" : "False")
+                << ")\n";
+        } else {
+            throw Error("cannot export layer '" + layer.ptr()->name() + "' to TorchScript");
+        }
+    }
+    src << "    return x\n";
+    m.define(src.str());
+    m.eval();
+    return m;
+}
+
+std::string readFileBytes(const std::string& path, size_t maxBytes) {
+    std::error_code ec;
+    const auto size = fs::file_size(path, ec);
+    if (ec) throw ConfigError("cannot read " + path + ": " + ec.message());
+    if (size > maxBytes) throw ConfigError(path + " is larger than " + std::to_string(maxBytes >> 20) + " MiB");
+    std::ifstream in(path, std::ios::binary);
+    std::string s(size, '\0');
+    in.read(s.data(), static_cast<std::streamsize>(size));
+    return s;
+}
+
+torch::jit::Module loadScript(const std::string& path, torch::jit::ExtraFilesMap& extra) {
+    if (!fs::is_regular_file(path)) throw ConfigError("no model file at " + path);
+    try {
+        return torch::jit::load(path, torch::kCPU, extra);
+    } catch (const c10::Error& ex) {
+        std::string msg = ex.what_without_backtrace();
+        throw ConfigError(path + " is not a TorchScript model (save one with torch.jit.trace(model, x).save(path)): " +
+                          msg.substr(0, msg.find('\n')));
+    }
+}
+
+}  // namespace
+
+ArtifactInfo exportRunModel(const Store& store, int64_t runId, const std::string& outPath) {
+    const auto run = store.run(runId);
+    if (!run) throw NotFoundError("no run " + std::to_string(runId) + " in workspace " + store.path());
+    std::string checkpoint;
+    for (const auto& a : store.artifacts(runId))
+        if (a.kind == "checkpoint") checkpoint = a.path;  // the newest
+    if (checkpoint.empty())
+        throw NotFoundError("run " + std::to_string(runId) + " (" + run->status +
+                            ") has no checkpoint to export; train with checkpoints (the default, "
+                            "--checkpoint-every 1) or resume it to completion");
+    const RunSpec spec = parseRunSpec(run->config, "run " + std::to_string(runId) + " config");
+    const auto split = data::loadSplit(spec);
+    const auto classes = static_cast<int64_t>(split.train.classNames.size());
+    auto model = makeModel(spec, split.train.shape, classes);
+    loadModelWeights(checkpoint, *model);
+    model->eval();
+
+    ArtifactInfo info;
+    std::vector<int64_t> inShape{-1};
+    inShape.insert(inShape.end(), split.train.shape.begin(), split.train.shape.end());
+    info.signature.inputs = {{"input", "FP32", inShape}};
+    info.signature.outputs = {{"logits", "FP32", {-1, classes}}};
+    info.signature.classNames = split.train.classNames;
+    for (const auto& [k, v] : store.lastMetrics(runId))
+        if (k.rfind("val/", 0) == 0 || k == "train/loss") info.metrics[k] = v;
+    info.runId = runId;
+    info.data = spec.data;
+    info.source = "run " + std::to_string(runId) + " (" + run->name + ", " + spec.model + " on " + spec.data + ")";
+
+    torch::NoGradGuard noGrad;
+    auto scripted = scriptSequential(model, split);
+    // The scripted forward must compute what the trained model computes.
+    const auto n = std::min<int64_t>(split.val.size(), 64);
+    if (n > 0) {
+        std::vector<int64_t> shape{n};
+        shape.insert(shape.end(), split.val.shape.begin(), split.val.shape.end());
+        auto x = torch::from_blob(const_cast<float*>(split.val.x.data()), shape, torch::kFloat).clone();
+        // The zoo model saw standardised data; the scripted one standardises raw input itself.
+        auto raw = x;
+        if (!split.mean.empty()) raw = x * torch::tensor(split.stddev) + torch::tensor(split.mean);
+        const auto expected = model->forward(x);
+        const auto got = scripted.forward({raw}).toTensor();
+        if (!torch::allclose(expected, got, 1e-4, 1e-4))
+            throw Error("exported TorchScript of run " + std::to_string(runId) + " disagrees with the trained model");
+    }
+    saveModule(scripted, outPath, metaJson(info));
+    finish(info, outPath);
+    return info;
+}
+
+ArtifactInfo importTorchScript(const std::string& file, const std::vector<int64_t>& inputShape,
+                               const std::string& outPath) {
+    torch::jit::ExtraFilesMap extra{{kMetaFile, ""}};
+    auto m = loadScript(file, extra);
+    ArtifactInfo info;
+    if (!extra[kMetaFile].empty()) {
+        fillMeta(info, extra[kMetaFile], file);
+        if (!inputShape.empty()) {
+            std::vector<int64_t> s{-1};
+            s.insert(s.end(), inputShape.begin(), inputShape.end());
+            if (info.signature.inputs.empty() || info.signature.inputs[0].shape != s)
+                throw ConfigError(file + " is a Lathe artifact whose input shape differs from --input-shape");
+        }
+    } else {
+        if (inputShape.empty())
+            throw ConfigError(file + " has no Lathe metadata: give one sample's input shape with --input-shape "
+                                     "(e.g. --input-shape 64 or --input-shape 3,224,224)");
+        for (auto d : inputShape)
+            if (d <= 0 || d > (1 << 20)) throw ConfigError("--input-shape dimensions must be positive");
+        std::vector<int64_t> shape{1};
+        shape.insert(shape.end(), inputShape.begin(), inputShape.end());
+        torch::Tensor out;
+        try {
+            torch::NoGradGuard g;
+            m.eval();
+            auto r = m.forward({torch::zeros(shape)});
+            if (!r.isTensor()) throw ConfigError(file + ": forward must return one tensor");
+            out = r.toTensor();
+        } catch (const c10::Error& ex) {
+            std::string msg = ex.what_without_backtrace();
+            throw ConfigError(file + " does not accept input of shape [N, " +
+                              std::to_string(inputShape.size()) + " dims given by --input-shape]: " +
+                              msg.substr(0, msg.find('\n')));
+        }
+        std::vector<int64_t> in{-1};
+        in.insert(in.end(), inputShape.begin(), inputShape.end());
+        std::vector<int64_t> outShape{-1};
+        for (int64_t i = 1; i < out.dim(); ++i) outShape.push_back(out.size(i));
+        info.signature.inputs = {{"input", "FP32", in}};
+        info.signature.outputs = {{"output", datatypeOf(out.scalar_type()), outShape}};
+    }
+    info.source = "file " + fs::absolute(file).lexically_normal().string();
+    saveModule(m, outPath, metaJson(info));
+    finish(info, outPath);
+    return info;
+}
+
+ArtifactInfo readArtifact(const std::string& path) {
+    torch::jit::ExtraFilesMap extra{{kMetaFile, ""}};
+    loadScript(path, extra);
+    if (extra[kMetaFile].empty())
+        throw ConfigError(path + " is a TorchScript file without Lathe metadata: register it first "
+                                 "(lathectl models register NAME --file " + path + " --input-shape ...)");
+    ArtifactInfo info;
+    fillMeta(info, extra[kMetaFile], path);
+    finish(info, path);
+    return info;
+}
+
+ModelVersion registerModel(Registry& registry, const Store* store, const std::string& name, int64_t runId,
+                           const std::string& file, const std::vector<int64_t>& inputShape, int64_t parentVersion) {
+    checkModelName(name);
+    if ((runId > 0) == !file.empty()) throw ConfigError("register a model from either --run or --file");
+    if (runId > 0 && !store) throw ConfigError("registering a run's model needs its workspace");
+    const auto dir = fs::path(registry.modelDir(name));
+    // Written under a unique temporary name, then renamed to its content hash: two registrations
+    // racing each other never overwrite one another's file.
+    const auto tmp = (dir / (".incoming-" + std::to_string(::getpid()) + "-" +
+                             std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) + ".pt"))
+                         .string();
+    ArtifactInfo info = runId > 0 ? exportRunModel(*store, runId, tmp) : importTorchScript(file, inputShape, tmp);
+    const auto final = (dir / (info.sha256.substr(0, 16) + ".pt")).string();
+    std::error_code ec;
+    fs::rename(tmp, final, ec);
+    if (ec) {
+        fs::remove(tmp, ec);
+        throw Error("cannot move model artifact into place at " + final + ": " + ec.message());
+    }
+    ModelVersion v;
+    v.name = name;
+    v.path = final;
+    v.sha256 = info.sha256;
+    v.sizeBytes = info.sizeBytes;
+    v.signature = info.signature;
+    v.metrics = info.metrics;
+    v.runId = info.runId;
+    v.data = info.data;
+    v.parentVersion = parentVersion;
+    v.source = info.source;
+    return registry.addVersion(v);
+}
+
+}  // namespace lathe::core
