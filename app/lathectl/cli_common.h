@@ -56,5 +56,8 @@ void registerRuns(CLI::App& app, int& exitCode);
 void registerInfo(CLI::App& app, int& exitCode);
 void registerHosts(CLI::App& app, int& exitCode);
 void registerProfile(CLI::App& app, int& exitCode);
+void registerLoad(CLI::App& app, int& exitCode);
+void registerModels(CLI::App& app, int& exitCode);
+void registerServe(CLI::App& app, int& exitCode);
 
 }  // namespace lathe::cli

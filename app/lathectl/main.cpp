@@ -14,7 +14,10 @@ int main(int argc, char** argv) {
     lathe::cli::registerWorker(app, exitCode);
     lathe::cli::registerHosts(app, exitCode);
     lathe::cli::registerProfile(app, exitCode);
+    lathe::cli::registerLoad(app, exitCode);
     lathe::cli::registerInfo(app, exitCode);
+    lathe::cli::registerModels(app, exitCode);
+    lathe::cli::registerServe(app, exitCode);
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp&) {

@@ -61,7 +61,8 @@ void fillMeta(ArtifactInfo& info, const std::string& text, const std::string& pa
             throw ConfigError("model artifact " + path + " has format " + std::to_string(format) +
                               ", newer than this Lathe understands; upgrade Lathe");
         info.signature = signatureFromJson(j.at("signature").dump());
-        for (const auto& [k, v] : j.value("metrics", json::object()).items())
+        const json metrics = j.value("metrics", json::object());  // kept alive: items() refers to it
+        for (const auto& [k, v] : metrics.items())
             if (v.is_number()) info.metrics[k] = v.get<double>();
         info.runId = j.value("run_id", int64_t{0});
         info.data = j.value("data", std::string());

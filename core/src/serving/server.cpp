@@ -553,6 +553,7 @@ InferenceServer::InferenceServer(ServeOptions options) : d(std::make_unique<Impl
     if (options.ioThreads < 1) throw ConfigError("--threads must be at least 1");
     if (options.maxBodyBytes < 1024) throw ConfigError("the body limit must be at least 1 KiB");
     d->options = std::move(options);
+    serving::setComputeThreads(d->options.computeThreads);
 }
 
 InferenceServer::~InferenceServer() { stop(); }

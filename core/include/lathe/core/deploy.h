@@ -19,6 +19,7 @@ struct DeployOptions {
     std::string serverProgram;      // path of lathectl (required to start a server)
     std::vector<std::string> serverArgs;  // extra `lathectl serve` flags (--max-batch 16 ...)
     std::string actor = "user";
+    std::string action = "deploy";  // recorded; rollback() sets "rollback"
     std::string reason;
     double readyTimeoutS = 60;
     std::function<void(const std::string&)> progress;  // human-readable steps

@@ -1,0 +1,250 @@
+// lathectl serve / deploy / rollback / undeploy / deployments.
+#include <unistd.h>
+
+#include <climits>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <iostream>
+
+#include "cli_common.h"
+#include "lathe/core/deploy.h"
+#include "lathe/core/model_artifact.h"
+#include "lathe/core/monitor.h"
+#include "lathe/core/registry.h"
+#include "lathe/core/serving.h"
+
+namespace fs = std::filesystem;
+
+namespace lathe::cli {
+namespace {
+
+struct ServeState {
+    CommonOptions common;
+    std::string model;
+    std::string file;
+    std::string name;
+    std::string inputShape;
+    core::ServeOptions options;
+    bool watch = false;
+    std::string alertRules;
+};
+
+struct DeployState {
+    CommonOptions common;
+    std::string ref;
+    uint16_t port = 0;
+    std::string host = "127.0.0.1";
+    std::string reason;
+    int64_t maxBatch = 0;
+    double maxDelayMs = -1;
+    int64_t maxQueue = 0;
+    double readyTimeout = 60;
+};
+
+std::unique_ptr<core::Registry> openRegistry(const CommonOptions& c) {
+    try {
+        return std::make_unique<core::Registry>(core::Store::resolvePath(c.db));
+    } catch (const core::StoreError& ex) {
+        throw UsageError(ex.what());
+    }
+}
+
+std::string selfPath() {
+    char buf[PATH_MAX];
+    const auto n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+    if (n <= 0) throw core::Error("cannot find the path of lathectl (/proc/self/exe)");
+    return std::string(buf, static_cast<size_t>(n));
+}
+
+void runServe(ServeState& st, int& exitCode) {
+    if (st.model.empty() == st.file.empty()) throw UsageError("give exactly one of --model NAME[:V|@ALIAS] and --file MODEL.pt");
+    core::ServedModel served;
+    std::unique_ptr<core::Registry> registry;
+    if (!st.model.empty()) {
+        registry = openRegistry(st.common);
+        const auto v = registry->resolve(core::parseModelRef(st.model));
+        served = {v.name, v.version, v.path};
+        st.options.workspace = registry->workspacePath();
+    } else {
+        if (st.watch) throw UsageError("--watch records into the registry: serve with --model and --db");
+        served.name = st.name.empty() ? fs::path(st.file).stem().string() : st.name;
+        served.path = st.file;
+        try {
+            core::readArtifact(st.file);
+        } catch (const core::ConfigError&) {
+            if (st.inputShape.empty()) throw;
+            // A plain TorchScript file: give it Lathe metadata in a private copy.
+            std::vector<int64_t> shape;
+            std::stringstream ss(st.inputShape);
+            for (std::string p; std::getline(ss, p, ',');) shape.push_back(std::stoll(p));
+            const auto tmp = (fs::temp_directory_path() / ("lathe-serve-" + std::to_string(::getpid()) + ".pt")).string();
+            core::importTorchScript(st.file, shape, tmp);
+            served.path = tmp;
+        }
+    }
+    core::InferenceServer server(st.options);
+    std::fprintf(stderr, "loading %s v%lld from %s\n", served.name.c_str(), static_cast<long long>(served.version),
+                 served.path.c_str());
+    server.load(served);
+    const auto port = server.start();
+    const std::string url = "http://" + st.options.host + ":" + std::to_string(port);
+    std::printf("serving %s v%lld at %s (max batch %lld, max delay %g ms, queue %lld rows, %d I/O threads)\n",
+                served.name.c_str(), static_cast<long long>(served.version), url.c_str(),
+                static_cast<long long>(st.options.maxBatch), st.options.maxDelayMs,
+                static_cast<long long>(st.options.maxQueue), st.options.ioThreads);
+    std::printf("  POST %s/v2/models/%s/infer   GET %s/metrics\n", url.c_str(), served.name.c_str(), url.c_str());
+    std::fflush(stdout);
+    std::unique_ptr<core::Scraper> scraper;
+    if (st.watch) {
+        core::AlertRules rules;
+        if (!st.alertRules.empty()) {
+            std::ifstream in(st.alertRules);
+            if (!in) throw UsageError("cannot read --alert-rules " + st.alertRules);
+            std::stringstream buf;
+            buf << in.rdbuf();
+            rules = core::alertRulesFromToml(buf.str());
+        }
+        scraper = std::make_unique<core::Scraper>(*registry, served.name, url, rules);
+        scraper->start();
+    }
+    auto& stop = installStopHandler();
+    server.runUntil(stop);
+    if (scraper) scraper->stop();
+    removeStopHandler();
+    std::fprintf(stderr, "server stopped\n");
+    exitCode = kOk;
+}
+
+void printDeployment(const core::DeployResult& r, bool json) {
+    const auto& d = r.deployment;
+    if (json) {
+        std::cout << nlohmann::json{{"model", d.model},       {"version", d.version}, {"url", d.url},
+                                    {"pid", d.pid},           {"action", d.action},   {"started_server", r.started},
+                                    {"previous_version", r.previousVersion}, {"log", d.logPath}, {"id", d.id}}
+                         .dump()
+                  << std::endl;
+        return;
+    }
+    std::printf("%s v%lld live at %s%s\n", d.model.c_str(), static_cast<long long>(d.version), d.url.c_str(),
+                r.previousVersion ? (" (was v" + std::to_string(r.previousVersion) + ")").c_str() : "");
+}
+
+core::DeployOptions deployOptions(const DeployState& st) {
+    core::DeployOptions o;
+    o.port = st.port;
+    o.host = st.host;
+    o.serverProgram = selfPath();
+    o.reason = st.reason;
+    o.readyTimeoutS = st.readyTimeout;
+    if (st.maxBatch > 0) o.serverArgs.insert(o.serverArgs.end(), {"--max-batch", std::to_string(st.maxBatch)});
+    if (st.maxDelayMs >= 0) o.serverArgs.insert(o.serverArgs.end(), {"--max-delay-ms", std::to_string(st.maxDelayMs)});
+    if (st.maxQueue > 0) o.serverArgs.insert(o.serverArgs.end(), {"--max-queue", std::to_string(st.maxQueue)});
+    if (!st.common.json) o.progress = [](const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); };
+    return o;
+}
+
+void addDeployFlags(CLI::App* c, DeployState& st) {
+    c->add_option("--port", st.port, "port of a new server (default: the model's last port, else 8500 or the next free)");
+    c->add_option("--host", st.host, "address a new server listens on");
+    c->add_option("--reason", st.reason, "why (recorded in the deployment history)");
+    c->add_option("--max-batch", st.maxBatch, "a new server's --max-batch");
+    c->add_option("--max-delay-ms", st.maxDelayMs, "a new server's --max-delay-ms");
+    c->add_option("--max-queue", st.maxQueue, "a new server's --max-queue");
+    c->add_option("--ready-timeout", st.readyTimeout, "seconds to wait for the server to become ready");
+    addCommonOptions(c, st.common);
+}
+
+void runDeployments(const CommonOptions& common, const std::string& model) {
+    auto registry = openRegistry(common);
+    const auto list = model.empty() ? registry->allDeployments() : registry->deployments(model);
+    if (common.json) {
+        auto a = nlohmann::json::array();
+        for (const auto& d : list)
+            a.push_back({{"id", d.id}, {"model", d.model}, {"version", d.version}, {"url", d.url}, {"pid", d.pid},
+                         {"action", d.action}, {"actor", d.actor}, {"reason", d.reason}, {"started_at", d.startedAt},
+                         {"ended_at", d.endedAt}, {"end_reason", d.endReason}, {"live", d.live()},
+                         {"up", d.live() && core::deploymentUp(d)}, {"log", d.logPath}});
+        std::cout << a.dump() << std::endl;
+        return;
+    }
+    if (list.empty()) {
+        std::printf("no deployments%s\n", model.empty() ? "" : (" of " + model).c_str());
+        return;
+    }
+    std::printf("%-5s %-16s %-5s %-9s %-14s %-19s %-19s %-6s %s\n", "ID", "MODEL", "VER", "ACTION", "ACTOR", "FROM", "TO",
+                "STATE", "URL / REASON");
+    for (const auto& d : list) {
+        const char* state = !d.live() ? "ended" : core::deploymentUp(d) ? "UP" : "DOWN";
+        std::string note = d.url;
+        if (!d.reason.empty()) note += "  " + d.reason;
+        if (!d.endReason.empty()) note += "  [" + d.endReason + "]";
+        std::printf("%-5lld %-16.16s %-5s %-9s %-14.14s %-19s %-19s %-6s %s\n", static_cast<long long>(d.id),
+                    d.model.c_str(), ("v" + std::to_string(d.version)).c_str(), d.action.c_str(), d.actor.c_str(),
+                    formatTime(d.startedAt).c_str(), d.live() ? "-" : formatTime(d.endedAt).c_str(), state, note.c_str());
+    }
+}
+
+}  // namespace
+
+void registerServe(CLI::App& app, int& exitCode) {
+    auto st = std::make_shared<ServeState>();
+    auto* s = app.add_subcommand("serve", "serve a model over HTTP (KServe v2 protocol) with dynamic batching");
+    s->add_option("--model", st->model, "registered model: NAME, NAME:V or NAME@ALIAS (with --db)");
+    s->add_option("--file", st->file, "a model artifact or TorchScript file instead of the registry");
+    s->add_option("--name", st->name, "URL name for --file (default: the file name)");
+    s->add_option("--input-shape", st->inputShape, "one sample's shape for a plain TorchScript --file, e.g. 64");
+    s->add_option("--host", st->options.host, "address to listen on")->capture_default_str();
+    s->add_option("--port", st->options.port, "port (0 = any free one)")->capture_default_str();
+    s->add_option("--max-batch", st->options.maxBatch, "rows per batch")->capture_default_str()->check(CLI::Range(1, 4096));
+    s->add_option("--max-delay-ms", st->options.maxDelayMs, "longest wait of the oldest request for a fuller batch")
+        ->capture_default_str()
+        ->check(CLI::Range(0.0, 10000.0));
+    s->add_option("--max-queue", st->options.maxQueue, "rows waiting before requests get 503")->capture_default_str();
+    s->add_option("--threads", st->options.ioThreads, "HTTP I/O threads")->capture_default_str()->check(CLI::Range(1, 64));
+    s->add_option("--compute-threads", st->options.computeThreads, "LibTorch intra-op threads (0 = default)");
+    s->add_option("--max-body", st->options.maxBodyBytes, "largest request body in bytes")->capture_default_str();
+    s->add_option("--timeout", st->options.idleTimeoutS, "seconds a client may take to send a request")->capture_default_str();
+    s->add_flag("--watch", st->watch, "scrape this server's metrics into the workspace every second and run alert rules");
+    s->add_option("--alert-rules", st->alertRules, "TOML file of alert thresholds (with --watch)");
+    addCommonOptions(s, st->common, false);
+    s->callback([st, &exitCode] { runServe(*st, exitCode); });
+
+    auto dep = std::make_shared<DeployState>();
+    auto* d = app.add_subcommand("deploy", "deploy NAME[:V|@ALIAS]: start a local server or hot-swap the live one");
+    d->add_option("REF", dep->ref, "NAME, NAME:V or NAME@ALIAS")->required();
+    addDeployFlags(d, *dep);
+    d->callback([dep] {
+        auto registry = openRegistry(dep->common);
+        printDeployment(core::deploy(*registry, core::parseModelRef(dep->ref), deployOptions(*dep)), dep->common.json);
+    });
+
+    auto rb = std::make_shared<DeployState>();
+    auto* r = app.add_subcommand("rollback", "return NAME to the version deployed before the live one");
+    r->add_option("NAME", rb->ref, "model name")->required();
+    addDeployFlags(r, *rb);
+    r->callback([rb] {
+        auto registry = openRegistry(rb->common);
+        core::checkModelName(rb->ref);
+        printDeployment(core::rollback(*registry, rb->ref, deployOptions(*rb)), rb->common.json);
+    });
+
+    auto un = std::make_shared<DeployState>();
+    auto* u = app.add_subcommand("undeploy", "stop NAME's server and end its deployment");
+    u->add_option("NAME", un->ref, "model name")->required();
+    addCommonOptions(u, un->common, false);
+    u->callback([un] {
+        auto registry = openRegistry(un->common);
+        core::undeploy(*registry, un->ref);
+        std::printf("%s undeployed\n", un->ref.c_str());
+    });
+
+    auto hist = std::make_shared<DeployState>();
+    auto* h = app.add_subcommand("deployments", "deployment history (of NAME, or all) and whether live ones are up");
+    h->add_option("NAME", hist->ref, "model name");
+    addCommonOptions(h, hist->common);
+    h->callback([hist] { runDeployments(hist->common, hist->ref); });
+}
+
+}  // namespace lathe::cli
