@@ -73,6 +73,7 @@ private:
     AlertRules m_rules;
     int m_p99Run = 0;
     std::vector<std::pair<double, double>> m_errorHistory;  // (t, error rate %)
+    double m_errorBaseline = 0;                             // the low the error_rate alert fired against
     std::vector<std::pair<double, double>> m_gpuHistory;    // (t, util %)
     std::map<std::string, bool> m_firing;
 };

@@ -1,0 +1,125 @@
+// The scraper: a long-lived thread per watched deployment that fetches /metrics on a fixed
+// cadence, stores one IntervalStats row set per scrape and turns alert events into registry
+// alerts. Stop wakes it at once; only an in-flight request (bounded by its timeout) can delay it.
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+
+#include "lathe/core/error.h"
+#include "lathe/core/monitor.h"
+
+namespace lathe::core {
+
+namespace {
+double wallNow() {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+struct Scraper::Impl {
+    Registry& registry;
+    std::string model;
+    std::string url;
+    AlertRules rules;
+    double intervalS;
+
+    std::thread thread;
+    std::mutex mutex;
+    std::condition_variable wake;
+    std::atomic<bool> stopping{false};
+    std::string lastError;  // reported once per outage, not once per second
+
+    Impl(Registry& r, std::string m, std::string u, AlertRules ru, double i)
+        : registry(r), model(std::move(m)), url(std::move(u)), rules(ru), intervalS(i) {}
+
+    void run();
+};
+
+void Scraper::Impl::run() {
+    AlertEvaluator evaluator(rules);
+    std::map<std::string, int64_t> openAlerts;  // rule -> registry alert id
+    std::vector<PromSample> prev;
+    double prevT = 0;
+    int64_t lastVersion = 0;
+    // Long enough that a server busy with load still answers; short enough that stop() stays
+    // prompt when the server hangs.
+    const double timeoutS = std::clamp(2 * intervalS, 1.0, 5.0);
+    const auto period = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(intervalS));
+    auto next = std::chrono::steady_clock::now();
+
+    while (!stopping.load()) {
+        const double t = wallNow();
+        IntervalStats stats;
+        try {
+            const HttpResult r = httpRequest("GET", url + "/metrics", {}, timeoutS);
+            if (r.status != 200)
+                throw Error("GET " + url + "/metrics answered HTTP " + std::to_string(r.status));
+            std::vector<PromSample> cur = parsePrometheusText(r.body);
+            stats = intervalStats(model, prev, cur, t - prevT, t);
+            prev = std::move(cur);
+            prevT = t;
+            lastVersion = stats.version;
+            if (!lastError.empty()) std::fprintf(stderr, "lathe: scraping %s works again\n", url.c_str());
+            lastError.clear();
+        } catch (const std::exception& ex) {
+            // Keep `prev`: if the server comes back without restarting, the next interval's rates
+            // are still right (averaged over the gap); a restart is caught as a counter reset.
+            stats = IntervalStats{t, lastVersion, {{"up", 0.0}}};
+            if (lastError != ex.what()) {
+                lastError = ex.what();
+                std::fprintf(stderr, "lathe: scraping %s failed: %s\n", url.c_str(), ex.what());
+            }
+        }
+        if (stopping.load()) break;  // do not record a scrape that stop() cut short
+        try {
+            registry.appendServingMetrics(model, stats.version, stats.t, stats.values);
+            for (const AlertEvent& e : evaluator.add(stats)) {
+                if (e.fired) {
+                    openAlerts[e.rule] = registry.fireAlert(model, e.rule, e.message, e.value, stats.t);
+                } else if (const auto it = openAlerts.find(e.rule); it != openAlerts.end()) {
+                    registry.resolveAlert(it->second, stats.t);
+                    openAlerts.erase(it);
+                }
+            }
+        } catch (const std::exception& ex) {
+            // A busy or full workspace must not end monitoring; the next scrape tries again.
+            std::fprintf(stderr, "lathe: storing serving metrics of %s failed: %s\n", model.c_str(),
+                         ex.what());
+        }
+
+        // Fixed cadence, but never a burst of catch-up scrapes after a slow one.
+        next = std::max(next + period, std::chrono::steady_clock::now());
+        std::unique_lock<std::mutex> lock(mutex);
+        wake.wait_until(lock, next, [&] { return stopping.load(); });
+    }
+}
+
+Scraper::Scraper(Registry& registry, std::string model, std::string url, AlertRules rules, double intervalS) {
+    while (!url.empty() && url.back() == '/') url.pop_back();
+    if (!(intervalS > 0)) throw ConfigError("scrape interval must be > 0 seconds");
+    d = std::make_unique<Impl>(registry, std::move(model), std::move(url), rules, intervalS);
+}
+
+Scraper::~Scraper() { stop(); }
+
+void Scraper::start() {
+    if (d->thread.joinable()) return;
+    d->stopping = false;
+    d->thread = std::thread([this] { d->run(); });
+}
+
+void Scraper::stop() {
+    {
+        // Set under the mutex so the thread cannot check the flag and then miss the notify.
+        std::lock_guard<std::mutex> lock(d->mutex);
+        d->stopping = true;
+    }
+    d->wake.notify_all();
+    if (d->thread.joinable()) d->thread.join();
+}
+
+}  // namespace lathe::core
