@@ -7,6 +7,7 @@
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -248,7 +249,8 @@ std::string jsonOk(const nlohmann::json& j) { return j.dump(-1, ' ', false, nloh
 
 class Session : public std::enable_shared_from_this<Session> {
 public:
-    Session(tcp::socket&& socket, InferenceServer::Impl* server) : m_stream(std::move(socket)), m_server(server) {}
+    Session(tcp::socket&& socket, InferenceServer::Impl* server)
+        : m_stream(std::move(socket)), m_timer(m_stream.get_executor()), m_server(server) {}
 
     void run() {
         net::dispatch(m_stream.get_executor(), [self = shared_from_this()] { self->read(); });
@@ -263,13 +265,24 @@ private:
         m_parser->body_limit(static_cast<uint64_t>(m_server->options.maxBodyBytes));
         m_parser->header_limit(16 * 1024);
         // The whole request must arrive within the idle timeout: a client that stalls mid-request
-        // (or trickles bytes) is dropped instead of holding a connection forever.
-        m_stream.expires_after(std::chrono::milliseconds(static_cast<int64_t>(m_server->options.idleTimeoutS * 1000)));
+        // (or trickles bytes) gets 408 instead of holding a connection forever. Our own timer
+        // rather than the stream's timeout, which would close the socket before we could answer.
+        m_stream.expires_never();
+        m_timedOut = false;
+        m_timer.expires_after(std::chrono::milliseconds(static_cast<int64_t>(m_server->options.idleTimeoutS * 1000)));
+        m_timer.async_wait([self = shared_from_this()](beast::error_code ec) {
+            if (ec) return;  // cancelled: the request arrived in time
+            self->m_timedOut = true;
+            beast::error_code ignored;
+            self->m_stream.socket().cancel(ignored);
+        });
         http::async_read(m_stream, m_buffer, *m_parser,
                          [self = shared_from_this()](beast::error_code ec, size_t) { self->onRead(ec); });
     }
 
     void onRead(beast::error_code ec) {
+        m_timer.cancel();
+        if (m_timedOut && ec) ec = beast::error::timeout;
         if (ec == http::error::end_of_stream || ec == net::error::eof || ec == net::error::connection_reset) return close();
         if (ec == beast::error::timeout) {
             // Nothing was started: a keep-alive connection that went quiet is closed silently;
@@ -499,6 +512,8 @@ private:
     }
 
     beast::tcp_stream m_stream;
+    net::steady_timer m_timer;
+    bool m_timedOut = false;
     beast::flat_buffer m_buffer;
     std::optional<http::request_parser<http::string_body>> m_parser;
     Request m_request;

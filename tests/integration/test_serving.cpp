@@ -1,0 +1,371 @@
+// The inference server end to end: real HTTP clients against the real server on loopback.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "lathe/core/deploy.h"
+#include "lathe/core/loadgen.h"
+#include "run_process.h"
+#include "serving_fixture.h"
+
+using namespace lathe;
+using lathe::test::httpGet;
+using lathe::test::httpRequest;
+using nlohmann::json;
+
+namespace {
+
+std::string inferBody(int rows, float value = 0.5f, const std::string& name = "input",
+                      const std::string& datatype = "FP32") {
+    json data = json::array();
+    for (int i = 0; i < rows * 64; ++i) data.push_back(value + 0.001f * static_cast<float>(i % 64));
+    return json{{"id", "req-1"},
+                {"inputs", {{{"name", name}, {"shape", {rows, 1, 8, 8}}, {"datatype", datatype}, {"data", data}}}}}
+        .dump();
+}
+
+// Sends raw bytes, then reads whatever comes back until the server closes or `waitS` passes.
+std::string rawExchange(uint16_t port, const std::string& bytes, double waitS) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    timeval tv{static_cast<time_t>(waitS), static_cast<suseconds_t>((waitS - std::floor(waitS)) * 1e6)};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (!bytes.empty()) (void)!::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    std::string out;
+    char buf[4096];
+    for (;;) {
+        const auto n = ::recv(fd, buf, sizeof buf, 0);
+        if (n <= 0) break;
+        out.append(buf, static_cast<size_t>(n));
+    }
+    ::close(fd);
+    return out;
+}
+
+// Alive and not a zombie (an orphaned server waits for init to reap it).
+bool running(int64_t pid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto close = stat.rfind(')');
+    return !stat.empty() && close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z';
+}
+
+int64_t metricValue(const std::string& metrics, const std::string& prefix) {
+    const auto pos = metrics.find(prefix);
+    if (pos == std::string::npos) return 0;
+    return static_cast<int64_t>(std::stod(metrics.substr(metrics.find(' ', pos) + 1)));
+}
+
+}  // namespace
+
+TEST_CASE("every KServe v2 endpoint answers as the protocol says, errors included", "[serving]") {
+    test::ServingWorkspace ws;
+    core::ServeOptions o;
+    o.maxBatch = 8;
+    o.maxBodyBytes = 64 * 1024;
+    const auto server = ws.serve(o);
+    const auto port = server->port();
+
+    CHECK(httpGet(port, "/v2/health/live").status == 200);
+    const auto ready = httpGet(port, "/v2/health/ready");
+    CHECK(ready.status == 200);
+    CHECK(json::parse(ready.body)["ready"] == true);
+    CHECK(json::parse(httpGet(port, "/v2").body)["name"] == "lathe");
+    const auto meta = json::parse(httpGet(port, "/v2/models/digits").body);
+    CHECK(meta["name"] == "digits");
+    CHECK(meta["versions"][0] == "1");
+    CHECK(meta["inputs"][0]["shape"] == json({-1, 1, 8, 8}));
+    CHECK(meta["outputs"][0]["datatype"] == "FP32");
+    CHECK(httpGet(port, "/v2/models/digits/ready").status == 200);
+    CHECK(httpGet(port, "/v2/models/digits/versions/1").status == 200);
+    CHECK(httpGet(port, "/v2/models/digits/versions/7").status == 404);
+
+    // A batch of two different rows answers the same as each row alone: batching is invisible.
+    const auto two = httpRequest(port, "POST", "/v2/models/digits/infer", inferBody(2));
+    REQUIRE(two.status == 200);
+    const auto j = json::parse(two.body);
+    CHECK(j["model_name"] == "digits");
+    CHECK(j["model_version"] == "1");
+    CHECK(j["id"] == "req-1");
+    CHECK(j["outputs"][0]["name"] == "logits");
+    CHECK(j["outputs"][0]["shape"] == json({2, 10}));
+    REQUIRE(j["outputs"][0]["data"].size() == 20);
+    const auto one = json::parse(httpRequest(port, "POST", "/v2/models/digits/versions/1/infer", inferBody(1)).body);
+    for (int k = 0; k < 10; ++k)
+        CHECK(one["outputs"][0]["data"][k].get<double>() == Approx(j["outputs"][0]["data"][k].get<double>()).margin(1e-5));
+    // Nested data is accepted as well as flat.
+    json nested = json::parse(inferBody(1));
+    json rows = json::array();
+    for (int r = 0; r < 8; ++r) {
+        json row = json::array();
+        for (int c = 0; c < 8; ++c) row.push_back(nested["inputs"][0]["data"][r * 8 + c]);
+        rows.push_back({row});
+    }
+    nested["inputs"][0]["data"] = json::array({rows});
+    CHECK(httpRequest(port, "POST", "/v2/models/digits/infer", nested.dump()).status == 200);
+
+    struct Bad {
+        const char* what;
+        std::string target, method, body;
+        int status;
+        const char* says;
+    };
+    json unknown = json::parse(inferBody(1));
+    unknown["outputs"] = json::array({{{"name", "probs"}}});
+    const std::string unknownOutput = unknown.dump();
+    const std::vector<Bad> bad{
+        {"malformed JSON", "/v2/models/digits/infer", "POST", "{\"inputs\": [", 400, "malformed JSON"},
+        {"not an object", "/v2/models/digits/infer", "POST", "[1,2]", 400, "JSON object"},
+        {"no inputs", "/v2/models/digits/infer", "POST", "{}", 400, "inputs"},
+        {"wrong input name", "/v2/models/digits/infer", "POST", inferBody(1, 0.5f, "pixels"), 400, "unknown input 'pixels'"},
+        {"wrong datatype", "/v2/models/digits/infer", "POST", inferBody(1, 0.5f, "input", "INT64"), 400, "FP32"},
+        {"wrong shape", "/v2/models/digits/infer", "POST",
+         R"({"inputs":[{"name":"input","shape":[1,64],"datatype":"FP32","data":[1]}]})", 400, "expects [-1, 1, 8, 8]"},
+        {"too few values", "/v2/models/digits/infer", "POST",
+         R"({"inputs":[{"name":"input","shape":[1,1,8,8],"datatype":"FP32","data":[1,2,3]}]})", 400, "needs 64"},
+        {"strings as data", "/v2/models/digits/infer", "POST",
+         R"({"inputs":[{"name":"input","shape":[1,1,8,8],"datatype":"FP32","data":["a"]}]})", 400, "string"},
+        {"more rows than max batch", "/v2/models/digits/infer", "POST", inferBody(9), 400, "at most 8"},
+        {"unknown output", "/v2/models/digits/infer", "POST", unknownOutput, 400, "unknown output 'probs'"},
+        {"unknown model", "/v2/models/nope/infer", "POST", inferBody(1), 404, "no model named 'nope'"},
+        {"unknown endpoint", "/v3/anything", "GET", "", 404, "no such endpoint"},
+        {"wrong method", "/v2/models/digits/infer", "GET", "", 405, "POST"},
+        {"body over the limit", "/v2/models/digits/infer", "POST", std::string(100 * 1024, ' '), 413, "larger than"},
+        {"load without a version", "/v2/repository/models/digits/load", "POST", "{\"parameters\":{\"version\":\"x\"}}",
+         400, "bad load request"},
+    };
+    for (const auto& b : bad) {
+        INFO(b.what);
+        const auto a = httpRequest(port, b.method, b.target, b.body);
+        CHECK(a.status == b.status);
+        if (a.status >= 400 && b.status != 413) {
+            const auto e = json::parse(a.body, nullptr, false);
+            REQUIRE_FALSE(e.is_discarded());
+            CHECK(e["error"].get<std::string>().find(b.says) != std::string::npos);
+        }
+    }
+    // Garbage that is not HTTP at all, and a client that stalls mid-request: answered or dropped,
+    // never a hung or crashed server.
+    CHECK(rawExchange(port, "\x16\x03\x01 hello not http\r\n\r\n", 2).find("400") != std::string::npos);
+    const auto metrics = httpGet(port, "/metrics");
+    REQUIRE(metrics.status == 200);
+    CHECK(metricValue(metrics.body, "lathe_requests_total{code=\"400\",model=\"digits\",version=\"1\"}") >= 8);
+    CHECK(metricValue(metrics.body, "lathe_requests_total{code=\"200\",model=\"digits\",version=\"1\"}") == 3);
+    CHECK(metrics.body.find("lathe_batch_size_bucket") != std::string::npos);
+    CHECK(metrics.body.find("process_resident_memory_bytes") != std::string::npos);
+    CHECK(httpGet(port, "/v2/health/live").status == 200);
+}
+
+TEST_CASE("a client that stalls mid-request is dropped after the timeout; others are served meanwhile", "[serving]") {
+    test::ServingWorkspace ws;
+    core::ServeOptions o;
+    o.idleTimeoutS = 1;
+    const auto server = ws.serve(o);
+    std::string stalled;
+    const auto t0 = std::chrono::steady_clock::now();
+    double stalledS = 0;
+    std::thread slow([&] {
+        stalled = rawExchange(server->port(), "POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{", 8);
+        stalledS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    CHECK(httpRequest(server->port(), "POST", "/v2/models/digits/infer", inferBody(1)).status == 200);
+    slow.join();
+    CHECK(stalled.find("408") != std::string::npos);
+    CHECK(stalled.find("\"error\"") != std::string::npos);
+    CHECK(stalledS < 6);  // dropped after about 1 s, not held until the client gave up (8 s)
+    // An idle keep-alive connection that never starts a request is closed silently.
+    CHECK(rawExchange(server->port(), "", 8).empty());
+}
+
+TEST_CASE("concurrent single-row requests are batched together", "[serving]") {
+    test::ServingWorkspace ws;
+    core::ServeOptions o;
+    o.maxBatch = 16;
+    o.maxDelayMs = 200;  // generous: all 12 requests arrive well within it
+    o.ioThreads = 4;
+    const auto server = ws.serve(o);
+    std::vector<std::thread> clients;
+    std::atomic<int> ok{0};
+    for (int i = 0; i < 12; ++i)
+        clients.emplace_back([&] {
+            if (httpRequest(server->port(), "POST", "/v2/models/digits/infer", inferBody(1)).status == 200) ++ok;
+        });
+    for (auto& c : clients) c.join();
+    CHECK(ok == 12);
+    const auto m = httpGet(server->port(), "/metrics").body;
+    const auto batches = metricValue(m, "lathe_batch_size_count{model=\"digits\",version=\"1\"}");
+    CHECK(metricValue(m, "lathe_batch_size_sum{model=\"digits\",version=\"1\"}") == 12);
+    CHECK(batches >= 1);
+    CHECK(batches <= 4);  // one row per batch would be 12
+}
+
+TEST_CASE("an overloaded server answers 503 with Retry-After and stays up", "[serving]") {
+    test::ServingWorkspace ws;
+    core::ServeOptions o;
+    o.maxBatch = 1;
+    o.maxQueue = 1;
+    o.maxDelayMs = 0;
+    o.ioThreads = 4;
+    const auto server = ws.serve(o);
+    std::map<int, int> codes;
+    std::mutex mutex;
+    std::vector<std::thread> clients;
+    for (int t = 0; t < 16; ++t)
+        clients.emplace_back([&] {
+            for (int i = 0; i < 20; ++i) {
+                const auto a = httpRequest(server->port(), "POST", "/v2/models/digits/infer", inferBody(1));
+                std::lock_guard<std::mutex> lk(mutex);
+                ++codes[a.status];
+            }
+        });
+    for (auto& c : clients) c.join();
+    CHECK(codes[200] > 0);
+    CHECK(codes[503] > 0);
+    CHECK(codes[200] + codes[503] == 320);  // nothing else: no dropped connection, no 500
+    const auto raw = rawExchange(server->port(), "", 0);  // connect/close: server still accepts
+    (void)raw;
+    CHECK(httpGet(server->port(), "/v2/health/ready").status == 200);
+}
+
+TEST_CASE("hot swap under load: zero failed requests; a failed load keeps the old version", "[serving]") {
+    test::ServingWorkspace ws;
+    // Version 2: another run of the same model (different weights).
+    {
+        core::Store store(ws.db());
+        core::RunSpec spec;
+        spec.epochs = 1;
+        spec.seed = 11;
+        const auto rec = core::trainAndRecord(store, spec, {});
+        REQUIRE(rec.result.status == "completed");
+        store.flush();
+        core::Registry registry(ws.db());
+        REQUIRE(core::registerModel(registry, &store, "digits", rec.runId, "", {}).version == 2);
+    }
+    core::ServeOptions o;
+    o.ioThreads = 4;
+    o.maxDelayMs = 2;
+    const auto server = ws.serve(o);
+    std::atomic<bool> stop{false};
+    std::atomic<int> failed{0}, total{0};
+    std::mutex mutex;
+    std::map<std::string, int> versions;
+    std::vector<std::thread> clients;
+    for (int t = 0; t < 6; ++t)
+        clients.emplace_back([&] {
+            while (!stop) {
+                const auto a = httpRequest(server->port(), "POST", "/v2/models/digits/infer", inferBody(1));
+                ++total;
+                if (a.status != 200) {
+                    ++failed;
+                    continue;
+                }
+                std::lock_guard<std::mutex> lk(mutex);
+                ++versions[json::parse(a.body)["model_version"].get<std::string>()];
+            }
+        });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    // Through the repository API, as `lathectl deploy` does.
+    const auto load2 = httpRequest(server->port(), "POST", "/v2/repository/models/digits/load",
+                                   R"({"parameters":{"version":"2"}})", 60);
+    CHECK(load2.status == 200);
+    CHECK(server->servedVersion("digits") == 2);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    // A version that does not exist, and one whose artifact was damaged: refused, v2 keeps serving.
+    CHECK(httpRequest(server->port(), "POST", "/v2/repository/models/digits/load", R"({"parameters":{"version":"9"}})")
+              .status == 404);
+    {
+        core::Registry registry(ws.db());
+        const auto v1 = registry.resolve({"digits", 1, {}});
+        const auto copy = ws.file("damaged.pt");
+        {
+            std::ofstream out(copy, std::ios::binary);
+            out << "not a model";
+        }
+        core::ModelVersion broken = v1;
+        broken.path = copy;
+        REQUIRE(registry.addVersion(broken).version == 3);
+    }
+    const auto load3 = httpRequest(server->port(), "POST", "/v2/repository/models/digits/load",
+                                   R"({"parameters":{"version":3}})", 60);
+    CHECK(load3.status == 500);
+    CHECK(load3.body.find("keeps serving") != std::string::npos);
+    CHECK(server->servedVersion("digits") == 2);
+    // And back to 1, in-process this time.
+    server->load({"digits", 1, ws.version().path});
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    stop = true;
+    for (auto& c : clients) c.join();
+    CHECK(failed == 0);
+    CHECK(total > 50);
+    CHECK(versions["1"] > 0);
+    CHECK(versions["2"] > 0);
+}
+
+TEST_CASE("lathectl deploy, rollback and undeploy under steady load lose no request", "[serving][cli]") {
+    test::ServingWorkspace ws;
+    const std::string db = " --db " + ws.db();
+    // v2 from the same run is enough to exercise the swap path.
+    REQUIRE(test::runShell(test::binPath("lathectl") + " models register digits --run " + std::to_string(ws.runId()) + db)
+                .exitCode == 0);
+    auto r = test::runShell(test::binPath("lathectl") + " deploy digits:1 --port 0 --json" + db);
+    // --port 0 means "pick": the server gets the first free port from 8500 upwards.
+    REQUIRE(r.exitCode == 0);
+    const auto dep = json::parse(r.out);
+    const std::string url = dep["url"].get<std::string>();
+    CHECK(dep["started_server"] == true);
+
+    core::LoadOptions lo;
+    lo.url = url;
+    lo.model = "digits";
+    lo.rate = 150;
+    lo.durationS = 4;
+    lo.users = 4;
+    core::LoadReport report;
+    std::thread load([&] { report = core::runLoad(lo); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(800));
+    r = test::runShell(test::binPath("lathectl") + " deploy digits:2 --json" + db);
+    CHECK(r.exitCode == 0);
+    CHECK(json::parse(r.out)["started_server"] == false);
+    std::this_thread::sleep_for(std::chrono::milliseconds(800));
+    r = test::runShell(test::binPath("lathectl") + " rollback digits --json" + db);
+    CHECK(r.exitCode == 0);
+    CHECK(json::parse(r.out)["version"] == 1);
+    load.join();
+    CHECK(report.sent > 300);
+    CHECK(report.errors == 0);
+    CHECK(report.ok == report.sent);
+
+    r = test::runShell(test::binPath("lathectl") + " deployments digits --json" + db);
+    REQUIRE(r.exitCode == 0);
+    const auto hist = json::parse(r.out);
+    REQUIRE(hist.size() == 3);
+    CHECK(hist[0]["action"] == "rollback");
+    CHECK(hist[0]["up"] == true);
+    CHECK(hist[1]["end_reason"] == "replaced by v1");
+    // A rollback with nothing earlier than v1 in the way: v2 is the previous one now.
+    r = test::runShell(test::binPath("lathectl") + " undeploy digits" + db);
+    CHECK(r.exitCode == 0);
+    const auto pid = dep["pid"].get<int64_t>();
+    CHECK_FALSE(running(pid));
+    r = test::runShell(test::binPath("lathectl") + " rollback digits" + db);
+    CHECK(r.exitCode == 2);
+    CHECK(r.err.find("not deployed") != std::string::npos);
+    r = test::runShell(test::binPath("lathectl") + " deploy digits:9" + db);
+    CHECK(r.exitCode == 2);
+    CHECK(r.err.find("no version 9") != std::string::npos);
+}
