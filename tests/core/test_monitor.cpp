@@ -460,7 +460,7 @@ TEST_CASE("GPU-idle alert fires after a whole idle window and resolves on use", 
     for (double t = 0; t <= 2000; t += 60) CHECK(cpuOnly.add(sample(t, {{"qps", 0}, {"up", 1}})).empty());
 }
 
-TEST_CASE("alert rules from TOML; bad keys and values are ConfigErrors", "[monitor][alerts]") {
+TEST_CASE("alert rules from TOML, bad keys and values refused as ConfigError", "[monitor][alerts]") {
     auto r = alertRulesFromToml("p99_threshold_ms = 250\np99_samples = 5\ngpu_idle_window_s = 60.5\n");
     CHECK(r.p99ThresholdMs == 250);
     CHECK(r.p99Samples == 5);
