@@ -68,7 +68,8 @@ bool parseInferRequest(std::string_view body, const ModelSignature& signature, i
     json j;
     try {
         j = json::parse(body.begin(), body.end(), cb, /*allow_exceptions=*/true);
-    } catch (const json::parse_error& ex) {
+    } catch (const json::exception& ex) {
+        // parse_error, and out_of_range for numbers such as 1e400 (found by the fuzz test).
         return fail(400, std::string("malformed JSON: ") + ex.what());
     }
     if (tooDeep) return fail(400, "request JSON is nested too deeply");

@@ -600,7 +600,19 @@ uint16_t InferenceServer::start() {
     d->boundPort = d->acceptor->local_endpoint().port();
     d->work.emplace(d->ioc.get_executor());
     d->accept();
-    for (int i = 0; i < d->options.ioThreads; ++i) d->threads.emplace_back([impl = d.get()] { impl->ioc.run(); });
+    for (int i = 0; i < d->options.ioThreads; ++i)
+        d->threads.emplace_back([impl = d.get()] {
+            // A handler that throws must cost one connection, not the server: Asio lets the
+            // exception out of run(), so the thread logs it and goes back in.
+            for (;;) {
+                try {
+                    impl->ioc.run();
+                    return;
+                } catch (const std::exception& ex) {
+                    std::fprintf(stderr, "lathe serve: a request handler failed: %s\n", ex.what());
+                }
+            }
+        });
     return d->boundPort;
 }
 

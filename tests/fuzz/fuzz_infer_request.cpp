@@ -1,0 +1,33 @@
+// libFuzzer target: the KServe v2 infer request parser on arbitrary bytes. Besides crashes and
+// sanitizer reports, it checks the parser's promises: an accepted request holds exactly
+// rows × 64 values with 1 <= rows <= max batch; a refused one carries a 4xx status and a message.
+#include <cstdint>
+#include <cstdlib>
+#include <string_view>
+
+#include "serving/infer_protocol.h"
+
+using namespace lathe::core;
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    static const ModelSignature signature = [] {
+        ModelSignature s;
+        s.inputs = {{"input", "FP32", {-1, 1, 8, 8}}};
+        s.outputs = {{"logits", "FP32", {-1, 10}}};
+        return s;
+    }();
+    serving::InferRequest req;
+    serving::ProtocolError err;
+    const std::string_view body(reinterpret_cast<const char*>(data), size);
+    if (serving::parseInferRequest(body, signature, 8, req, err)) {
+        if (req.rows < 1 || req.rows > 8 || req.data.size() != static_cast<size_t>(req.rows) * 64) std::abort();
+        // The response writer must cope with whatever values came in (NaN is not JSON).
+        std::vector<float> out(static_cast<size_t>(req.rows) * 10, req.data.empty() ? 0.0f : req.data[0]);
+        const auto text = serving::inferResponse("digits", 1, req.id, signature.outputs[0], req.rows, out.data(), 10);
+        if (text.empty() || text.front() != '{' || text.back() != '}') std::abort();
+    } else {
+        if (err.status < 400 || err.status > 499 || err.message.empty()) std::abort();
+        if (serving::errorBody(err.message).empty()) std::abort();
+    }
+    return 0;
+}
