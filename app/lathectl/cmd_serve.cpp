@@ -41,6 +41,7 @@ struct DeployState {
     double maxDelayMs = -1;
     int64_t maxQueue = 0;
     double readyTimeout = 60;
+    std::string alertRules;
 };
 
 std::unique_ptr<core::Registry> openRegistry(const CommonOptions& c) {
@@ -141,6 +142,14 @@ core::DeployOptions deployOptions(const DeployState& st) {
     if (st.maxBatch > 0) o.serverArgs.insert(o.serverArgs.end(), {"--max-batch", std::to_string(st.maxBatch)});
     if (st.maxDelayMs >= 0) o.serverArgs.insert(o.serverArgs.end(), {"--max-delay-ms", std::to_string(st.maxDelayMs)});
     if (st.maxQueue > 0) o.serverArgs.insert(o.serverArgs.end(), {"--max-queue", std::to_string(st.maxQueue)});
+    if (!st.alertRules.empty()) {
+        if (!fs::is_regular_file(st.alertRules)) throw UsageError("--alert-rules: no file " + st.alertRules);
+        std::ifstream in(st.alertRules);
+        std::stringstream buf;
+        buf << in.rdbuf();
+        core::alertRulesFromToml(buf.str());  // refuse a bad file here, not in the detached server
+        o.serverArgs.insert(o.serverArgs.end(), {"--alert-rules", fs::absolute(st.alertRules).string()});
+    }
     if (!st.common.json) o.progress = [](const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); };
     return o;
 }
@@ -153,6 +162,7 @@ void addDeployFlags(CLI::App* c, DeployState& st) {
     c->add_option("--max-delay-ms", st.maxDelayMs, "a new server's --max-delay-ms");
     c->add_option("--max-queue", st.maxQueue, "a new server's --max-queue");
     c->add_option("--ready-timeout", st.readyTimeout, "seconds to wait for the server to become ready");
+    c->add_option("--alert-rules", st.alertRules, "a new server's alert thresholds (TOML; see README)");
     addCommonOptions(c, st.common);
 }
 

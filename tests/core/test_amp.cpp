@@ -149,7 +149,7 @@ TEST_CASE("the loss scaler's state survives a checkpoint and resume", "[amp]") {
     CHECK(values(store, partial.runId, "amp/skipped") == values(store, straight.runId, "amp/skipped"));
 }
 
-TEST_CASE("bf16 autocast trains on the CPU; fp16 without a GPU is refused with a suggestion", "[amp]") {
+TEST_CASE("bf16 autocast trains on the CPU, fp16 without a GPU is refused with a suggestion", "[amp]") {
     TempDir dir;
     Store store(dir.file("lathe.db"));
     RunSpec spec = small();

@@ -36,7 +36,7 @@ TEST_CASE("model references parse NAME, NAME:V and NAME@ALIAS and refuse the res
         CHECK_THROWS_AS(parseModelRef(bad), ConfigError);
 }
 
-TEST_CASE("signatures round-trip through JSON; junk is refused", "[registry]") {
+TEST_CASE("signatures round-trip through JSON, junk is refused", "[registry]") {
     ModelSignature s = version("m", "p").signature;
     const auto back = signatureFromJson(signatureToJson(s));
     REQUIRE(back.inputs.size() == 1);
@@ -47,7 +47,7 @@ TEST_CASE("signatures round-trip through JSON; junk is refused", "[registry]") {
     CHECK_THROWS_AS(signatureFromJson("not json"), ConfigError);
 }
 
-TEST_CASE("versions auto-increment per model; aliases move; lookups fail clearly", "[registry]") {
+TEST_CASE("versions auto-increment per model, aliases move, lookups fail clearly", "[registry]") {
     TempDir dir;
     Registry r(dir.file("ws.db"));
     CHECK(r.nextVersion("digits") == 1);

@@ -174,7 +174,7 @@ TEST_CASE("every KServe v2 endpoint answers as the protocol says, errors include
     CHECK(httpGet(port, "/v2/health/live").status == 200);
 }
 
-TEST_CASE("a client that stalls mid-request is dropped after the timeout; others are served meanwhile", "[serving]") {
+TEST_CASE("a client that stalls mid-request is dropped after the timeout, others are served meanwhile", "[serving]") {
     test::ServingWorkspace ws;
     core::ServeOptions o;
     o.idleTimeoutS = 1;
@@ -246,7 +246,7 @@ TEST_CASE("an overloaded server answers 503 with Retry-After and stays up", "[se
     CHECK(httpGet(server->port(), "/v2/health/ready").status == 200);
 }
 
-TEST_CASE("hot swap under load: zero failed requests; a failed load keeps the old version", "[serving]") {
+TEST_CASE("hot swap under load: zero failed requests, a failed load keeps the old version", "[serving]") {
     test::ServingWorkspace ws;
     // Version 2: another run of the same model (different weights).
     {
@@ -372,4 +372,45 @@ TEST_CASE("lathectl deploy, rollback and undeploy under steady load lose no requ
     r = test::runShell(test::binPath("lathectl") + " deploy digits:9" + db);
     CHECK(r.exitCode == 2);
     CHECK(r.err.find("no version 9") != std::string::npos);
+}
+
+TEST_CASE("a deployed server's metrics are scraped into the workspace and alert rules fire and resolve", "[serving][cli]") {
+    test::ServingWorkspace ws;
+    const std::string db = " --db " + ws.db();
+    const auto rules = ws.file("rules.toml");
+    {
+        std::ofstream out(rules);
+        out << "p99_threshold_ms = 0.001\np99_samples = 2\n";  // any traffic breaks it
+    }
+    std::ofstream(ws.file("bad.toml")) << "p99_threshold_ms = \"fast\"\n";
+    auto r = test::runShell(test::binPath("lathectl") + " deploy digits --alert-rules " + ws.file("bad.toml") + db);
+    CHECK(r.exitCode == 2);  // refused before any server starts
+    r = test::runShell(test::binPath("lathectl") + " deploy digits --json --alert-rules " + rules + db);
+    REQUIRE(r.exitCode == 0);
+    const auto url = json::parse(r.out)["url"].get<std::string>();
+    core::LoadOptions lo;
+    lo.url = url;
+    lo.model = "digits";
+    lo.rate = 100;
+    lo.durationS = 4;
+    const auto report = core::runLoad(lo);
+    CHECK(report.errors == 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the last interval is scraped
+    core::Registry registry(ws.db());
+    const auto qps = registry.servingMetrics("digits", "qps");
+    const auto p99 = registry.servingMetrics("digits", "p99_ms");
+    CHECK(registry.servingMetrics("digits", "up").size() >= 6);
+    REQUIRE(p99.size() >= 2);
+    double peak = 0;
+    for (const auto& p : qps) peak = std::max(peak, p.value);
+    CHECK(peak > 50);   // about 100 requests per second while the load ran
+    CHECK(peak < 200);
+    CHECK(p99.front().version == 1);
+    const auto alerts = registry.alerts("digits");
+    REQUIRE_FALSE(alerts.empty());
+    CHECK(alerts.back().rule == "p99_latency");
+    CHECK(alerts.back().message.find("above 0.001 ms") != std::string::npos);
+    CHECK(test::runShell(test::binPath("lathectl") + " undeploy digits" + db).exitCode == 0);
+    // Watching ended with the server: nothing is left firing.
+    for (const auto& a : registry.alerts("digits")) CHECK(a.resolvedAt >= a.firedAt);
 }

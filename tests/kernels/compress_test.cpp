@@ -171,7 +171,7 @@ TEST_CASE("scalar quantization meets its definition", "[kernels][compress]") {
                 }
 }
 
-TEST_CASE("ties round to even; int4 packs low nibble first", "[kernels][compress]") {
+TEST_CASE("ties round to even, int4 packs low nibble first", "[kernels][compress]") {
     // One chunk with amax 127: scale 1, so x/scale is x exactly.
     const std::vector<float> x{127.f, 0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f};
     QuantizeParams p;

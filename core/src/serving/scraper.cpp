@@ -96,6 +96,14 @@ void Scraper::Impl::run() {
         std::unique_lock<std::mutex> lock(mutex);
         wake.wait_until(lock, next, [&] { return stopping.load(); });
     }
+    // Nobody evaluates these rules once watching ends (the server was undeployed or stopped):
+    // an alert left open would stay "firing" in the workspace forever.
+    for (const auto& [rule, id] : openAlerts) {
+        try {
+            registry.resolveAlert(id, wallNow());
+        } catch (const std::exception&) {
+        }
+    }
 }
 
 Scraper::Scraper(Registry& registry, std::string model, std::string url, AlertRules rules, double intervalS) {
