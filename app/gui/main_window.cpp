@@ -30,9 +30,12 @@
 #include "lathe/widgets/comm_view.h"
 #include "lathe/widgets/dashboard.h"
 #include "lathe/widgets/loss_scale_view.h"
+#include "lathe/widgets/models_view.h"
+#include "lathe/widgets/serving_dashboard.h"
 #include "lathe/widgets/profile_view.h"
 #include "lathe/widgets/run_form.h"
 #include "lathe/widgets/run_list_model.h"
+#include "deploy_session.h"
 #include "training_session.h"
 
 namespace lathe::app {
@@ -114,7 +117,17 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
     main->setStretchFactor(0, 0);
     main->setStretchFactor(1, 1);
     main->setSizes({320, 1080});
-    setCentralWidget(main);
+
+    // Training and serving are different jobs on the same workspace: one page each.
+    m_models = new widgets::ModelsView;
+    m_models->setObjectName(QStringLiteral("modelsView"));
+    m_pages = new QTabWidget;
+    m_pages->setObjectName(QStringLiteral("pageTabs"));
+    m_pages->addTab(main, tr("Runs"));
+    m_pages->addTab(m_models, tr("Models"));
+    m_pages->setTabToolTip(0, tr("Configure, train and compare runs"));
+    m_pages->setTabToolTip(1, tr("Registered models, deployments and serving dashboards"));
+    setCentralWidget(m_pages);
 
     m_progress = new QLabel;
     statusBar()->addPermanentWidget(m_progress);
@@ -133,6 +146,17 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
     });
     connect(m_table->selectionModel(), &QItemSelectionModel::selectionChanged, this,
             &MainWindow::onSelectionChanged);
+    connect(m_models, &widgets::ModelsView::deployRequested, this, [this](const QString& model, qint64 version) {
+        if (!m_deploy || !m_deploy->deploy(model, version))
+            showError(tr("Cannot deploy"), m_deploy ? tr("Another deployment is in progress.")
+                                                    : tr("The model registry of this workspace is not open."));
+    });
+    connect(m_models, &widgets::ModelsView::rollbackRequested, this, [this](const QString& model, qint64, qint64) {
+        if (!m_deploy || !m_deploy->rollback(model))
+            showError(tr("Cannot roll back"), m_deploy ? tr("Another deployment is in progress.")
+                                                       : tr("The model registry of this workspace is not open."));
+    });
+    openRegistry();
 
     m_refreshTimer = new QTimer(this);
     m_refreshTimer->setInterval(kRefreshMs);
@@ -150,6 +174,7 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
 MainWindow::~MainWindow() {
     // The session and the profile loader reference the store: end them before the store goes.
     m_session.reset();
+    m_deploy.reset();
     m_profile->clear();
 }
 
@@ -176,6 +201,57 @@ void MainWindow::connectSession() {
     connect(m_session.get(), &TrainingSession::started, this, &MainWindow::onStarted);
     connect(m_session.get(), &TrainingSession::eventsArrived, this, &MainWindow::onEvents);
     connect(m_session.get(), &TrainingSession::finished, this, &MainWindow::onFinished);
+}
+
+void MainWindow::openRegistry() {
+    m_deploy.reset();
+    m_registry.reset();
+    try {
+        m_registry = std::make_shared<core::Registry>(m_store->path());
+    } catch (const std::exception& e) {
+        m_models->setRegistry(nullptr);
+        m_models->setStatusText(tr("Could not open the model registry: %1").arg(QString::fromUtf8(e.what())), true);
+        showError(tr("Cannot open the model registry"), QString::fromUtf8(e.what()));
+        return;
+    }
+    m_deploy = std::make_unique<DeploySession>(m_registry);
+    connectDeploySession();
+    m_models->setRegistry(m_registry);
+}
+
+void MainWindow::connectDeploySession() {
+    connect(m_deploy.get(), &DeploySession::started, this, [this](const QString& action, const QString& model) {
+        const QString text = action == QLatin1String("rollback") ? tr("Rolling back %1…").arg(model)
+                                                                 : tr("Deploying %1…").arg(model);
+        m_models->setBusy(true, text);
+        statusBar()->showMessage(text);
+    });
+    connect(m_deploy.get(), &DeploySession::progress, this, [this](const QString& text) {
+        m_models->setStatusText(text);
+        statusBar()->showMessage(text);
+    });
+    connect(m_deploy.get(), &DeploySession::finished, this, &MainWindow::onDeployFinished);
+}
+
+void MainWindow::onDeployFinished(const DeployOutcome& outcome) {
+    m_models->setBusy(false);
+    m_models->refresh();
+    m_models->dashboard()->pollNow();
+    const bool rollback = outcome.action == QLatin1String("rollback");
+    if (!outcome.ok()) {
+        const QString what = rollback ? tr("Rollback of %1 failed").arg(outcome.model)
+                                      : tr("Deployment of %1 v%2 failed").arg(outcome.model).arg(outcome.version);
+        m_models->setStatusText(what + QStringLiteral(": ") + outcome.error, true);
+        showError(what, outcome.error);
+        return;
+    }
+    QString text = tr("%1 v%2 live at %3").arg(outcome.model).arg(outcome.version).arg(outcome.url);
+    if (outcome.previousVersion > 0 && outcome.previousVersion != outcome.version)
+        text += rollback ? tr(" (rolled back from v%1)").arg(outcome.previousVersion)
+                         : tr(" (replaced v%1)").arg(outcome.previousVersion);
+    text += outcome.started ? tr(", new server") : tr(", hot swap");
+    m_models->setStatusText(text);
+    statusBar()->showMessage(text, 10000);
 }
 
 void MainWindow::updateTitle() {
@@ -344,6 +420,10 @@ bool MainWindow::openWorkspace(const QString& path) {
         showError(tr("Cannot switch workspace"), tr("Stop the current run first."));
         return false;
     }
+    if (m_deploy && m_deploy->isBusy()) {
+        showError(tr("Cannot switch workspace"), tr("Wait for the deployment in progress to finish."));
+        return false;
+    }
     std::unique_ptr<core::Store> next;
     try {
         next = std::make_unique<core::Store>(path.toStdString());
@@ -370,6 +450,7 @@ bool MainWindow::openWorkspace(const QString& path) {
     m_store = std::move(next);
     m_session = std::make_unique<TrainingSession>(*m_store);
     connectSession();
+    openRegistry();
     updateTitle();
     refreshRuns();
     selectNewestRun();
@@ -402,6 +483,11 @@ void MainWindow::closeEvent(QCloseEvent* event) {
     if (m_session->isRunning()) {
         statusBar()->showMessage(tr("Stopping the run…"));
         m_session->stopAndWait();
+    }
+    if (m_deploy && m_deploy->isBusy()) {
+        // The server is being started or swapped: let it end ready (and recorded) or untouched.
+        statusBar()->showMessage(tr("Waiting for the deployment to finish…"));
+        m_deploy->wait();
     }
     event->accept();
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "lathe/core/events.h"
+#include "lathe/core/registry.h"
 #include "lathe/core/run_spec.h"
 #include "lathe/core/store.h"
 
@@ -24,6 +25,7 @@ namespace lathe::widgets {
 class CommView;
 class Dashboard;
 class LossScaleView;
+class ModelsView;
 class ProfileView;
 class RunForm;
 class RunListModel;
@@ -31,6 +33,8 @@ class RunListModel;
 
 namespace lathe::app {
 
+class DeploySession;
+struct DeployOutcome;
 class TrainingSession;
 
 class MainWindow : public QMainWindow {
@@ -50,6 +54,12 @@ public:
     widgets::RunListModel* runModel() const { return m_runModel; }
     QTableView* runTable() const { return m_table; }
     TrainingSession* session() const { return m_session.get(); }
+    /// "Runs" (form, runs table, per-run views) and "Models" (registry and deployments).
+    QTabWidget* pageTabs() const { return m_pages; }
+    widgets::ModelsView* modelsView() const { return m_models; }
+    DeploySession* deploySession() const { return m_deploy.get(); }
+    /// The workspace's model registry (same file as the store); null when it could not be opened.
+    core::Registry* registry() const { return m_registry.get(); }
     /// The last error shown to the user (for tests and the status bar).
     QString lastError() const { return m_lastError; }
 
@@ -68,6 +78,11 @@ protected:
 private:
     void buildMenus();
     void connectSession();
+    /// Opens the registry of the current store and hands it to the Models page and a new
+    /// deploy session; a failure is shown and leaves the page empty.
+    void openRegistry();
+    void connectDeploySession();
+    void onDeployFinished(const DeployOutcome& outcome);
     void onStartRequested(const core::RunSpec& spec);
     void onStarted(qint64 runId);
     void onEvents(qint64 runId, const std::vector<core::Event>& events);
@@ -83,6 +98,10 @@ private:
 
     std::unique_ptr<core::Store> m_store;
     std::unique_ptr<TrainingSession> m_session;
+    std::shared_ptr<core::Registry> m_registry;
+    std::unique_ptr<DeploySession> m_deploy;
+    QTabWidget* m_pages = nullptr;
+    widgets::ModelsView* m_models = nullptr;
     widgets::RunForm* m_form = nullptr;
     widgets::Dashboard* m_dashboard = nullptr;
     widgets::LossScaleView* m_lossScale = nullptr;
