@@ -216,6 +216,7 @@ void registerServe(CLI::App& app, int& exitCode) {
     s->add_option("--compute-threads", st->options.computeThreads, "LibTorch intra-op threads (0 = default)");
     s->add_option("--max-body", st->options.maxBodyBytes, "largest request body in bytes")->capture_default_str();
     s->add_option("--timeout", st->options.idleTimeoutS, "seconds a client may take to send a request")->capture_default_str();
+    s->add_option("--instance", st->options.instance, "an identifier echoed by GET /v2 (set by lathectl deploy)");
     s->add_flag("--watch", st->watch, "scrape this server's metrics into the workspace every second and run alert rules");
     s->add_option("--alert-rules", st->alertRules, "TOML file of alert thresholds (with --watch)");
     addCommonOptions(s, st->common, false);

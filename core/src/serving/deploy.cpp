@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <thread>
 
 #include "lathe/core/events.h"
@@ -124,6 +125,25 @@ int64_t spawnDetached(const std::vector<std::string>& args, const std::string& l
     return pid;
 }
 
+// A nonce, not a secret: it only tells the server this deploy started from any other one that
+// may answer on the same port.
+std::string instanceToken() {
+    std::random_device rd;
+    char buf[33];
+    std::snprintf(buf, sizeof buf, "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+    return buf;
+}
+
+std::string serverInstance(const std::string& url) {
+    try {
+        const auto r = httpRequest("GET", url + "/v2", {}, 1.0);
+        if (r.status != 200) return {};
+        return json::parse(r.body).value("instance", std::string());
+    } catch (...) {
+        return {};
+    }
+}
+
 int64_t servedVersion(const std::string& url, const std::string& model, double timeoutS) {
     const auto r = httpRequest("GET", url + "/v2/models/" + model, {}, timeoutS);
     if (r.status != 200) return 0;
@@ -196,59 +216,74 @@ DeployResult deploy(Registry& registry, const ModelRef& ref, const DeployOptions
         result.previousVersion = live->version;
     }
     if (o.serverProgram.empty()) throw ConfigError("deploy needs the path of lathectl to start a server");
+    const bool pickPort = o.port == 0;
+    const uint16_t preferred = live && portOf(live->url) ? portOf(live->url) : 8500;
+    auto freePort = [&](uint16_t from) -> uint16_t {
+        for (uint32_t p = from; p < uint32_t{from} + 100 && p <= 65535; ++p)
+            if (portFree(o.host, static_cast<uint16_t>(p))) return static_cast<uint16_t>(p);
+        throw Error("no free port from " + std::to_string(from) + " upwards; pass --port");
+    };
     uint16_t port = o.port;
-    if (port == 0) {
-        const uint16_t preferred = live ? portOf(live->url) : 8500;
-        for (uint16_t p = preferred ? preferred : 8500; p < preferred + 100; ++p)
-            if (portFree(o.host, p)) {
-                port = p;
-                break;
-            }
-        if (port == 0) throw Error("no free port from " + std::to_string(preferred) + " upwards; pass --port");
-    } else if (!portFree(o.host, port)) {
+    if (pickPort) port = freePort(preferred);
+    else if (!portFree(o.host, port))
         throw Error("port " + std::to_string(port) + " on " + o.host + " is in use; choose another with --port");
-    }
     const auto dir = fs::path(registry.workspacePath()).parent_path() / "deployments";
     std::error_code ec;
     fs::create_directories(dir, ec);
-    const auto logPath =
-        (dir / (v.name + "-" + std::to_string(static_cast<int64_t>(nowSeconds())) + "-" + std::to_string(port) + ".log"))
-            .string();
-    std::vector<std::string> args{o.serverProgram, "serve",  "--db",   registry.workspacePath(),
-                                  "--model",       v.name + ":" + std::to_string(v.version),
-                                  "--host",        o.host,   "--port", std::to_string(port),
-                                  "--watch"};
-    args.insert(args.end(), o.serverArgs.begin(), o.serverArgs.end());
-    say(o, "starting a server on " + o.host + ":" + std::to_string(port) + " (log " + logPath + ")");
-    const int64_t pid = spawnDetached(args, logPath);
     Deployment d;
     d.model = v.name;
     d.version = v.version;
     d.target = "local";
-    d.url = "http://" + o.host + ":" + std::to_string(port);
-    d.pid = pid;
-    d.logPath = logPath;
     d.actor = o.actor;
     d.action = o.action;
     d.reason = o.reason;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.readyTimeoutS);
-    for (;;) {
-        if (!alive(pid))
-            throw Error("the server for " + v.name + " exited before it was ready; its log " + logPath + " ends:" +
-                        logTail(logPath));
-        if (deploymentUp(d, 1.0) && servedVersion(d.url, v.name, 2) == v.version) break;
-        if (std::chrono::steady_clock::now() > deadline) {
-            ::kill(static_cast<pid_t>(pid), SIGTERM);
-            throw Error("the server for " + v.name + " was not ready within " +
-                        std::to_string(static_cast<int>(o.readyTimeoutS)) + " s; stopped it. Log " + logPath + ":" +
-                        logTail(logPath));
+    const std::string token = instanceToken();
+    // Another program (or another deploy) may take a free port between our check and the
+    // server's bind: then the server exits saying so, and a picked port moves on.
+    for (int attempt = 0;; ++attempt) {
+        const auto logPath = (dir / (v.name + "-" + std::to_string(static_cast<int64_t>(nowSeconds())) + "-" +
+                                     std::to_string(port) + ".log"))
+                                 .string();
+        std::vector<std::string> args{o.serverProgram, "serve",    "--db",   registry.workspacePath(),
+                                      "--model",       v.name + ":" + std::to_string(v.version),
+                                      "--host",        o.host,     "--port", std::to_string(port),
+                                      "--instance",    token,      "--watch"};
+        args.insert(args.end(), o.serverArgs.begin(), o.serverArgs.end());
+        say(o, "starting a server on " + o.host + ":" + std::to_string(port) + " (log " + logPath + ")");
+        const int64_t pid = spawnDetached(args, logPath);
+        d.url = "http://" + o.host + ":" + std::to_string(port);
+        d.pid = pid;
+        d.logPath = logPath;
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.readyTimeoutS);
+        bool retry = false;
+        for (;;) {
+            if (!alive(pid)) {
+                const auto tail = logTail(logPath);
+                if (pickPort && attempt < 5 && tail.find("in use") != std::string::npos) {
+                    port = freePort(static_cast<uint16_t>(port + 1));
+                    retry = true;
+                    break;
+                }
+                throw Error("the server for " + v.name + " exited before it was ready; its log " + logPath +
+                            " ends:" + tail);
+            }
+            // Ours (not another server that answers on this port), ready, and serving the version.
+            if (serverInstance(d.url) == token && deploymentUp(d, 1.0) && servedVersion(d.url, v.name, 2) == v.version)
+                break;
+            if (std::chrono::steady_clock::now() > deadline) {
+                ::kill(static_cast<pid_t>(pid), SIGTERM);
+                throw Error("the server for " + v.name + " was not ready within " +
+                            std::to_string(static_cast<int>(o.readyTimeoutS)) + " s; stopped it. Log " + logPath +
+                            ":" + logTail(logPath));
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
         }
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        if (!retry) break;
     }
     d.id = registry.recordDeployment(d);
     result.deployment = d;
     result.started = true;
-    say(o, v.name + " v" + std::to_string(v.version) + " is live at " + d.url + " (pid " + std::to_string(pid) + ")");
+    say(o, v.name + " v" + std::to_string(v.version) + " is live at " + d.url + " (pid " + std::to_string(d.pid) + ")");
     return result;
 }
 

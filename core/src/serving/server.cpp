@@ -336,7 +336,10 @@ private:
         if (seg.empty() || seg[0] != "v2") return sendError(404, "no such endpoint: " + target);
         if (is({"v2"})) {
             if (!requireMethod(http::verb::get)) return;
-            return send(200, jsonOk({{"name", "lathe"}, {"version", "0.1.0"}, {"extensions", {"model_repository"}}}));
+            return send(200, jsonOk({{"name", "lathe"},
+                                     {"version", "0.1.0"},
+                                     {"extensions", {"model_repository"}},
+                                     {"instance", m_server->options.instance}}));
         }
         if (is({"v2", "health", "live"})) {
             if (!requireMethod(http::verb::get)) return;

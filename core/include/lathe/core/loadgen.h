@@ -21,6 +21,7 @@ struct LoadOptions {
     double timeoutS = 10;                       // per request
     int64_t rowsPerRequest = 1;
     std::string body;  // request body; empty = random FP32 input built from GET /v2/models/MODEL
+    int threads = 1;   // client I/O threads; 1 drives thousands of requests/s, 2 at most is useful
 };
 
 struct LoadReport {
@@ -28,17 +29,22 @@ struct LoadReport {
     int64_t ok = 0;
     int64_t errors = 0;                       // non-2xx answers + transport failures
     std::map<std::string, int64_t> byStatus;  // "200", "503", "connect", "timeout", ...
+    int64_t unsent = 0;                       // scheduled before the end, but no connection was free
+                                              // in time: the server could not keep up with the rate
     double elapsedS = 0;
-    double qps = 0;                           // completed answers per second
+    double qps = 0;                           // successful (2xx) answers per second
     double p50Ms = 0, p90Ms = 0, p99Ms = 0, p999Ms = 0, maxMs = 0, meanMs = 0;
     std::vector<double> latenciesMs;          // every successful request, in completion order
 };
 
-/// Progress once a second: seconds elapsed, report so far.
+/// Progress once a second: seconds elapsed, report so far (counts and percentiles of the
+/// successful requests so far; latenciesMs is left empty to keep the call cheap).
 using LoadProgress = std::function<void(double, const LoadReport&)>;
 
-/// Runs the load until the duration ends or `stop` is set. Throws Error when the server cannot be
-/// reached or the model's metadata is unusable before the run starts.
+/// Runs the load until the duration ends or `stop` is set (then requests in flight get a short
+/// grace and are counted as "cancelled"). Throws ConfigError for bad options and Error when the
+/// server cannot be reached or the model's metadata is unusable before the run starts.
+/// Error kinds in byStatus besides HTTP codes: "connect", "timeout", "closed", "io", "cancelled".
 LoadReport runLoad(const LoadOptions& options, const std::atomic<bool>* stop = nullptr,
                    const LoadProgress& progress = {});
 

@@ -23,6 +23,7 @@ struct ServeOptions {
     int64_t maxBodyBytes = 8 << 20;
     double idleTimeoutS = 30;      // a client silent this long mid-request (or idle) is dropped
     std::string workspace;         // registry to load versions from (hot swap by version); optional
+    std::string instance;          // echoed by GET /v2: lets `deploy` tell its own server from another on the port
 };
 
 /// A model to serve: a registered version or a plain artifact file.

@@ -1,0 +1,580 @@
+// The open-loop load generator behind `lathectl load`: keep-alive Boost.Beast connections on
+// one io_context, each taking the next slot of a fixed schedule (start + i/rate) when it is free.
+// Latency runs from the slot's intended send time, not from when a connection got round to
+// sending it, so a server that falls behind shows its backlog (wrk2's coordinated-omission
+// correction) instead of slowing the client down to its own pace.
+#include "lathe/core/loadgen.h"
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+#include <thread>
+
+#include "lathe/core/error.h"
+
+namespace lathe::core {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+using Request = http::request<http::string_body>;
+
+constexpr uint64_t kMaxResponseBytes = 256ull << 20;
+const char* const kServerHint = " — is a server running? (lathectl serve / lathectl deploy)";
+
+struct Target {
+    std::string base;    // http://host:port[/prefix], without a trailing slash
+    std::string host;
+    std::string port = "80";
+    std::string prefix;  // path before /v2, may be empty
+    std::string hostHeader;
+};
+
+Target parseTarget(const std::string& url) {
+    const std::string scheme = "http://";
+    if (url.compare(0, scheme.size(), scheme) != 0) {
+        if (url.compare(0, 8, "https://") == 0)
+            throw ConfigError("--url " + url + ": https is not supported (use http://, or an SSH tunnel)");
+        throw ConfigError("--url '" + url + "' must look like http://HOST:PORT");
+    }
+    Target t;
+    t.base = url;
+    while (t.base.size() > scheme.size() && t.base.back() == '/') t.base.pop_back();
+    const size_t slash = t.base.find('/', scheme.size());
+    std::string authority = t.base.substr(scheme.size(), slash == std::string::npos ? std::string::npos : slash - scheme.size());
+    if (slash != std::string::npos) t.prefix = t.base.substr(slash);
+    t.hostHeader = authority;
+    if (!authority.empty() && authority.front() == '[') {  // [::1]:8500
+        const size_t close = authority.find(']');
+        if (close == std::string::npos) throw ConfigError("--url '" + url + "': unterminated '[' in the host");
+        t.host = authority.substr(1, close - 1);
+        if (close + 1 < authority.size()) {
+            if (authority[close + 1] != ':') throw ConfigError("--url '" + url + "': junk after ']' in the host");
+            t.port = authority.substr(close + 2);
+        }
+    } else if (const size_t colon = authority.rfind(':'); colon != std::string::npos) {
+        t.host = authority.substr(0, colon);
+        t.port = authority.substr(colon + 1);
+    } else {
+        t.host = authority;
+    }
+    int port = 0;
+    const auto [end, ec] = std::from_chars(t.port.data(), t.port.data() + t.port.size(), port);
+    if (t.host.empty() || ec != std::errc() || end != t.port.data() + t.port.size() || port < 1 || port > 65535)
+        throw ConfigError("--url '" + url + "' must look like http://HOST:PORT (port 1–65535)");
+    return t;
+}
+
+std::string modelPath(const Target& t, const std::string& model) { return t.prefix + "/v2/models/" + model; }
+
+std::string errorText(const std::string& body) {
+    try {
+        const auto j = nlohmann::json::parse(body);
+        if (j.is_object() && j.contains("error") && j["error"].is_string()) return j["error"].get<std::string>();
+    } catch (const std::exception&) {
+    }
+    return body.substr(0, 200);
+}
+
+// One blocking exchange for the checks before the run. Beast's deadlines only apply to
+// asynchronous operations, so each step runs asynchronously and the caller waits for it.
+struct Fetched {
+    beast::error_code ec;
+    bool connected = false;
+    int status = 0;
+    std::string body;
+};
+
+Fetched fetch(const tcp::resolver::results_type& endpoints, const Target& t, http::verb verb,
+              const std::string& path, const std::string& body, double timeoutS) {
+    asio::io_context ioc;
+    beast::tcp_stream stream(ioc);
+    beast::flat_buffer buffer;
+    Request req{verb, path, 11};
+    req.set(http::field::host, t.hostHeader);
+    req.set(http::field::user_agent, "lathectl-load");
+    req.set(http::field::connection, "close");
+    if (verb == http::verb::post) {
+        req.set(http::field::content_type, "application/json");
+        req.body() = body;
+    }
+    req.prepare_payload();
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(kMaxResponseBytes);
+    Fetched f;
+    stream.expires_after(std::chrono::milliseconds(static_cast<int64_t>(timeoutS * 1000)));
+    stream.async_connect(endpoints, [&](beast::error_code ec, const tcp::endpoint&) {
+        if (ec) {
+            f.ec = ec;
+            return;
+        }
+        f.connected = true;
+        http::async_write(stream, req, [&](beast::error_code ec2, size_t) {
+            if (ec2) {
+                f.ec = ec2;
+                return;
+            }
+            http::async_read(stream, buffer, parser, [&](beast::error_code ec3, size_t) {
+                f.ec = ec3;
+                if (!ec3) {
+                    f.status = static_cast<int>(parser.get().result_int());
+                    f.body = parser.get().body();
+                }
+            });
+        });
+    });
+    ioc.run();
+    beast::error_code ignored;
+    stream.socket().close(ignored);
+    return f;
+}
+
+[[noreturn]] void unreachable(const Target& t, const Fetched& f, double timeoutS) {
+    if (f.ec == beast::error::timeout) {
+        char secs[32];
+        std::snprintf(secs, sizeof secs, "%g", timeoutS);
+        throw Error("cannot reach " + t.base + ": no answer within " + secs + " s" +
+                    (f.connected ? " (it accepted the connection but did not answer)" : kServerHint));
+    }
+    if (!f.connected) throw Error("cannot reach " + t.base + ": " + f.ec.message() + kServerHint);
+    throw Error(t.base + " closed the connection without a valid HTTP answer (" + f.ec.message() +
+                "): is it a KServe v2 inference server?");
+}
+
+// The input tensor of the served model, from its KServe v2 metadata.
+struct InputSpec {
+    std::string name;
+    std::string datatype;
+    std::vector<int64_t> shape;
+};
+
+InputSpec inputFromMetadata(const Target& t, const std::string& model, const std::string& body) {
+    const std::string where = "GET " + t.base + "/v2/models/" + model;
+    nlohmann::json j;
+    try {
+        j = nlohmann::json::parse(body);
+    } catch (const std::exception&) {
+        throw Error(where + " did not answer with JSON model metadata (KServe v2)");
+    }
+    if (!j.is_object() || !j.contains("inputs") || !j["inputs"].is_array() || j["inputs"].empty())
+        throw Error(where + ": the metadata lists no `inputs`");
+    if (j["inputs"].size() != 1)
+        throw Error(where + ": the model has " + std::to_string(j["inputs"].size()) +
+                    " inputs; the load generator builds bodies for one (pass a request body instead)");
+    const auto& in = j["inputs"][0];
+    InputSpec s;
+    try {
+        s.name = in.at("name").get<std::string>();
+        s.datatype = in.at("datatype").get<std::string>();
+        s.shape = in.at("shape").get<std::vector<int64_t>>();
+    } catch (const std::exception&) {
+        throw Error(where + ": input 0 lacks a string `name`, a string `datatype` or an integer `shape`");
+    }
+    if (s.datatype != "FP32")
+        throw Error(where + ": input '" + s.name + "' is " + s.datatype +
+                    "; the load generator builds FP32 inputs only (pass a request body instead)");
+    if (s.shape.empty()) throw Error(where + ": input '" + s.name + "' has an empty shape (no batch dimension)");
+    for (size_t i = 1; i < s.shape.size(); ++i)
+        if (s.shape[i] < 1)
+            throw Error(where + ": input '" + s.name + "' dimension " + std::to_string(i) +
+                        " has no fixed size (" + std::to_string(s.shape[i]) +
+                        "), so no random input can be built (pass a request body instead)");
+    return s;
+}
+
+std::string randomBody(const InputSpec& in, int64_t rows) {
+    int64_t count = rows;
+    for (size_t i = 1; i < in.shape.size(); ++i) count *= in.shape[i];
+    if (count > (int64_t{64} << 20))
+        throw ConfigError("--rows " + std::to_string(rows) + " makes a request of " + std::to_string(count) +
+                          " values; choose fewer rows");
+    std::string out = "{\"id\":\"lathe-load\",\"inputs\":[{\"name\":" + nlohmann::json(in.name).dump() +
+                      ",\"datatype\":\"FP32\",\"shape\":[" + std::to_string(rows);
+    for (size_t i = 1; i < in.shape.size(); ++i) out += "," + std::to_string(in.shape[i]);
+    out += "],\"data\":[";
+    out.reserve(out.size() + static_cast<size_t>(count) * 11 + 8);
+    std::mt19937 rng(20240611);  // fixed: runs are comparable
+    std::normal_distribution<float> normal(0.f, 1.f);
+    char buf[32];
+    for (int64_t i = 0; i < count; ++i) {
+        if (i) out += ',';
+        const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, normal(rng));
+        out.append(buf, end);
+    }
+    out += "]}]}";
+    return out;
+}
+
+// ---- the run ---------------------------------------------------------------------------
+
+struct Shared {
+    LoadOptions options;
+    Target target;
+    tcp::resolver::results_type endpoints;
+    Request request;  // written concurrently by every connection: serialising only reads it
+    Clock::duration timeout{};
+    Clock::time_point start, end;
+    double interval = 0;  // seconds between intended sends
+    std::atomic<int64_t> nextSlot{0};
+    std::atomic<bool> stopping{false};  // take no new slot
+    std::atomic<bool> aborting{false};  // give up on requests in flight
+
+    std::mutex mutex;
+    std::condition_variable finished;
+    int active = 0;  // connections still running
+    LoadReport report;
+    double sumMs = 0;
+
+    void sent() {
+        std::lock_guard<std::mutex> lk(mutex);
+        ++report.sent;
+    }
+    void answered(int status, double latencyMs) {
+        std::lock_guard<std::mutex> lk(mutex);
+        ++report.byStatus[std::to_string(status)];
+        if (status >= 200 && status < 300) {
+            ++report.ok;
+            report.latenciesMs.push_back(latencyMs);
+            report.maxMs = std::max(report.maxMs, latencyMs);
+            sumMs += latencyMs;
+        } else {
+            ++report.errors;
+        }
+    }
+    void failed(const char* kind) {
+        std::lock_guard<std::mutex> lk(mutex);
+        ++report.byStatus[kind];
+        ++report.errors;
+    }
+    void connectionDone() {
+        std::lock_guard<std::mutex> lk(mutex);
+        if (--active == 0) finished.notify_all();
+    }
+};
+
+class Connection : public std::enable_shared_from_this<Connection> {
+public:
+    Connection(asio::io_context& ioc, Shared& shared)
+        : m_strand(asio::make_strand(ioc)), m_stream(m_strand), m_timer(m_strand), m_s(shared) {}
+
+    // Connects ahead of the first slot so the first requests do not pay for the handshake;
+    // a failure here is not a request failure: the first request will try again and count it.
+    void start() {
+        asio::dispatch(m_strand, [self = shared_from_this()] {
+            self->m_stream.expires_after(self->m_s.timeout);
+            self->m_stream.async_connect(self->m_s.endpoints, [self](beast::error_code ec, const tcp::endpoint&) {
+                self->onConnected(ec, /*warmup=*/true);
+            });
+        });
+    }
+
+    // Wakes a connection waiting for its slot (stop requested) or, once aborting, drops the
+    // request in flight.
+    void interrupt() {
+        asio::post(m_strand, [self = shared_from_this()] {
+            self->m_timer.cancel();
+            if (self->m_s.aborting && self->m_inFlight) self->m_stream.cancel();
+        });
+    }
+
+private:
+    void next() {
+        m_inFlight = false;
+        const auto now = Clock::now();
+        if (m_s.stopping || now >= m_s.end) return finish();
+        const int64_t i = m_s.nextSlot.fetch_add(1);
+        m_intended = m_s.start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(i * m_s.interval));
+        if (m_intended >= m_s.end) return finish();
+        m_retried = false;
+        if (m_intended <= now) return send();
+        m_timer.expires_at(m_intended);
+        m_timer.async_wait([self = shared_from_this()](beast::error_code ec) {
+            if (ec || self->m_s.stopping) return self->finish();  // stopped while waiting for its slot
+            self->send();
+        });
+    }
+
+    void send() {
+        m_s.sent();
+        m_inFlight = true;
+        // The timeout runs from the actual send: it bounds how long the server may take, while
+        // the latency (from the intended time) also shows how long the request had to wait.
+        m_deadline = Clock::now() + m_s.timeout;
+        if (!m_connected) return connect();
+        write();
+    }
+
+    void connect() {
+        m_buffer.clear();
+        m_stream.expires_at(m_deadline);
+        m_stream.async_connect(m_s.endpoints, [self = shared_from_this()](beast::error_code ec, const tcp::endpoint&) {
+            self->onConnected(ec, false);
+        });
+    }
+
+    void onConnected(beast::error_code ec, bool warmup) {
+        if (warmup) {
+            m_connected = !ec;
+            if (!ec) m_stream.socket().set_option(tcp::no_delay(true), ec);
+            // Every connection begins at the common start time.
+            m_timer.expires_at(m_s.start);
+            m_timer.async_wait([self = shared_from_this()](beast::error_code) { self->next(); });
+            return;
+        }
+        if (ec) return failed(ec == beast::error::timeout ? "timeout" : m_s.aborting ? "cancelled" : "connect");
+        m_connected = true;
+        m_reused = false;
+        m_stream.socket().set_option(tcp::no_delay(true), ec);
+        write();
+    }
+
+    void write() {
+        m_stream.expires_at(m_deadline);
+        http::async_write(m_stream, m_s.request, [self = shared_from_this()](beast::error_code ec, size_t) {
+            if (ec) return self->transportError(ec);
+            self->read();
+        });
+    }
+
+    void read() {
+        m_parser.emplace();
+        m_parser->body_limit(kMaxResponseBytes);
+        m_stream.expires_at(m_deadline);
+        http::async_read(m_stream, m_buffer, *m_parser, [self = shared_from_this()](beast::error_code ec, size_t) {
+            if (ec) return self->transportError(ec);
+            self->onResponse();
+        });
+    }
+
+    void onResponse() {
+        const auto done = Clock::now();
+        const auto& res = m_parser->get();
+        m_s.answered(static_cast<int>(res.result_int()),
+                     std::chrono::duration<double, std::milli>(done - m_intended).count());
+        m_reused = true;
+        if (!res.keep_alive()) closeSocket();
+        next();
+    }
+
+    static bool isClosed(const beast::error_code& ec) {
+        return ec == http::error::end_of_stream || ec == http::error::partial_message || ec == asio::error::eof ||
+               ec == asio::error::connection_reset || ec == asio::error::broken_pipe ||
+               ec == asio::error::connection_aborted;
+    }
+
+    void transportError(const beast::error_code& ec) {
+        const bool gotSome = m_parser && m_parser->got_some();
+        closeSocket();
+        if (m_s.aborting) return failed("cancelled");
+        if (ec == beast::error::timeout) return failed("timeout");
+        // A kept-alive connection the server closed while idle fails on its next use before any
+        // byte of an answer: that says nothing about the server, so once more on a fresh one.
+        if (isClosed(ec) && m_reused && !m_retried && !gotSome && Clock::now() < m_deadline) {
+            m_retried = true;
+            return connect();
+        }
+        failed(isClosed(ec) ? "closed" : "io");
+    }
+
+    void failed(const char* kind) {
+        closeSocket();
+        m_s.failed(kind);
+        if (m_s.aborting) {
+            m_inFlight = false;
+            return finish();
+        }
+        next();
+    }
+
+    void closeSocket() {
+        beast::error_code ignored;
+        m_stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+        m_stream.socket().close(ignored);
+        m_connected = false;
+        m_reused = false;
+        m_buffer.clear();
+    }
+
+    void finish() {
+        if (m_finished) return;
+        m_finished = true;
+        closeSocket();
+        m_s.connectionDone();
+    }
+
+    asio::strand<asio::io_context::executor_type> m_strand;
+    beast::tcp_stream m_stream;
+    asio::steady_timer m_timer;
+    Shared& m_s;
+    beast::flat_buffer m_buffer;
+    std::optional<http::response_parser<http::string_body>> m_parser;
+    Clock::time_point m_intended, m_deadline;
+    bool m_connected = false;
+    bool m_reused = false;   // at least one answer came back on this connection
+    bool m_retried = false;  // the current request was already resent once
+    bool m_inFlight = false;
+    bool m_finished = false;
+};
+
+// Nearest rank: the smallest value with at least p% of the values at or below it.
+size_t nearestRank(size_t n, double p) {
+    const double k = std::ceil(std::clamp(p, 0.0, 100.0) / 100.0 * static_cast<double>(n));
+    return std::min(n, static_cast<size_t>(std::max(1.0, k))) - 1;
+}
+
+// The report so far: counts, and percentiles over the successful requests' latencies.
+LoadReport summarise(Shared& s, Clock::time_point now, bool keepLatencies) {
+    LoadReport r;
+    double sumMs;
+    {
+        std::lock_guard<std::mutex> lk(s.mutex);
+        r = s.report;
+        sumMs = s.sumMs;
+    }
+    r.elapsedS = std::max(1e-9, std::chrono::duration<double>(now - s.start).count());
+    r.qps = static_cast<double>(r.ok) / r.elapsedS;
+    r.meanMs = r.ok ? sumMs / static_cast<double>(r.ok) : 0;
+    if (!r.latenciesMs.empty()) {
+        std::vector<double> sorted = r.latenciesMs;
+        std::sort(sorted.begin(), sorted.end());
+        r.p50Ms = sorted[nearestRank(sorted.size(), 50)];
+        r.p90Ms = sorted[nearestRank(sorted.size(), 90)];
+        r.p99Ms = sorted[nearestRank(sorted.size(), 99)];
+        r.p999Ms = sorted[nearestRank(sorted.size(), 99.9)];
+    }
+    if (!keepLatencies) r.latenciesMs.clear();
+    return r;
+}
+
+void checkOptions(const LoadOptions& o) {
+    if (o.model.empty()) throw ConfigError("--model is required: the name the server serves (GET /v2/models)");
+    if (!(o.rate > 0) || !std::isfinite(o.rate)) throw ConfigError("--rate must be > 0 requests per second");
+    if (!(o.durationS > 0) || !std::isfinite(o.durationS)) throw ConfigError("--duration must be > 0 seconds");
+    if (o.users < 1 || o.users > 10000) throw ConfigError("--users must be between 1 and 10000");
+    if (!(o.timeoutS > 0) || !std::isfinite(o.timeoutS)) throw ConfigError("--timeout must be > 0 seconds");
+    if (o.rowsPerRequest < 1) throw ConfigError("--rows must be at least 1");
+    if (o.threads < 1 || o.threads > 16) throw ConfigError("--threads must be between 1 and 16");
+    for (char c : o.model)
+        if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-')
+            throw ConfigError("--model '" + o.model + "' is not a model name ([A-Za-z0-9._-])");
+}
+
+}  // namespace
+
+double percentile(std::vector<double> values, double p) {
+    if (values.empty()) return 0;
+    const auto k = nearestRank(values.size(), p);
+    std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(k), values.end());
+    return values[k];
+}
+
+LoadReport runLoad(const LoadOptions& options, const std::atomic<bool>* stop, const LoadProgress& progress) {
+    checkOptions(options);
+    Shared s;
+    s.options = options;
+    s.target = parseTarget(options.url);
+    s.timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeoutS));
+    {
+        asio::io_context ioc;
+        tcp::resolver resolver(ioc);
+        beast::error_code ec;
+        s.endpoints = resolver.resolve(s.target.host, s.target.port, ec);
+        if (ec) throw Error("cannot reach " + s.target.base + ": cannot resolve '" + s.target.host + "': " + ec.message());
+    }
+
+    // Before the run: the server answers and serves the model; its metadata shapes the body.
+    const std::string path = modelPath(s.target, options.model);
+    const auto meta = fetch(s.endpoints, s.target, http::verb::get, path, {}, std::min(options.timeoutS, 10.0));
+    if (meta.ec) unreachable(s.target, meta, std::min(options.timeoutS, 10.0));
+    if (meta.status == 404) {
+        std::string served;
+        const auto index = fetch(s.endpoints, s.target, http::verb::post, s.target.prefix + "/v2/repository/index", "{}",
+                                 std::min(options.timeoutS, 10.0));
+        try {
+            if (!index.ec && index.status == 200)
+                for (const auto& m : nlohmann::json::parse(index.body))
+                    served += (served.empty() ? "" : ", ") + m.at("name").get<std::string>();
+        } catch (const std::exception&) {
+        }
+        throw Error(s.target.base + " does not serve a model named '" + options.model + "'" +
+                    (served.empty() ? " (" + errorText(meta.body) + ")" : " (it serves: " + served + ")"));
+    }
+    if (meta.status != 200)
+        throw Error("GET " + s.target.base + "/v2/models/" + options.model + " answered " + std::to_string(meta.status) +
+                    ": " + errorText(meta.body));
+    std::string body = options.body;
+    if (body.empty()) body = randomBody(inputFromMetadata(s.target, options.model, meta.body), options.rowsPerRequest);
+
+    s.request = Request{http::verb::post, path + "/infer", 11};
+    s.request.set(http::field::host, s.target.hostHeader);
+    s.request.set(http::field::user_agent, "lathectl-load");
+    s.request.set(http::field::content_type, "application/json");
+    s.request.body() = std::move(body);
+    s.request.prepare_payload();
+
+    asio::io_context ioc;
+    std::vector<std::shared_ptr<Connection>> connections;
+    for (int i = 0; i < options.users; ++i) connections.push_back(std::make_shared<Connection>(ioc, s));
+    s.active = options.users;
+    s.interval = 1.0 / options.rate;
+    // A short lead lets every connection finish its handshake before the first slot.
+    s.start = Clock::now() + std::chrono::milliseconds(50 + options.users / 4);
+    s.end = s.start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.durationS));
+    for (auto& c : connections) c->start();
+    std::vector<std::thread> threads;
+    for (int i = 0; i < options.threads; ++i) threads.emplace_back([&ioc] { ioc.run(); });
+
+    // This thread reports progress and watches `stop`; the I/O threads do the rest.
+    auto nextTick = s.start + std::chrono::seconds(1);
+    std::optional<Clock::time_point> abortAt;
+    const auto hardEnd = s.end + s.timeout + std::chrono::seconds(5);
+    for (;;) {
+        std::unique_lock<std::mutex> lk(s.mutex);
+        if (s.finished.wait_for(lk, std::chrono::milliseconds(50), [&] { return s.active == 0; })) break;
+        lk.unlock();
+        const auto now = Clock::now();
+        if (stop && stop->load() && !s.stopping) {
+            s.stopping = true;
+            abortAt = now + std::min<Clock::duration>(s.timeout, std::chrono::seconds(2));
+            for (auto& c : connections) c->interrupt();
+        }
+        if ((abortAt && now >= *abortAt && !s.aborting) || (now >= hardEnd && !s.aborting)) {
+            s.stopping = true;
+            s.aborting = true;
+            for (auto& c : connections) c->interrupt();
+        }
+        if (progress && now >= nextTick) {
+            progress(std::chrono::duration<double>(now - s.start).count(), summarise(s, now, false));
+            nextTick += std::chrono::seconds(1);
+        }
+    }
+    const auto done = Clock::now();
+    for (auto& t : threads) t.join();
+    connections.clear();
+    // Slots whose time came before the end that no connection was free to send.
+    const int64_t scheduled = static_cast<int64_t>(std::ceil(options.durationS * options.rate - 1e-9));
+    auto report = summarise(s, done, true);
+    if (!s.stopping) report.unsent = std::max<int64_t>(0, scheduled - report.sent);
+    return report;
+}
+
+}  // namespace lathe::core
