@@ -194,9 +194,15 @@ struct Reducer::Impl {
         }
     }
 
-    // Reduce-scatter + all-gather of compressed shards; returns the bytes this rank sent.
+    // Reduce-scatter + all-gather of compressed shards over `pg` (every rank, or the hosts'
+    // leaders); returns the bytes this rank sent. `average`: divide the sum by the group size
+    // (the hierarchical exchange has already divided by the whole world).
     int64_t exchangeCompressed(Bucket& b, size_t bucketIndex, int64_t step) {
-        const int world = ctx->worldSize(), rank = ctx->rank();
+        return exchangeCompressedOn(b, bucketIndex, step, *ctx->impl().pg, ctx->rank(), ctx->worldSize(), true);
+    }
+
+    int64_t exchangeCompressedOn(Bucket& b, size_t bucketIndex, int64_t step, c10d::ProcessGroupGloo& pg, int rank,
+                                 int world, bool average) {
         const int64_t n = b.buffer.numel();
         if (!b.padded.defined()) {
             const int64_t unit = 8;  // int4 shards stay whole bytes and each message's scales 4-byte aligned
@@ -220,18 +226,18 @@ struct Reducer::Impl {
             encode(x + j * b.shard, res ? res + j * b.shard : nullptr, b.shard, send.data_ptr<uint8_t>() + j * msg, seed,
                    static_cast<uint64_t>(j * b.shard));
         std::vector<int64_t> equal;
-        ctx->impl().pg->alltoall_base(recv, send, equal, equal)->wait();
+        pg.alltoall_base(recv, send, equal, equal)->wait();
         // Rank `rank` owns shard `rank`: the sum of every rank's version, in FP32.
         auto acc = torch::zeros({b.shard});
         for (int j = 0; j < world; ++j) decode(recv.data_ptr<uint8_t>() + j * msg, b.shard, acc.data_ptr<float>(), true);
-        acc.div_(world);
+        if (average) acc.div_(world);
         auto mine = torch::empty({msg}, torch::kUInt8);
         encode(acc.data_ptr<float>(), compress.errorFeedback ? b.shardResidual.data_ptr<float>() : nullptr, b.shard,
                mine.data_ptr<uint8_t>(), seed ^ 0xA5A5A5A5ull, static_cast<uint64_t>(rank * b.shard));
         std::vector<std::vector<at::Tensor>> gathered(1);
         for (int j = 0; j < world; ++j) gathered[0].push_back(torch::empty({msg}, torch::kUInt8));
         std::vector<at::Tensor> input{mine};
-        ctx->impl().pg->allgather(gathered, input)->wait();
+        pg.allgather(gathered, input)->wait();
         for (int j = 0; j < world; ++j)
             decode(gathered[0][static_cast<size_t>(j)].data_ptr<uint8_t>(), b.shard, x + j * b.shard, false);
         b.buffer.copy_(b.padded.narrow(0, 0, n));
@@ -239,7 +245,9 @@ struct Reducer::Impl {
     }
 
     // Reduce within the host to its leader, all-reduce among leaders, broadcast within the host.
-    int64_t exchangeHierarchical(Bucket& b) {
+    // With compression only the leaders' exchange (between hosts, the slow links) is compressed;
+    // within a host gradients travel in FP32.
+    int64_t exchangeHierarchical(Bucket& b, size_t bucketIndex, int64_t step) {
         auto& g = ctx->impl();
         const int rph = ctx->ranksPerHost(), world = ctx->worldSize();
         const int64_t bytes = b.buffer.numel() * 4;
@@ -251,8 +259,13 @@ struct Reducer::Impl {
         int64_t sent = ctx->rank() % rph == 0 ? 0 : bytes;
         if (g.leaders) {
             const int hosts = world / rph;
-            g.leaders->allreduce(one)->wait();
-            sent += bytes * 2 * (hosts - 1) / hosts + bytes * (rph - 1);
+            if (format != kc::CompressFormat::None)
+                sent += exchangeCompressedOn(b, bucketIndex, step, *g.leaders, ctx->rank() / rph, hosts, false);
+            else {
+                g.leaders->allreduce(one)->wait();
+                sent += bytes * 2 * (hosts - 1) / hosts;
+            }
+            sent += bytes * (rph - 1);
         }
         c10d::BroadcastOptions bo;
         bo.rootRank = 0;
@@ -262,10 +275,11 @@ struct Reducer::Impl {
 
     // Parameter-server style: bucket k is pushed to (reduced on) server rank k mod ps_ranks, which
     // aggregates it; every rank pulls the aggregate back and applies the same update.
-    int64_t exchangePs(Bucket& b, size_t bucketIndex) {
+    int64_t exchangePs(Bucket& b, size_t bucketIndex, int64_t step) {
         auto& pg = ctx->impl().pg;
         const int world = ctx->worldSize();
         const int server = static_cast<int>(bucketIndex % static_cast<size_t>(std::max(1, compress.psRanks)));
+        if (format != kc::CompressFormat::None) return exchangePsCompressed(b, bucketIndex, step, server);
         const int64_t bytes = b.buffer.numel() * 4;
         b.buffer.div_(world);
         std::vector<at::Tensor> one{b.buffer};
@@ -276,6 +290,55 @@ struct Reducer::Impl {
         bo.rootRank = server;
         pg->broadcast(one, bo)->wait();
         return ctx->rank() == server ? bytes * (world - 1) : bytes;
+    }
+
+    // Compressed push and pull: every rank pushes its (error-fed) compressed gradient to the
+    // server, which decodes and sums them in FP32, averages, compresses the result (with its own
+    // error feedback) and sends it back to every rank.
+    int64_t exchangePsCompressed(Bucket& b, size_t bucketIndex, int64_t step, int server) {
+        auto& pg = ctx->impl().pg;
+        const int world = ctx->worldSize(), rank = ctx->rank();
+        const int64_t n = b.buffer.numel();
+        if (!b.padded.defined()) {
+            b.shard = (n + 7) / 8 * 8;  // whole int4 bytes, 4-byte aligned scales
+            b.padded = torch::zeros({b.shard});
+            if (compress.errorFeedback) {
+                b.residual = torch::zeros({b.shard});
+                b.shardResidual = torch::zeros({b.shard});
+            }
+        }
+        b.padded.narrow(0, 0, n).copy_(b.buffer);
+        const int64_t msg = messageBytes(b.shard);
+        const uint64_t seed = compress.seed * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(step) << 20) ^
+                              (static_cast<uint64_t>(bucketIndex) << 8) ^ static_cast<uint64_t>(rank);
+        auto mine = torch::empty({msg}, torch::kUInt8);
+        encode(b.padded.data_ptr<float>(), compress.errorFeedback ? b.residual.data_ptr<float>() : nullptr, b.shard,
+               mine.data_ptr<uint8_t>(), seed, 0);
+        std::vector<std::vector<at::Tensor>> pushed;
+        if (rank == server) {
+            pushed.emplace_back();
+            for (int j = 0; j < world; ++j) pushed[0].push_back(torch::empty({msg}, torch::kUInt8));
+        }
+        std::vector<at::Tensor> input{mine};
+        c10d::GatherOptions go;
+        go.rootRank = server;
+        pg->gather(pushed, input, go)->wait();
+        auto reply = torch::empty({msg}, torch::kUInt8);
+        if (rank == server) {
+            auto acc = torch::zeros({b.shard});
+            for (int j = 0; j < world; ++j)
+                decode(pushed[0][static_cast<size_t>(j)].data_ptr<uint8_t>(), b.shard, acc.data_ptr<float>(), true);
+            acc.div_(world);
+            encode(acc.data_ptr<float>(), compress.errorFeedback ? b.shardResidual.data_ptr<float>() : nullptr, b.shard,
+                   reply.data_ptr<uint8_t>(), seed ^ 0xA5A5A5A5ull, 0);
+        }
+        std::vector<at::Tensor> one{reply};
+        c10d::BroadcastOptions bo;
+        bo.rootRank = server;
+        pg->broadcast(one, bo)->wait();
+        decode(reply.data_ptr<uint8_t>(), b.shard, b.padded.data_ptr<float>(), false);
+        b.buffer.copy_(b.padded.narrow(0, 0, n));
+        return rank == server ? msg * (world - 1) : msg;
     }
 
     void onGrad(size_t index, const torch::Tensor& grad) {
@@ -367,12 +430,12 @@ Reducer::Stats Reducer::finish(int64_t step) {
         auto& b = d.buckets[bi];
         if (ring)
             b.work->wait();
-        else if (d.format != kc::CompressFormat::None)
-            sent += d.exchangeCompressed(b, bi, step);
         else if (d.compress.strategy == "hierarchical")
-            sent += d.exchangeHierarchical(b);
+            sent += d.exchangeHierarchical(b, bi, step);
+        else if (d.compress.strategy == "ps")
+            sent += d.exchangePs(b, bi, step);
         else
-            sent += d.exchangePs(b, bi);
+            sent += d.exchangeCompressed(b, bi, step);
         payload += b.buffer.numel() * 4;
         for (size_t slot = 0; slot < b.params.size(); ++slot) {
             auto& p = d.params[b.params[slot]];

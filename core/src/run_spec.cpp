@@ -348,8 +348,6 @@ std::vector<std::string> validate(const RunSpec& spec) {
     }
     if (spec.precision == "fp16" && spec.device == "cpu")
         problems.push_back("`precision` fp16 needs a CUDA GPU (device = cpu); use bf16 on the CPU");
-    if (spec.strategy != "ring" && spec.compress != "none")
-        problems.push_back("`compress` works with strategy = \"ring\" (got strategy " + spec.strategy + ")");
     if (spec.nproc > 1 && spec.strategy == "ps" && spec.psRanks >= spec.nproc)
         problems.push_back("`ps_ranks` must be below `nproc` (" + std::to_string(spec.psRanks) + " >= " +
                            std::to_string(spec.nproc) + ")");
