@@ -2,7 +2,8 @@
 # Installs what is missing, builds, and starts the Lathe workbench.
 #   ./packaging/run.sh [--db PATH]             the GUI (lathe)
 #   ./packaging/run.sh --headless [FLAGS...]   no display: the demo pipeline, i.e. train the
-#                                              built-in MLP on digits into the default workspace
+#                                              built-in MLP on digits into the default workspace,
+#                                              register and deploy it, load-test it, undeploy it
 # Without a display (no $DISPLAY / $WAYLAND_DISPLAY) the headless demo is chosen.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -38,6 +39,17 @@ if [[ $headless == 1 ]]; then
   done
   echo
   "$build/bin/lathectl" runs list ${db[@]+"${db[@]}"} | head -n 6 || true
+  # The serving half: register the run's model, deploy it, put load on it, take it down.
+  run_id=$("$build/bin/lathectl" runs list --json ${db[@]+"${db[@]}"} | grep -m1 -o '"id": *[0-9]*' | grep -o '[0-9]*$')
+  echo
+  echo "== Registering run $run_id as model demo-digits and deploying it =="
+  "$build/bin/lathectl" models register demo-digits --run "$run_id" --alias production ${db[@]+"${db[@]}"}
+  url=$("$build/bin/lathectl" deploy demo-digits@production --json ${db[@]+"${db[@]}"} | grep -o '"url": *"[^"]*"' | grep -o 'http[^"]*')
+  trap '"$build/bin/lathectl" undeploy demo-digits ${db[@]+"${db[@]}"} >/dev/null 2>&1 || true' EXIT
+  echo "serving at $url — 3 s of load at 200 requests/s:"
+  "$build/bin/lathectl" load --url "$url" --model demo-digits --rate 200 --duration 3 --record ${db[@]+"${db[@]}"}
+  echo
+  "$build/bin/lathectl" deployments demo-digits ${db[@]+"${db[@]}"} | head -n 4
   exit 0
 fi
 
