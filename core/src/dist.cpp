@@ -4,7 +4,10 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <condition_variable>
+#include <deque>
 #include <mutex>
+#include <thread>
 
 #include "lathe/core/error.h"
 #include "lathe/kernels/compress.hpp"
@@ -116,21 +119,83 @@ struct Reducer::Impl {
     Clock::time_point firstLaunch;
     bool anyLaunched = false;
     std::mutex mutex;  // hooks may run on autograd worker threads
+    int64_t step = 0;
+
+    // Compressed, hierarchical and ps exchanges are several blocking collectives each: a
+    // communication thread runs them bucket by bucket as backward fills the buckets, so they
+    // overlap with the rest of backward as the plain ring's asynchronous all-reduce does. Buckets
+    // are queued strictly in order, so every rank issues the same collectives in the same order.
+    std::thread commThread;
+    std::mutex commMutex;
+    std::condition_variable commCv;
+    std::deque<size_t> commQueue;
+    size_t commDone = 0;
+    int64_t commSent = 0;
+    bool commStop = false;
+    std::exception_ptr commError;
+
+    ~Impl() {
+        {
+            std::lock_guard<std::mutex> lk(commMutex);
+            commStop = true;
+        }
+        commCv.notify_all();
+        if (commThread.joinable()) commThread.join();
+    }
+
+    void commLoop() {
+        for (;;) {
+            size_t bi;
+            {
+                std::unique_lock<std::mutex> lk(commMutex);
+                commCv.wait(lk, [&] { return commStop || !commQueue.empty(); });
+                if (commQueue.empty()) return;
+                bi = commQueue.front();
+                commQueue.pop_front();
+            }
+            int64_t sent = 0;
+            std::exception_ptr error;
+            try {
+                auto& b = buckets[bi];
+                if (compress.strategy == "hierarchical") sent = exchangeHierarchical(b, bi, step);
+                else if (compress.strategy == "ps") sent = exchangePs(b, bi, step);
+                else sent = exchangeCompressed(b, bi, step);
+            } catch (...) {
+                error = std::current_exception();
+            }
+            {
+                std::lock_guard<std::mutex> lk(commMutex);
+                commSent += sent;
+                ++commDone;
+                if (error && !commError) commError = error;
+            }
+            commCv.notify_all();
+        }
+    }
+
+    bool plainRing() const { return format == kc::CompressFormat::None && compress.strategy == "ring"; }
 
     void launchReady() {
-        // Compressed, hierarchical and ps exchanges run in finish(): they are several collectives each.
-        if (format != kc::CompressFormat::None || compress.strategy != "ring") return;
         // Strictly in bucket order, so every rank issues the same collectives in the same order.
         while (nextToLaunch < buckets.size() && buckets[nextToLaunch].pending == 0) {
-            auto& b = buckets[nextToLaunch++];
+            const size_t bi = nextToLaunch++;
+            auto& b = buckets[bi];
             if (!anyLaunched) {
                 firstLaunch = Clock::now();
                 anyLaunched = true;
             }
+            b.launched = true;
+            if (!plainRing()) {
+                {
+                    std::lock_guard<std::mutex> lk(commMutex);
+                    commQueue.push_back(bi);
+                }
+                commCv.notify_one();
+                continue;
+            }
             b.buffer.div_(ctx->worldSize());
             std::vector<at::Tensor> one{b.buffer};
             b.work = ctx->impl().pg->allreduce(one);
-            b.launched = true;
         }
     }
 
@@ -386,15 +451,23 @@ Reducer::Reducer(DistContext& ctx, std::vector<torch::Tensor> params, double buc
         for (size_t i : b.params) n += d.params[i].numel();
         b.buffer = torch::zeros({n}, d.params.front().options().dtype(torch::kFloat));
     }
+    if (!d.plainRing()) d.commThread = std::thread([impl = m_impl.get()] { impl->commLoop(); });
     for (size_t k = 0; k < d.params.size(); ++k)
         d.params[k].register_hook([impl = m_impl.get(), k](const torch::Tensor& grad) { impl->onGrad(k, grad); });
 }
 
 Reducer::~Reducer() = default;
 
-void Reducer::prepare() {
+void Reducer::prepare(int64_t step) {
     auto& d = *m_impl;
     std::lock_guard<std::mutex> lk(d.mutex);
+    d.step = step;
+    {
+        std::lock_guard<std::mutex> c(d.commMutex);
+        d.commDone = 0;
+        d.commSent = 0;
+        d.commError = nullptr;
+    }
     for (auto& b : d.buckets) {
         b.pending = b.params.size();
         b.ready.assign(b.params.size(), 0);
@@ -405,7 +478,7 @@ void Reducer::prepare() {
     d.anyLaunched = false;
 }
 
-Reducer::Stats Reducer::finish(int64_t step) {
+Reducer::Stats Reducer::finish() {
     auto& d = *m_impl;
     const auto backwardEnd = Clock::now();
     Stats s;
@@ -424,18 +497,17 @@ Reducer::Stats Reducer::finish(int64_t step) {
     }
     const int n = d.ctx->worldSize();
     int64_t payload = 0, sent = 0;
-    const bool ring = d.format == kc::CompressFormat::None && d.compress.strategy == "ring";
-    if (!ring) d.firstLaunch = Clock::now();
+    const bool ring = d.plainRing();
+    if (!ring) {
+        // Wait for the communication thread to finish every bucket.
+        std::unique_lock<std::mutex> lk(d.commMutex);
+        d.commCv.wait(lk, [&] { return d.commDone == d.buckets.size(); });
+        if (d.commError) std::rethrow_exception(d.commError);
+        sent = d.commSent;
+    }
     for (size_t bi = 0; bi < d.buckets.size(); ++bi) {
         auto& b = d.buckets[bi];
-        if (ring)
-            b.work->wait();
-        else if (d.compress.strategy == "hierarchical")
-            sent += d.exchangeHierarchical(b, bi, step);
-        else if (d.compress.strategy == "ps")
-            sent += d.exchangePs(b, bi, step);
-        else
-            sent += d.exchangeCompressed(b, bi, step);
+        if (ring) b.work->wait();
         payload += b.buffer.numel() * 4;
         for (size_t slot = 0; slot < b.params.size(); ++slot) {
             auto& p = d.params[b.params[slot]];

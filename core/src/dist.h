@@ -42,8 +42,9 @@ private:
 
 /// DDP-style gradient averaging: parameters are grouped into buckets in reverse registration
 /// order (the first bucket 1 MB, the others `bucketMb`); autograd hooks copy each gradient into
-/// its bucket as backward produces it, and a full bucket's all-reduce starts asynchronously
-/// while backward continues. Buckets launch in the same order on every rank.
+/// its bucket as backward produces it, and a full bucket's exchange starts while backward
+/// continues (the ring's asynchronous all-reduce, or the other exchanges on a communication
+/// thread). Buckets launch in the same order on every rank.
 /// Gradient compression on the wire (see Reducer).
 struct CompressOptions {
     std::string strategy = "ring";  // ring | hierarchical | ps
@@ -63,8 +64,8 @@ public:
     /// all-gathers it; quantized values are never summed in low precision.
     Reducer(DistContext& ctx, std::vector<torch::Tensor> params, double bucketMb, CompressOptions compress = {});
     ~Reducer();
-    /// Before backward.
-    void prepare();
+    /// Before backward. `step` seeds stochastic rounding.
+    void prepare(int64_t step = 0);
     struct Stats {
         double commMs = 0;      // first launch to last completion
         double exposedMs = 0;   // of that, after backward had finished
@@ -73,8 +74,7 @@ public:
         int buckets = 0;
     };
     /// After backward: launches what is left, waits, and writes the averaged gradients back.
-    /// `step` seeds stochastic rounding.
-    Stats finish(int64_t step = 0);
+    Stats finish();
 
 private:
     struct Impl;

@@ -455,12 +455,12 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
             Reducer::Stats comm;
             {
                 PhaseScope phase(profiler.get(), "backward");
-                if (reducer) reducer->prepare();
+                if (reducer) reducer->prepare(thisStep);
                 scaler.scaleLoss(loss).backward();
             }
             if (reducer) {
                 PhaseScope phase(profiler.get(), "communication");
-                comm = reducer->finish(thisStep);
+                comm = reducer->finish();
             }
             if (sampleMemory) {
                 sampleHeapPeak();

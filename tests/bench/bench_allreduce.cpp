@@ -73,11 +73,11 @@ int runRank(int rank, int port, bool quick, const std::string& out) {
                 const double bwd = median(backwardOnly);
                 for (int r = 0; r < reps; ++r) {
                     ctx.any(false);
-                    red.prepare();
+                    red.prepare(r);
                     p.mutable_grad() = torch::Tensor();
                     const auto t0 = Clock::now();
                     (p * 1.0f).sum().backward();
-                    const auto stats = red.finish(r);
+                    const auto stats = red.finish();
                     times.push_back(std::max(0.0, std::chrono::duration<double, std::milli>(Clock::now() - t0).count() - bwd));
                     ratio = stats.compressionRatio;
                 }
