@@ -45,7 +45,7 @@ nlohmann::json reportJson(const core::LoadOptions& o, const core::LoadReport& r)
             {"sent", r.sent},     {"ok", r.ok},           {"errors", r.errors},       {"unsent", r.unsent},
             {"by_status", by},    {"elapsed_s", r.elapsedS}, {"qps", r.qps},
             {"p50_ms", r.p50Ms},  {"p90_ms", r.p90Ms},    {"p99_ms", r.p99Ms},        {"p999_ms", r.p999Ms},
-            {"max_ms", r.maxMs},  {"mean_ms", r.meanMs}};
+            {"max_ms", r.maxMs},  {"mean_ms", r.meanMs},      {"client_cpu_s", r.clientCpuS}};
 }
 
 void printReport(const core::LoadOptions& o, const core::LoadReport& r) {

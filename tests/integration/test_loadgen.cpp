@@ -193,6 +193,8 @@ TEST_CASE("at a modest rate every request to the real server is answered 200", "
     CHECK(r.qps < 1.3 * o.rate);
     CHECK(ticks >= 1);
     CHECK(ticks <= 3);
+    CHECK(r.clientCpuS > 0);
+    CHECK(r.clientCpuS < r.elapsedS * o.threads);
     // The server saw exactly these requests.
     CHECK(servedWithCode(server->port(), 200) == static_cast<double>(r.ok));
 

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <ctime>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -541,7 +542,13 @@ LoadReport runLoad(const LoadOptions& options, const std::atomic<bool>* stop, co
     s.end = s.start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.durationS));
     for (auto& c : connections) c->start();
     std::vector<std::thread> threads;
-    for (int i = 0; i < options.threads; ++i) threads.emplace_back([&ioc] { ioc.run(); });
+    std::atomic<int64_t> clientCpuNs{0};
+    for (int i = 0; i < options.threads; ++i)
+        threads.emplace_back([&ioc, &clientCpuNs] {
+            ioc.run();
+            timespec ts{};
+            if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) == 0) clientCpuNs += int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+        });
 
     // This thread reports progress and watches `stop`; the I/O threads do the rest.
     auto nextTick = s.start + std::chrono::seconds(1);
@@ -573,6 +580,7 @@ LoadReport runLoad(const LoadOptions& options, const std::atomic<bool>* stop, co
     // Slots whose time came before the end that no connection was free to send.
     const int64_t scheduled = static_cast<int64_t>(std::ceil(options.durationS * options.rate - 1e-9));
     auto report = summarise(s, done, true);
+    report.clientCpuS = static_cast<double>(clientCpuNs.load()) * 1e-9;
     if (!s.stopping) report.unsent = std::max<int64_t>(0, scheduled - report.sent);
     return report;
 }

@@ -34,6 +34,8 @@ struct LoadReport {
     double elapsedS = 0;
     double qps = 0;                           // successful (2xx) answers per second
     double p50Ms = 0, p90Ms = 0, p99Ms = 0, p999Ms = 0, maxMs = 0, meanMs = 0;
+    double clientCpuS = 0;                    // CPU time of the generator's own I/O threads: close to
+                                              // elapsedS × threads means the client is the limit
     std::vector<double> latenciesMs;          // every successful request, in completion order
 };
 

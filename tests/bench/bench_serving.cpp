@@ -1,0 +1,301 @@
+// bench_serving: the inference server under load from the open-loop generator, in one process,
+// on two models (a 1024-wide 3-layer MLP and the trained digits MLP), each against baselines
+// measured in the same run:
+//   (a) saturated throughput with dynamic batching (max-batch 32) vs max-batch 1;
+//   (b) saturated server throughput (rows/s) as a share of LibTorch's own forward on batches of
+//       32 in a tight loop (the same artifact, the same thread settings, no HTTP);
+//   (c) P99 latency at half of the batched saturation rate vs max-delay + one batch's forward.
+// Client, server and baseline share this process and the machine's cores, so the server's share
+// is a lower bound of what it does with the cores to itself.
+#include <torch/script.h>
+#include <torch/torch.h>
+#include <dlfcn.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "lathe/core/loadgen.h"
+#include "lathe/core/model_artifact.h"
+#include "lathe/core/serving.h"
+#include "serving/infer_protocol.h"
+#include "serving_fixture.h"
+
+using Clock = std::chrono::steady_clock;
+using namespace lathe::core;
+
+namespace {
+
+struct Model {
+    std::string name;
+    std::string path;  // artifact
+    int64_t inputElems = 0;
+};
+
+// input 1024 -> 1024 -> 1024 -> 10 with ReLUs, scripted from C++ (no Python needed), then
+// imported like any TorchScript file a user brings.
+Model makeWideMlp(const lathe::test::TempDir& dir) {
+    torch::manual_seed(7);
+    torch::jit::Module m("WideMlp");
+    auto init = [](int64_t in, int64_t out) { return torch::randn({in, out}) / std::sqrt(static_cast<double>(in)); };
+    m.register_parameter("w1", init(1024, 1024), false);
+    m.register_parameter("b1", torch::zeros({1024}), false);
+    m.register_parameter("w2", init(1024, 1024), false);
+    m.register_parameter("b2", torch::zeros({1024}), false);
+    m.register_parameter("w3", init(1024, 10), false);
+    m.register_parameter("b3", torch::zeros({10}), false);
+    m.define(R"JIT(
+def forward(self, x):
+    h = torch.relu(torch.addmm(self.b1, x, self.w1))
+    h = torch.relu(torch.addmm(self.b2, h, self.w2))
+    return torch.addmm(self.b3, h, self.w3)
+)JIT");
+    const auto ts = dir.file("mlp1024.pt");
+    m.save(ts);
+    const auto info = importTorchScript(ts, {1024}, dir.file("mlp1024.lathe.pt"));
+    return {"mlp1024", info.path, 1024};
+}
+
+double processCpuS() {
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+           1e-6 * static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
+// The 1-minute load average: on a shared machine, other processes' share of the cores.
+double loadAverage() {
+    double l = 0;
+    std::ifstream("/proc/loadavg") >> l;
+    return l;
+}
+
+// OpenBLAS keeps its own thread pool that LibTorch's intra-op setting does not bound.
+int openblasThreads() {
+    using GetFn = int (*)();
+    auto fn = reinterpret_cast<GetFn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+    return fn ? fn() : 0;
+}
+
+// LibTorch alone: forward of `batch` rows in a loop. Returns rows/s; `batchMs` gets the median
+// time of one forward.
+double rawRowsPerS(const Model& model, int64_t batch, double seconds, double& batchMs, double& cores) {
+    c10::InferenceMode guard;
+    auto module = torch::jit::load(model.path);
+    module.eval();
+    auto x = torch::randn({batch, model.inputElems});
+    for (int i = 0; i < 5; ++i) module.forward({x});
+    std::vector<double> times;
+    const double cpu0 = processCpuS();
+    const auto t0 = Clock::now();
+    int64_t n = 0;
+    while (Clock::now() - t0 < std::chrono::duration<double>(seconds)) {
+        const auto s = Clock::now();
+        auto y = module.forward({x}).toTensor();
+        times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - s).count());
+        ++n;
+    }
+    const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+    cores = (processCpuS() - cpu0) / elapsed;
+    std::sort(times.begin(), times.end());
+    batchMs = times[times.size() / 2];
+    return static_cast<double>(n * batch) / elapsed;
+}
+
+// The server's cost to parse one single-row request body of `elems` floats (JSON, as the load
+// generator sends it), in microseconds: the part of a request's CPU cost that grows with its size.
+double parseUs(int64_t elems) {
+    ModelSignature sig;
+    sig.inputs = {{"x", "FP32", {-1, elems}}};
+    sig.outputs = {{"y", "FP32", {-1, 10}}};
+    std::string body = R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,)" + std::to_string(elems) + R"(],"data":[)";
+    auto x = torch::randn({elems});
+    for (int64_t i = 0; i < elems; ++i) body += (i ? "," : "") + std::to_string(x[i].item<float>());
+    body += "]}]}";
+    serving::InferRequest req;
+    serving::ProtocolError err;
+    int64_t n = 0;
+    const auto t0 = Clock::now();
+    while (Clock::now() - t0 < std::chrono::milliseconds(400)) {
+        if (!serving::parseInferRequest(body, sig, 32, req, err)) throw std::runtime_error(err.message);
+        ++n;
+    }
+    return 1e6 * std::chrono::duration<double>(Clock::now() - t0).count() / static_cast<double>(n);
+}
+
+struct Run {
+    LoadReport report;
+    double rowsPerS = 0;
+    double meanBatch = 0;      // rows per executed batch, from the server's /metrics
+    double meanComputeMs = 0;  // forward time per batch
+    double computeShare = 0;   // share of the run's wall time the batcher spent in forward
+    double cores = 0;          // CPU time of the whole process (client + server) per second
+    double clientCores = 0;    // CPU time of the load generator's I/O thread per second
+};
+
+// The sum of one Prometheus series family's `_sum` or `_count` over all label sets.
+double metricTotal(const std::string& text, const std::string& series) {
+    double total = 0;
+    size_t pos = 0;
+    while ((pos = text.find(series, pos)) != std::string::npos) {
+        const bool lineStart = pos == 0 || text[pos - 1] == '\n';
+        const size_t eol = text.find('\n', pos);
+        const std::string line = text.substr(pos, eol == std::string::npos ? std::string::npos : eol - pos);
+        pos += series.size();
+        if (!lineStart || (line.size() > series.size() && line[series.size()] != '{' && line[series.size()] != ' '))
+            continue;
+        total += std::stod(line.substr(line.rfind(' ') + 1));
+    }
+    return total;
+}
+
+Run loadServer(const Model& model, int64_t maxBatch, double maxDelayMs, double rate, int users, double seconds) {
+    ServeOptions so;
+    so.port = 0;
+    so.maxBatch = maxBatch;
+    so.maxDelayMs = maxDelayMs;
+    so.maxQueue = 4096;
+    InferenceServer server(so);
+    server.load({model.name, 0, model.path});
+    const auto port = server.start();
+    LoadOptions lo;
+    lo.url = "http://127.0.0.1:" + std::to_string(port);
+    lo.model = model.name;
+    lo.rate = rate;
+    lo.durationS = seconds;
+    lo.users = users;
+    lo.timeoutS = 30;
+    Run r;
+    const double cpu0 = processCpuS();
+    r.report = runLoad(lo);
+    r.cores = (processCpuS() - cpu0) / r.report.elapsedS;
+    r.clientCores = r.report.clientCpuS / r.report.elapsedS;
+    r.rowsPerS = r.report.qps;  // one row per request
+    const auto metrics = lathe::test::httpGet(port, "/metrics");
+    const double batches = metricTotal(metrics.body, "lathe_batch_size_count");
+    if (batches > 0) {
+        r.meanBatch = metricTotal(metrics.body, "lathe_batch_size_sum") / batches;
+        const double computeS = metricTotal(metrics.body, "lathe_compute_duration_seconds_sum");
+        r.meanComputeMs = 1000 * computeS / batches;
+        r.computeShare = computeS / r.report.elapsedS;
+    }
+    if (r.report.errors > 0) {
+        std::string by;
+        for (const auto& [k, n] : r.report.byStatus) by += " " + k + ":" + std::to_string(n);
+        std::fprintf(stderr, "bench_serving: %s: %lld failed requests (%s)\n", model.name.c_str(),
+                     static_cast<long long>(r.report.errors), by.c_str());
+    }
+    return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::string out;
+    bool quick = false;
+    for (int i = 1; i < argc; ++i) {
+        if (std::string(argv[i]) == "--out" && i + 1 < argc) out = argv[++i];
+        if (std::string(argv[i]) == "--quick") quick = true;
+    }
+    const double satS = quick ? 2.5 : 4;   // seconds per saturation run
+    const double halfS = quick ? 3 : 5;    // seconds for the half-load latency run
+    const double rawS = quick ? 1.5 : 3;
+    const int satUsers = 128;              // > 2 × max-batch: a full batch waits while one computes
+    const double maxDelayMs = 5;
+
+    lathe::test::TempDir dir;
+    std::vector<Model> models{makeWideMlp(dir)};
+    {
+        std::printf("bench_serving: training the digits MLP (2 epochs) for its artifact...\n");
+        std::fflush(stdout);
+        static lathe::test::ServingWorkspace ws(2);  // lives until exit: its files back the artifact
+        models.push_back({"digits", ws.version().path, 64});
+    }
+    const double loadBefore = loadAverage();
+    std::printf("bench_serving: %u hardware threads, LibTorch intra-op threads %d, OpenBLAS threads %d; the client "
+                "(1 I/O thread), the server (2 I/O threads + batcher) and the baseline share this process. Saturated "
+                "runs send at 10^6 req/s on %d connections: their latencies only grow with the run and are not shown.\n\n",
+                std::thread::hardware_concurrency(), torch::get_num_threads(), openblasThreads(), satUsers);
+
+    nlohmann::json results = nlohmann::json::array();
+    std::printf("%-8s %-34s %9s %8s %8s %6s %6s %7s %5s %6s %6s\n", "model", "measurement", "rows/s", "p50 ms", "p99 ms",
+                "errors", "batch", "fwd ms", "busy", "cores", "client");
+    auto row = [](const Model& m, const std::string& what, const Run& r, bool saturated) {
+        char p50[16] = "-", p99[16] = "-";
+        if (!saturated) {
+            std::snprintf(p50, sizeof p50, "%.2f", r.report.p50Ms);
+            std::snprintf(p99, sizeof p99, "%.2f", r.report.p99Ms);
+        }
+        std::printf("%-8s %-34s %9.0f %8s %8s %6lld %6.1f %7.2f %4.0f%% %6.2f %6.2f\n", m.name.c_str(), what.c_str(),
+                    r.rowsPerS, p50, p99, static_cast<long long>(r.report.errors), r.meanBatch, r.meanComputeMs,
+                    100 * r.computeShare, r.cores, r.clientCores);
+        std::fflush(stdout);
+    };
+    struct Ratios {
+        std::string model;
+        double batching, share, p99, budget, parseUs;
+    };
+    std::vector<Ratios> ratios;
+    for (const auto& m : models) {
+        double batchMs = 0, rawCores = 0;
+        const double raw = rawRowsPerS(m, 32, rawS, batchMs, rawCores);
+        const double parse = parseUs(m.inputElems);
+        std::printf("%-8s %-34s %9.0f %8s %8s %6s %6d %7.2f %4.0f%% %6.2f %6s\n", m.name.c_str(),
+                    "LibTorch forward loop, batch 32", raw, "-", "-", "-", 32, batchMs, 100.0, rawCores, "-");
+        const auto batched = loadServer(m, 32, maxDelayMs, 1e6, satUsers, satS);
+        row(m, "server max-batch 32, 5 ms, saturated", batched, true);
+        const auto single = loadServer(m, 1, 0, 1e6, satUsers, satS);
+        row(m, "server max-batch 1, saturated", single, true);
+        const double halfRate = std::max(10.0, batched.rowsPerS / 2);
+        const auto half = loadServer(m, 32, maxDelayMs, halfRate, satUsers, halfS);
+        char label[64];
+        std::snprintf(label, sizeof label, "server max-batch 32 at %.0f req/s", halfRate);
+        row(m, label, half, false);
+        const double budget = maxDelayMs + batchMs;
+        ratios.push_back({m.name, batched.rowsPerS / std::max(1e-9, single.rowsPerS), batched.rowsPerS / raw,
+                          half.report.p99Ms, budget, parse});
+        auto runJson = [](const Run& r) {
+            return nlohmann::json{{"rows_per_s", r.rowsPerS},   {"p50_ms", r.report.p50Ms},
+                                  {"p99_ms", r.report.p99Ms},   {"errors", r.report.errors},
+                                  {"mean_batch", r.meanBatch},  {"forward_ms", r.meanComputeMs},
+                                  {"forward_busy", r.computeShare}, {"cores", r.cores},
+                                  {"client_cores", r.clientCores}};
+        };
+        results.push_back({{"model", m.name},
+                           {"raw_rows_per_s", raw},
+                           {"raw_batch32_ms", batchMs},
+                           {"batched", runJson(batched)},
+                           {"single", runJson(single)},
+                           {"half_rate", halfRate},
+                           {"half", runJson(half)},
+                           {"p99_budget_ms", budget},
+                           {"parse_us_per_request", parse},
+                           {"batching_speedup", ratios.back().batching},
+                           {"server_share_of_raw", ratios.back().share}});
+    }
+    std::printf("\nratios (targets: batching >= 5x; server >= 70%% of raw forward; P99 at half load <= max-delay + "
+                "one batch-32 forward)\n");
+    for (const auto& r : ratios)
+        std::printf("  %-8s batching %5.1fx   server/raw %5.0f%%   P99 at half load %.2f ms vs %.1f + %.2f = %.2f ms "
+                    "(%.2fx)\n",
+                    r.model.c_str(), r.batching, 100 * r.share, r.p99, maxDelayMs, r.budget - maxDelayMs, r.budget,
+                    r.p99 / r.budget);
+    std::printf("\nload average before/after: %.2f / %.2f (other processes compete for the same cores)\n", loadBefore,
+                loadAverage());
+    std::printf("the server's JSON parse of one single-row request (one core):");
+    for (const auto& r : ratios) std::printf("  %s %.1f us (%.0f requests/s)", r.model.c_str(), r.parseUs, 1e6 / r.parseUs);
+    std::printf("\n");
+    if (!out.empty()) std::ofstream(out + "/bench_serving.json") << results.dump(2) << "\n";
+    // Broken, not slow, is a failure: every request must have been answered.
+    for (const auto& r : results)
+        for (const char* run : {"batched", "single", "half"})
+            if (r[run]["errors"] != 0) return 1;
+    return 0;
+}
