@@ -346,6 +346,20 @@ TEST_CASE("a stop request ends the run early and in-flight requests count as can
     CHECK(r.byStatus == std::map<std::string, int64_t>{{"cancelled", 3}});
 }
 
+TEST_CASE("an exception from the progress callback ends the run and reaches the caller", "[loadgen]") {
+    FakeServer fake(FakeServer::Infer::Hang, kFakeMetadata);
+    LoadOptions o;
+    o.url = localUrl(fake.port());
+    o.model = "fake";
+    o.rate = 10;
+    o.durationS = 30;
+    o.timeoutS = 60;
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_THROWS_WITH(runLoad(o, nullptr, [](double, const LoadReport&) { throw std::runtime_error("enough"); }),
+                      "enough");
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+}
+
 TEST_CASE("lathectl load prints a report, records it, and exits by outcome", "[loadgen][cli]") {
     using lathe::test::binPath;
     using lathe::test::runShell;

@@ -574,7 +574,16 @@ LoadReport runLoad(const LoadOptions& options, const std::atomic<bool>* stop, co
             for (auto& c : connections) c->interrupt();
         }
         if (progress && now >= nextTick) {
-            progress(std::chrono::duration<double>(now - s.start).count(), summarise(s, now, false));
+            try {
+                progress(std::chrono::duration<double>(now - s.start).count(), summarise(s, now, false));
+            } catch (...) {
+                // The caller's callback failed: end the run cleanly before passing that on.
+                s.stopping = true;
+                s.aborting = true;
+                for (auto& c : connections) c->interrupt();
+                for (auto& t : threads) t.join();
+                throw;
+            }
             nextTick += std::chrono::seconds(1);
         }
     }
