@@ -12,6 +12,7 @@ core=(
   libsqlite3-dev libssh-dev libssl-dev zlib1g-dev
   libtomlplusplus-dev nlohmann-json3-dev libcli11-dev
   libboost-dev prometheus-cpp-dev            # Beast/Asio HTTP server and client; Prometheus metrics
+  libsimdjson-dev                            # the inference server's request parser
   catch2 openssh-server openssh-client       # tests; sshd is started on loopback by the remote tests
   python3-torch                              # PyTorch baseline of the trainer benchmark
   clang libclang-rt-14-dev                   # libFuzzer for the request-parser fuzz test

@@ -213,7 +213,7 @@ void registerServe(CLI::App& app, int& exitCode) {
         ->check(CLI::Range(0.0, 10000.0));
     s->add_option("--max-queue", st->options.maxQueue, "rows waiting before requests get 503")->capture_default_str();
     s->add_option("--threads", st->options.ioThreads, "HTTP I/O threads")->capture_default_str()->check(CLI::Range(1, 64));
-    s->add_option("--compute-threads", st->options.computeThreads, "LibTorch intra-op threads (0 = default)");
+    s->add_option("--compute-threads", st->options.computeThreads, "LibTorch and OpenBLAS threads (0 = the cores the I/O threads leave, at least 1)");
     s->add_option("--max-body", st->options.maxBodyBytes, "largest request body in bytes")->capture_default_str();
     s->add_option("--timeout", st->options.idleTimeoutS, "seconds a client may take to send a request")->capture_default_str();
     s->add_option("--instance", st->options.instance, "an identifier echoed by GET /v2 (set by lathectl deploy)");

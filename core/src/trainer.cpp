@@ -17,9 +17,20 @@
 #include "lathe/core/training.h"
 #include "lathe/kernels/scale_and_check.hpp"
 #include "models.h"
+#include "threads.h"
 #include "profiler.h"
 
 namespace lathe::core {
+// LibTorch's intra-op threads do not bound OpenBLAS's own pool, which then oversubscribes the
+// cores. OpenBLAS is the BLAS we install, but not one we link directly (Debian picks it
+// through the libblas.so.3 alternative), so it is looked up at run time.
+void setComputeThreads(int n) {
+    if (n <= 0) return;
+    torch::set_num_threads(n);
+    using SetFn = void (*)(int);
+    if (auto fn = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) fn(n);
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -238,15 +249,6 @@ EvalResult evaluate(torch::nn::Sequential& model, const Tensors& data, c10::opti
     return {lossSum / static_cast<double>(n), static_cast<double>(correct) / static_cast<double>(n)};
 }
 
-// LibTorch's intra-op threads do not bound OpenBLAS's own pool, which then oversubscribes the
-// cores. OpenBLAS is the BLAS we install, but not one we link directly (Debian picks it
-// through the libblas.so.3 alternative), so it is looked up at run time.
-void setThreads(int n) {
-    torch::set_num_threads(n);
-    using SetFn = void (*)(int);
-    if (auto fn = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) fn(n);
-}
-
 std::string fmt(double v, int prec = 4) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.*g", prec, v);
@@ -270,7 +272,7 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
         last[key] = value;
     };
 
-    if (spec.threads > 0) setThreads(static_cast<int>(spec.threads));
+    if (spec.threads > 0) setComputeThreads(static_cast<int>(spec.threads));
     torch::manual_seed(static_cast<uint64_t>(spec.seed));
     const torch::Device device = resolveDevice(spec);
     const auto cast = autocastType(spec);

@@ -156,12 +156,17 @@ double metricTotal(const std::string& text, const std::string& series) {
     return total;
 }
 
+// --io-threads / --compute-threads: the server's split of the cores (0 = its default).
+int g_ioThreads = 0, g_computeThreads = 0;
+
 Run loadServer(const Model& model, int64_t maxBatch, double maxDelayMs, double rate, int users, double seconds) {
     ServeOptions so;
     so.port = 0;
     so.maxBatch = maxBatch;
     so.maxDelayMs = maxDelayMs;
     so.maxQueue = 4096;
+    if (g_ioThreads > 0) so.ioThreads = g_ioThreads;
+    so.computeThreads = g_computeThreads;
     InferenceServer server(so);
     server.load({model.name, 0, model.path});
     const auto port = server.start();
@@ -203,6 +208,8 @@ int main(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) {
         if (std::string(argv[i]) == "--out" && i + 1 < argc) out = argv[++i];
         if (std::string(argv[i]) == "--quick") quick = true;
+        if (std::string(argv[i]) == "--io-threads" && i + 1 < argc) g_ioThreads = std::atoi(argv[++i]);
+        if (std::string(argv[i]) == "--compute-threads" && i + 1 < argc) g_computeThreads = std::atoi(argv[++i]);
     }
     const double satS = quick ? 2.5 : 4;   // seconds per saturation run
     const double halfS = quick ? 3 : 5;    // seconds for the half-load latency run

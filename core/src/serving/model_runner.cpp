@@ -9,10 +9,6 @@
 
 namespace lathe::core::serving {
 
-void setComputeThreads(int threads) {
-    if (threads > 0) torch::set_num_threads(threads);
-}
-
 struct LoadedModel::Impl {
     ServedModel model;
     ModelSignature signature;

@@ -10,9 +10,6 @@
 
 namespace lathe::core::serving {
 
-/// LibTorch intra-op threads for inference (0 leaves LibTorch's default).
-void setComputeThreads(int threads);
-
 class LoadedModel {
 public:
     /// Loads and warms up (one full-size forward) the artifact; verifies `expectedSha256` when

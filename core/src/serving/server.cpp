@@ -25,6 +25,7 @@
 
 #include "batcher.h"
 #include "infer_protocol.h"
+#include "../threads.h"
 #include "lathe/core/error.h"
 #include "lathe/core/serving.h"
 #include "lathe/kernels/info.hpp"
@@ -571,7 +572,13 @@ InferenceServer::InferenceServer(ServeOptions options) : d(std::make_unique<Impl
     if (options.ioThreads < 1) throw ConfigError("--threads must be at least 1");
     if (options.maxBodyBytes < 1024) throw ConfigError("the body limit must be at least 1 KiB");
     d->options = std::move(options);
-    serving::setComputeThreads(d->options.computeThreads);
+    // The batcher runs one batch at a time beside the I/O threads: by default its BLAS and
+    // intra-op threads take the cores the I/O threads leave (OpenBLAS's own pool would otherwise
+    // take every core and fight the I/O threads, measured: a 32-row digits batch 0.03 ms alone,
+    // up to 1.7 ms in the server under load).
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    setComputeThreads(d->options.computeThreads > 0 ? d->options.computeThreads
+                                                    : std::max(1, cores - d->options.ioThreads));
 }
 
 InferenceServer::~InferenceServer() { stop(); }

@@ -19,7 +19,7 @@ struct ServeOptions {
     double maxDelayMs = 10;        // the oldest request waits at most this long for a fuller batch
     int64_t maxQueue = 1024;       // rows waiting; beyond it requests get 503 + Retry-After
     int ioThreads = 2;             // HTTP threads (connections are multiplexed on them)
-    int computeThreads = 0;        // LibTorch intra-op threads; 0 = LibTorch's default
+    int computeThreads = 0;        // LibTorch and OpenBLAS threads; 0 = the cores left by the I/O threads (at least 1)
     int64_t maxBodyBytes = 8 << 20;
     double idleTimeoutS = 30;      // a client silent this long mid-request (or idle) is dropped
     std::string workspace;         // registry to load versions from (hot swap by version); optional

@@ -1,0 +1,9 @@
+#pragma once
+// Compute threads of this process (private; defined in trainer.cpp).
+
+namespace lathe::core {
+
+/// LibTorch's intra-op threads and OpenBLAS's pool (n <= 0: leave both as they are).
+void setComputeThreads(int n);
+
+}  // namespace lathe::core
