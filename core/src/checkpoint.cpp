@@ -147,50 +147,50 @@ CheckpointInfo saveCheckpoint(const std::string& path, torch::nn::Module& model,
     return info;
 }
 
-CheckpointInfo loadCheckpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                              CheckpointExtras* extras) {
+namespace {
+
+// Verifies the file, opens its archive and hands it to `restore`; LibTorch's complaints (a
+// missing key, a shape that does not fit) become one CheckpointError line.
+template <class Restore>
+CheckpointInfo restoreFrom(const std::string& path, const char* what, Restore&& restore) {
     CheckpointInfo info;
     const std::string payload = readVerified(path, info);
     try {
         std::istringstream in(payload);
         torch::serialize::InputArchive archive;
         archive.load_from(in);
-        model.load(archive);
-        torch::serialize::InputArchive optimArchive;
-        archive.read("optimizer", optimArchive);
-        optimizer.load(optimArchive);
-        if (extras) {
-            for (auto it = extras->begin(); it != extras->end();) {
-                torch::Tensor t;
-                if (archive.try_read("lathe." + it->first, t)) {
-                    it->second = t;
-                    ++it;
-                } else {
-                    it = extras->erase(it);
-                }
-            }
-        }
+        restore(archive);
     } catch (const c10::Error& ex) {
         std::string msg = ex.what_without_backtrace();
-        throw CheckpointError("checkpoint " + path + " does not fit this model and optimizer: " +
-                              msg.substr(0, msg.find('\n')));
+        throw CheckpointError("checkpoint " + path + " does not fit " + what + ": " + msg.substr(0, msg.find('\n')));
     }
     return info;
 }
 
-CheckpointInfo loadModelWeights(const std::string& path, torch::nn::Module& model) {
-    CheckpointInfo info;
-    const std::string payload = readVerified(path, info);
-    try {
-        std::istringstream in(payload);
-        torch::serialize::InputArchive archive;
-        archive.load_from(in);
+}  // namespace
+
+CheckpointInfo loadCheckpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                              CheckpointExtras* extras) {
+    return restoreFrom(path, "this model and optimizer", [&](torch::serialize::InputArchive& archive) {
         model.load(archive);
-    } catch (const c10::Error& ex) {
-        std::string msg = ex.what_without_backtrace();
-        throw CheckpointError("checkpoint " + path + " does not fit this model: " + msg.substr(0, msg.find('\n')));
-    }
-    return info;
+        torch::serialize::InputArchive optimArchive;
+        archive.read("optimizer", optimArchive);
+        optimizer.load(optimArchive);
+        if (!extras) return;
+        for (auto it = extras->begin(); it != extras->end();) {
+            torch::Tensor t;
+            if (archive.try_read("lathe." + it->first, t)) {
+                it->second = t;
+                ++it;
+            } else {
+                it = extras->erase(it);
+            }
+        }
+    });
+}
+
+CheckpointInfo loadModelWeights(const std::string& path, torch::nn::Module& model) {
+    return restoreFrom(path, "this model", [&](torch::serialize::InputArchive& archive) { model.load(archive); });
 }
 
 }  // namespace lathe::core

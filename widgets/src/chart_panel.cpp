@@ -127,4 +127,29 @@ void ChartPanel::exportWithDialog(const QString& caption, const QString& default
     if (!ok) QMessageBox::warning(this, tr("Export failed"), tr("Could not write %1.").arg(path));
 }
 
+void ChartPanel::styleLegend() {
+    m_plot->legend->setVisible(true);
+    QFont legendFont = font();
+    legendFont.setPointSizeF(std::max(7.0, legendFont.pointSizeF() - 1.0));
+    m_plot->legend->setFont(legendFont);
+    m_plot->legend->setBrush(QColor(255, 255, 255, 215));
+    m_plot->legend->setBorderPen(QPen(QColor(0xbb, 0xbb, 0xbb)));
+}
+
+QCPItemText* ChartPanel::makeHint(QCPAxisRect* rect, const QColor& color, bool larger) {
+    auto* hint = new QCPItemText(m_plot);
+    hint->setClipAxisRect(rect);
+    hint->position->setAxisRect(rect);
+    hint->position->setType(QCPItemPosition::ptAxisRectRatio);
+    hint->position->setCoords(0.5, 0.5);
+    hint->setColor(color);
+    if (larger) {
+        QFont f = font();
+        f.setPointSizeF(f.pointSizeF() + 1.0);
+        hint->setFont(f);
+    }
+    hint->setClipToAxisRect(false);
+    return hint;
+}
+
 }  // namespace lathe::widgets

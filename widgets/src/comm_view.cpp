@@ -140,24 +140,10 @@ CommView::CommView(QWidget* parent)
     ratioY->setVisible(true);
     ratioY->setLabel(tr("compression ×  (dashed)"));
 
-    m_plot->legend->setVisible(true);
-    QFont legendFont = font();
-    legendFont.setPointSizeF(std::max(7.0, legendFont.pointSizeF() - 1.0));
-    m_plot->legend->setFont(legendFont);
-    m_plot->legend->setBrush(QColor(255, 255, 255, 215));
-    m_plot->legend->setBorderPen(QPen(QColor(0xbb, 0xbb, 0xbb)));
+    styleLegend();
     m_msRect->insetLayout()->setInsetAlignment(0, Qt::AlignTop | Qt::AlignRight);
 
-    m_hint = new QCPItemText(m_plot);
-    m_hint->setClipAxisRect(m_overlapRect);
-    m_hint->position->setAxisRect(m_overlapRect);
-    m_hint->position->setType(QCPItemPosition::ptAxisRectRatio);
-    m_hint->position->setCoords(0.5, 0.5);
-    m_hint->setColor(QColor(0x70, 0x70, 0x70));
-    QFont hintFont = font();
-    hintFont.setPointSizeF(hintFont.pointSizeF() + 1.0);
-    m_hint->setFont(hintFont);
-    m_hint->setClipToAxisRect(false);
+    m_hint = makeHint(m_overlapRect, QColor(0x70, 0x70, 0x70), true);
 
     updateHint();
 }

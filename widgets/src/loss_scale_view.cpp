@@ -85,12 +85,7 @@ LossScaleView::LossScaleView(QWidget* parent)
     m_normGraph->setPen(QPen(kNormColor, 1.2));
     m_normGraph->setAdaptiveSampling(true);
 
-    m_plot->legend->setVisible(true);
-    QFont legendFont = font();
-    legendFont.setPointSizeF(std::max(7.0, legendFont.pointSizeF() - 1.0));
-    m_plot->legend->setFont(legendFont);
-    m_plot->legend->setBrush(QColor(255, 255, 255, 215));
-    m_plot->legend->setBorderPen(QPen(QColor(0xbb, 0xbb, 0xbb)));
+    styleLegend();
     m_scaleRect->insetLayout()->setInsetAlignment(0, Qt::AlignBottom | Qt::AlignRight);
     // The norm graph's legend entry would sit in the upper chart, far from its curve; the
     // lower chart's axis label names it.
@@ -105,13 +100,7 @@ LossScaleView::LossScaleView(QWidget* parent)
     m_tracer->setInterpolating(false);
     m_tracer->setVisible(false);
 
-    m_hint = new QCPItemText(m_plot);
-    m_hint->setClipAxisRect(m_scaleRect);
-    m_hint->position->setAxisRect(m_scaleRect);
-    m_hint->position->setType(QCPItemPosition::ptAxisRectRatio);
-    m_hint->position->setCoords(0.5, 0.5);
-    m_hint->setColor(QColor(0x90, 0x90, 0x90));
-    m_hint->setClipToAxisRect(false);
+    m_hint = makeHint(m_scaleRect, QColor(0x90, 0x90, 0x90), false);
 
     updateHint();
 }

@@ -145,26 +145,12 @@ ServingChart::ServingChart(QWidget* parent)
     }
 
     // Only the percentiles need a legend; the other rects name their curves on the axes.
-    m_plot->legend->setVisible(true);
+    styleLegend();
     for (int i = int(Series::Qps); i < kSeriesCount; ++i) m_graphs[i]->removeFromLegend();
-    QFont legendFont = font();
-    legendFont.setPointSizeF(std::max(7.0, legendFont.pointSizeF() - 1.0));
-    m_plot->legend->setFont(legendFont);
-    m_plot->legend->setBrush(QColor(255, 255, 255, 215));
-    m_plot->legend->setBorderPen(QPen(QColor(0xbb, 0xbb, 0xbb)));
     m_plot->legend->setFillOrder(QCPLegend::foColumnsFirst);
     m_latencyRect->insetLayout()->setInsetAlignment(0, Qt::AlignBottom | Qt::AlignLeft);
 
-    m_hint = new QCPItemText(m_plot);
-    m_hint->setClipAxisRect(m_trafficRect);
-    m_hint->position->setAxisRect(m_trafficRect);
-    m_hint->position->setType(QCPItemPosition::ptAxisRectRatio);
-    m_hint->position->setCoords(0.5, 0.5);
-    m_hint->setColor(QColor(0x70, 0x70, 0x70));
-    QFont hintFont = font();
-    hintFont.setPointSizeF(hintFont.pointSizeF() + 1.0);
-    m_hint->setFont(hintFont);
-    m_hint->setClipToAxisRect(false);
+    m_hint = makeHint(m_trafficRect, QColor(0x70, 0x70, 0x70), true);
     setPlaceholder(tr("Select a model to see its serving metrics"));
     clear();
 }

@@ -3,10 +3,13 @@
 // "Fit" and "Export…"), one QCustomPlot below it with drag/zoom, a context menu, hover on
 // mouse move, the single-shot timer that coalesces staged live points, and PNG/PDF export
 // that flushes the staged points first. The views own their data, staging and hover text.
+#include <QColor>
 #include <QSize>
 #include <QString>
 #include <QWidget>
 
+class QCPAxisRect;
+class QCPItemText;
 class QCPItemTracer;
 class QCustomPlot;
 class QLabel;
@@ -48,6 +51,10 @@ protected:
     /// Shows `text` as the tooltip at `pos`, or hides the tracer and tooltip when it is empty;
     /// replots when the text changed.
     void showHover(const QPointF& pos, const QString& text, QCPItemTracer* tracer);
+    /// Shows the legend in the views' common style: a smaller font on a translucent white box.
+    void styleLegend();
+    /// A grey text centred on `rect` for "nothing to show yet" hints (`larger`: one point up).
+    QCPItemText* makeHint(QCPAxisRect* rect, const QColor& color, bool larger);
 
     QLabel* m_titleLabel = nullptr;
     QLabel* m_summary = nullptr;  // null without a summary
