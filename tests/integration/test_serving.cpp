@@ -1,6 +1,7 @@
 // The inference server end to end: real HTTP clients against the real server on loopback.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -413,4 +414,90 @@ TEST_CASE("a deployed server's metrics are scraped into the workspace and alert 
     CHECK(test::runShell(test::binPath("lathectl") + " undeploy digits" + db).exitCode == 0);
     // Watching ended with the server: nothing is left firing.
     for (const auto& a : registry.alerts("digits")) CHECK(a.resolvedAt >= a.firedAt);
+}
+
+TEST_CASE("served answers equal PyTorch's own for a run's artifact and for a model traced in Python", "[serving][cli]") {
+    if (test::runShell("/usr/bin/python3 -c 'import torch'").exitCode != 0) {
+        std::puts("SKIPPED: python3-torch is not installed");
+        return;
+    }
+    test::ServingWorkspace ws;
+    // A model made by PyTorch users: traced in Python, registered with its input shape.
+    const auto traced = ws.file("traced.pt");
+    auto r = test::runShell("/usr/bin/python3 -c \"import torch; torch.manual_seed(3); "
+                            "m=torch.nn.Sequential(torch.nn.Linear(12,16),torch.nn.Tanh(),torch.nn.Linear(16,3)); "
+                            "torch.jit.trace(m, torch.zeros(1,12)).save('" + traced + "')\"");
+    REQUIRE(r.exitCode == 0);
+    r = test::runShell(test::binPath("lathectl") + " models register traced --file " + traced + " --db " + ws.db());
+    CHECK(r.exitCode == 2);  // no Lathe metadata and no --input-shape: refused, saying what to add
+    CHECK(r.err.find("--input-shape") != std::string::npos);
+    r = test::runShell(test::binPath("lathectl") + " models register traced --file " + traced +
+                       " --input-shape 12 --json --db " + ws.db());
+    REQUIRE(r.exitCode == 0);
+    const auto tracedPath = json::parse(r.out)["path"].get<std::string>();
+    CHECK(json::parse(r.out)["signature"]["outputs"][0]["shape"] == json({-1, 3}));
+
+    core::ServeOptions o;
+    o.port = 0;
+    core::InferenceServer server(o);
+    server.load({"digits", 1, ws.version().path});
+    server.load({"traced", 1, tracedPath});
+    const auto port = server.start();
+
+    struct Case {
+        std::string model, artifact;
+        std::vector<int64_t> shape;
+    };
+    for (const Case& c : {Case{"digits", ws.version().path, {3, 1, 8, 8}}, Case{"traced", tracedPath, {3, 12}}}) {
+        INFO(c.model);
+        int64_t n = 1;
+        for (auto d : c.shape) n *= d;
+        json data = json::array();
+        for (int64_t i = 0; i < n; ++i) data.push_back(std::sin(0.37 * static_cast<double>(i)) * 0.5 + 0.5);
+        const json body{{"inputs", {{{"name", "input"}, {"shape", c.shape}, {"datatype", "FP32"}, {"data", data}}}}};
+        const auto a = httpRequest(port, "POST", "/v2/models/" + c.model + "/infer", body.dump());
+        REQUIRE(a.status == 200);
+        const auto served = json::parse(a.body)["outputs"][0]["data"];
+        // The same artifact and input through PyTorch (Debian's python3-torch), eagerly.
+        std::string shape;
+        for (auto d : c.shape) shape += (shape.empty() ? "" : ",") + std::to_string(d);
+        const auto inFile = ws.file(c.model + "-in.json");
+        std::ofstream(inFile) << data.dump();
+        r = test::runShell("/usr/bin/python3 -c \"import torch,json; m=torch.jit.load('" + c.artifact +
+                           "'); x=torch.tensor(json.load(open('" + inFile + "')),dtype=torch.float32).reshape(" +
+                           shape + "); print(json.dumps(m(x).flatten().tolist()))\"");
+        REQUIRE(r.exitCode == 0);
+        const auto expected = json::parse(r.out);
+        REQUIRE(expected.size() == served.size());
+        for (size_t i = 0; i < served.size(); ++i)
+            CHECK(served[i].get<double>() == Approx(expected[i].get<double>()).margin(1e-5));
+    }
+}
+
+TEST_CASE("a deployment whose server died shows DOWN, and deploying again starts a new one", "[serving][cli]") {
+    test::ServingWorkspace ws;
+    const std::string db = " --db " + ws.db();
+    auto r = test::runShell(test::binPath("lathectl") + " deploy digits --json" + db);
+    REQUIRE(r.exitCode == 0);
+    const auto first = json::parse(r.out);
+    const auto pid = first["pid"].get<int64_t>();
+    REQUIRE(::kill(static_cast<pid_t>(pid), SIGKILL) == 0);
+    for (int i = 0; i < 50 && running(pid); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    r = test::runShell(test::binPath("lathectl") + " deployments digits --json" + db);
+    REQUIRE(r.exitCode == 0);
+    CHECK(json::parse(r.out)[0]["live"] == true);
+    CHECK(json::parse(r.out)[0]["up"] == false);
+    r = test::runShell(test::binPath("lathectl") + " deployments digits" + db);
+    CHECK(r.out.find("DOWN") != std::string::npos);
+    r = test::runShell(test::binPath("lathectl") + " deploy digits --json" + db);
+    REQUIRE(r.exitCode == 0);
+    const auto second = json::parse(r.out);
+    CHECK(second["started_server"] == true);
+    CHECK(second["pid"] != first["pid"]);
+    r = test::runShell(test::binPath("lathectl") + " deployments digits --json" + db);
+    const auto hist = json::parse(r.out);
+    REQUIRE(hist.size() == 2);
+    CHECK(hist[0]["up"] == true);
+    CHECK(hist[1]["end_reason"] == "server not running");
+    CHECK(test::runShell(test::binPath("lathectl") + " undeploy digits" + db).exitCode == 0);
 }
