@@ -4,6 +4,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -114,6 +115,7 @@ struct Reducer::Impl {
         int64_t shard = 0;  // elements per rank's shard (a multiple of the chunk)
     };
     std::vector<Bucket> buckets;
+    std::vector<size_t> sparse;                    // params with sparse gradients (not in buckets)
     std::vector<std::pair<size_t, size_t>> where;  // param -> (bucket, slot)
     size_t nextToLaunch = 0;
     Clock::time_point firstLaunch;
@@ -406,6 +408,95 @@ struct Reducer::Impl {
         return rank == server ? msg * (world - 1) : msg;
     }
 
+    // Touched rows only: counts are all-gathered so the pushes can be padded to one size, the
+    // server sums every rank's rows in FP32 and broadcasts the averaged union of touched rows.
+    // Returns the bytes this rank sent; writes the averaged (dense) gradient into p.grad.
+    int64_t exchangeSparse(torch::Tensor& p, int server) {
+        auto& pg = ctx->impl().pg;
+        const int world = ctx->worldSize(), rank = ctx->rank();
+        const int64_t rows = p.size(0), dim = p.numel() / std::max<int64_t>(1, p.size(0));
+        torch::Tensor idx = torch::empty({0}, torch::kLong), vals = torch::empty({0, dim});
+        if (p.grad().defined()) {
+            auto g = p.grad();
+            if (g.is_sparse()) {
+                g = g.coalesce();
+                idx = g.indices()[0].contiguous();
+                vals = g.values().reshape({-1, dim}).to(torch::kFloat).contiguous();
+            } else {  // a dense gradient (e.g. zero_grad left one): send its non-zero rows
+                auto dense = g.reshape({rows, dim});
+                idx = dense.abs().sum(1).nonzero().reshape({-1});
+                vals = dense.index_select(0, idx).contiguous();
+            }
+        }
+        // 1. how many rows each rank pushes
+        std::vector<std::vector<at::Tensor>> counts(1);
+        for (int j = 0; j < world; ++j) counts[0].push_back(torch::empty({1}, torch::kLong));
+        std::vector<at::Tensor> myCount{torch::full({1}, idx.numel(), torch::kLong)};
+        pg->allgather(counts, myCount)->wait();
+        int64_t maxRows = 0;
+        for (const auto& c : counts[0]) maxRows = std::max(maxRows, c.item<int64_t>());
+        // 2. push (row, value) pairs, padded with zero rows to the largest count
+        auto padIdx = torch::zeros({maxRows}, torch::kLong);
+        auto padVals = torch::zeros({maxRows, dim});
+        if (idx.numel() > 0) {
+            padIdx.narrow(0, 0, idx.numel()).copy_(idx);
+            padVals.narrow(0, 0, idx.numel()).copy_(vals);
+        }
+        std::vector<std::vector<at::Tensor>> gotIdx, gotVals;
+        if (rank == server) {
+            gotIdx.emplace_back();
+            gotVals.emplace_back();
+            for (int j = 0; j < world; ++j) {
+                gotIdx[0].push_back(torch::empty({maxRows}, torch::kLong));
+                gotVals[0].push_back(torch::empty({maxRows, dim}));
+            }
+        }
+        c10d::GatherOptions go;
+        go.rootRank = server;
+        std::vector<at::Tensor> inIdx{padIdx}, inVals{padVals};
+        pg->gather(gotIdx, inIdx, go)->wait();
+        pg->gather(gotVals, inVals, go)->wait();
+        int64_t sent = rank == server ? 0 : 8 * world + maxRows * (8 + 4 * dim);
+        // 3. the server sums in FP32 and answers with the averaged union of touched rows
+        torch::Tensor outIdx, outVals;
+        auto outCount = torch::zeros({1}, torch::kLong);
+        if (rank == server) {
+            auto acc = torch::zeros({rows, dim});
+            std::vector<torch::Tensor> touched;
+            for (int j = 0; j < world; ++j) {
+                const auto n = counts[0][static_cast<size_t>(j)].item<int64_t>();
+                if (n == 0) continue;
+                auto ji = gotIdx[0][static_cast<size_t>(j)].narrow(0, 0, n);
+                acc.index_add_(0, ji, gotVals[0][static_cast<size_t>(j)].narrow(0, 0, n));
+                touched.push_back(ji);
+            }
+            outIdx = touched.empty() ? torch::empty({0}, torch::kLong) : std::get<0>(at::_unique(torch::cat(touched)));
+            outVals = acc.index_select(0, outIdx).div_(world).contiguous();
+            outCount.fill_(outIdx.numel());
+        }
+        c10d::BroadcastOptions bo;
+        bo.rootRank = server;
+        std::vector<at::Tensor> countT{outCount};
+        pg->broadcast(countT, bo)->wait();
+        const auto n = outCount.item<int64_t>();
+        if (rank != server) {
+            outIdx = torch::empty({n}, torch::kLong);
+            outVals = torch::empty({n, dim});
+        }
+        if (n > 0) {
+            std::vector<at::Tensor> bi{outIdx}, bv{outVals};
+            pg->broadcast(bi, bo)->wait();
+            pg->broadcast(bv, bo)->wait();
+        }
+        if (rank == server) sent += (world - 1) * (8 + n * (8 + 4 * dim));
+        // The optimizers here take dense gradients: the averaged rows go into a dense one.
+        // Allocated in p's shape (not a reshaped view: zero_grad() detaches gradients in place).
+        auto dense = torch::zeros(p.sizes(), p.options());
+        if (n > 0) dense.view({rows, dim}).index_copy_(0, outIdx, outVals.to(p.scalar_type()));
+        p.mutable_grad() = dense;
+        return sent;
+    }
+
     void onGrad(size_t index, const torch::Tensor& grad) {
         std::lock_guard<std::mutex> lk(mutex);
         const auto [bi, slot] = where[index];
@@ -420,7 +511,8 @@ struct Reducer::Impl {
     }
 };
 
-Reducer::Reducer(DistContext& ctx, std::vector<torch::Tensor> params, double bucketMb, CompressOptions compress)
+Reducer::Reducer(DistContext& ctx, std::vector<torch::Tensor> params, double bucketMb, CompressOptions compress,
+                 std::vector<size_t> sparse)
     : m_impl(std::make_unique<Impl>()) {
     auto& d = *m_impl;
     d.ctx = &ctx;
@@ -429,11 +521,16 @@ Reducer::Reducer(DistContext& ctx, std::vector<torch::Tensor> params, double buc
     if (!format) throw ConfigError("`compress` must be none, fp16, bf16, int8 or int4 (got '" + compress.format + "')");
     d.format = *format;
     d.params = std::move(params);
+    if (!sparse.empty() && compress.strategy != "ps")
+        throw ConfigError("sparse embedding gradients are exchanged by the ps strategy only");
+    d.sparse = std::move(sparse);
+    auto isSparse = [&](size_t k) { return std::find(d.sparse.begin(), d.sparse.end(), k) != d.sparse.end(); };
     d.where.resize(d.params.size());
     const int64_t firstCap = int64_t{1} << 20;
     const auto cap = static_cast<int64_t>(bucketMb * 1024 * 1024);
     int64_t bytes = 0;
     for (size_t k = d.params.size(); k-- > 0;) {
+        if (isSparse(k)) continue;  // exchanged row by row in finish()
         const int64_t size = d.params[k].numel() * 4;
         const int64_t limit = d.buckets.size() == 1 ? firstCap : cap;  // of the bucket being filled
         if (d.buckets.empty() || (bytes > 0 && bytes + size > limit)) {
@@ -453,7 +550,8 @@ Reducer::Reducer(DistContext& ctx, std::vector<torch::Tensor> params, double buc
     }
     if (!d.plainRing()) d.commThread = std::thread([impl = m_impl.get()] { impl->commLoop(); });
     for (size_t k = 0; k < d.params.size(); ++k)
-        d.params[k].register_hook([impl = m_impl.get(), k](const torch::Tensor& grad) { impl->onGrad(k, grad); });
+        if (!isSparse(k))
+            d.params[k].register_hook([impl = m_impl.get(), k](const torch::Tensor& grad) { impl->onGrad(k, grad); });
 }
 
 Reducer::~Reducer() = default;
@@ -476,6 +574,9 @@ void Reducer::prepare(int64_t step) {
     }
     d.nextToLaunch = 0;
     d.anyLaunched = false;
+    // Last step's averaged (dense) gradient is gone, so backward leaves a sparse one again
+    // rather than adding its rows into a dense tensor.
+    for (size_t k : d.sparse) d.params[k].mutable_grad() = torch::Tensor();
 }
 
 Reducer::Stats Reducer::finish() {
@@ -518,12 +619,24 @@ Reducer::Stats Reducer::finish() {
                 p.mutable_grad() = avg.clone();
         }
     }
+    // Sparse parameters after the buckets, in the same order on every rank; their servers follow
+    // the buckets' round robin.
+    for (size_t j = 0; j < d.sparse.size(); ++j) {
+        auto& p = d.params[d.sparse[j]];
+        const int server = static_cast<int>((d.buckets.size() + j) % static_cast<size_t>(std::max(1, d.compress.psRanks)));
+        if (!d.anyLaunched) {
+            d.firstLaunch = Clock::now();
+            d.anyLaunched = true;
+        }
+        sent += d.exchangeSparse(p, server);
+        payload += p.numel() * 4;
+    }
     const auto end = Clock::now();
     s.commMs = std::chrono::duration<double, std::milli>(end - d.firstLaunch).count();
     s.exposedMs = std::chrono::duration<double, std::milli>(end - std::max(backwardEnd, d.firstLaunch)).count();
     const int64_t ringBytes = payload * 2 * (n - 1) / n;
     s.bytesSent = ring ? ringBytes : sent;
-    s.compressionRatio = d.format == kc::CompressFormat::None || s.bytesSent == 0
+    s.compressionRatio = (d.format == kc::CompressFormat::None && d.sparse.empty()) || s.bytesSent == 0
                              ? 1.0
                              : static_cast<double>(ringBytes) / static_cast<double>(s.bytesSent);
     s.buckets = static_cast<int>(d.buckets.size());

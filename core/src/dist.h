@@ -62,7 +62,11 @@ public:
     /// compressed shards: every rank sends shard j of its (error-fed) compressed gradient to
     /// rank j, which dequantizes and sums them in FP32, compresses the averaged shard again and
     /// all-gathers it; quantized values are never summed in low precision.
-    Reducer(DistContext& ctx, std::vector<torch::Tensor> params, double bucketMb, CompressOptions compress = {});
+    /// `sparse`: indices of parameters with sparse gradients (embedding tables). With the ps
+    /// strategy only their touched rows travel: every rank pushes (row, value) pairs to the
+    /// server, which sums them and sends back the union of touched rows.
+    Reducer(DistContext& ctx, std::vector<torch::Tensor> params, double bucketMb, CompressOptions compress = {},
+            std::vector<size_t> sparse = {});
     ~Reducer();
     /// Before backward. `step` seeds stochastic rounding.
     void prepare(int64_t step = 0);

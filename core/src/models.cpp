@@ -44,12 +44,54 @@ torch::nn::Sequential cnn(const std::vector<int64_t>& shape, int64_t classes) {
     return seq;
 }
 
+torch::nn::Sequential embed(const RunSpec& spec, int64_t inputs, int64_t classes, bool sparse) {
+    torch::nn::Sequential seq;
+    int64_t width = spec.hidden.front();
+    seq->push_back(HashedEmbedding(inputs, spec.embeddingRows, width, sparse));
+    seq->push_back(torch::nn::ReLU());
+    for (size_t i = 1; i < spec.hidden.size(); ++i) {
+        seq->push_back(torch::nn::Linear(width, spec.hidden[i]));
+        seq->push_back(torch::nn::ReLU());
+        width = spec.hidden[i];
+    }
+    seq->push_back(torch::nn::Linear(width, classes));
+    return seq;
+}
+
 }  // namespace
 
-torch::nn::Sequential makeModel(const RunSpec& spec, const std::vector<int64_t>& sampleShape, int64_t numClasses) {
+HashedEmbeddingImpl::HashedEmbeddingImpl(int64_t features, int64_t rows, int64_t dim, bool sparse)
+    : features(features), rows(rows), sparse(sparse) {
+    // Each sample sums `features` rows: scaled so the sum starts with about unit variance.
+    weight = register_parameter("weight", torch::randn({rows, dim}) / std::sqrt(static_cast<double>(features)));
+}
+
+torch::Tensor HashedEmbeddingImpl::rowIds(const torch::Tensor& x) const {
+    const auto bins = (x.flatten(1) * static_cast<double>(kBins)).floor().clamp(0, kBins - 1).to(torch::kLong);
+    const auto feature = torch::arange(features, x.options().dtype(torch::kLong)).unsqueeze(0);
+    return ((feature * kBins + bins) * kHashMultiplier).remainder(rows);
+}
+
+torch::Tensor HashedEmbeddingImpl::forward(torch::Tensor x) {
+    return torch::embedding(weight, rowIds(x), -1, false, sparse).sum(1);
+}
+
+std::vector<size_t> sparseParameterIndices(torch::nn::Sequential& model) {
+    std::vector<size_t> out;
+    const auto params = model->parameters();
+    for (const auto& m : model->modules(false))
+        if (const auto* e = dynamic_cast<const HashedEmbeddingImpl*>(m.get()); e && e->sparse)
+            for (size_t i = 0; i < params.size(); ++i)
+                if (params[i].is_same(e->weight)) out.push_back(i);
+    return out;
+}
+
+torch::nn::Sequential makeModel(const RunSpec& spec, const std::vector<int64_t>& sampleShape, int64_t numClasses,
+                                bool sparseEmbedding) {
     int64_t inputs = 1;
     for (auto s : sampleShape) inputs *= s;
     if (spec.model == "mlp") return mlp(spec, inputs, numClasses);
+    if (spec.model == "embed") return embed(spec, inputs, numClasses, sparseEmbedding);
     if (spec.model == "cnn") {
         if (sampleShape.size() != 3)
             throw ConfigError("model cnn needs image data (C×H×W); data set " + spec.data + " has " +
@@ -58,7 +100,7 @@ torch::nn::Sequential makeModel(const RunSpec& spec, const std::vector<int64_t>&
             throw ConfigError("model cnn needs images of at least 2×2 pixels");
         return cnn(sampleShape, numClasses);
     }
-    throw ConfigError("`model` must be one of mlp, cnn (got '" + spec.model + "')");
+    throw ConfigError("`model` must be one of mlp, cnn, embed (got '" + spec.model + "')");
 }
 
 int64_t parameterCount(const torch::nn::Module& m) {

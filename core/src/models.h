@@ -10,8 +10,29 @@
 namespace lathe::core {
 
 /// Builds spec.model for samples of `sampleShape` and `numClasses` outputs. Throws ConfigError
-/// when the model does not fit the data (a cnn needs C×H×W images).
-torch::nn::Sequential makeModel(const RunSpec& spec, const std::vector<int64_t>& sampleShape, int64_t numClasses);
+/// when the model does not fit the data (a cnn needs C×H×W images). `sparseEmbedding`: embedding
+/// tables produce sparse gradients (for the parameter-server exchange of touched rows only).
+torch::nn::Sequential makeModel(const RunSpec& spec, const std::vector<int64_t>& sampleShape, int64_t numClasses,
+                                bool sparseEmbedding = false);
+
+/// The "wide" features of the embed model: each input value is put into one of kBins bins over
+/// 0..1 (pixel-like data; other values are clamped), and (feature, bin) is hashed into `rows`
+/// embedding rows, summed per sample. A batch touches a few rows of a large table, so its
+/// gradient is sparse.
+struct HashedEmbeddingImpl : torch::nn::Module {
+    static constexpr int64_t kBins = 16;
+    static constexpr int64_t kHashMultiplier = 2654435761;  // Knuth's multiplicative hash
+    HashedEmbeddingImpl(int64_t features, int64_t rows, int64_t dim, bool sparse);
+    torch::Tensor rowIds(const torch::Tensor& x) const;
+    torch::Tensor forward(torch::Tensor x);
+    int64_t features, rows;
+    bool sparse;
+    torch::Tensor weight;
+};
+TORCH_MODULE(HashedEmbedding);
+
+/// Indices (in model->parameters() order) of parameters whose gradients are sparse.
+std::vector<size_t> sparseParameterIndices(torch::nn::Sequential& model);
 int64_t parameterCount(const torch::nn::Module& m);
 
 struct ForwardOptions {

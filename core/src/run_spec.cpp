@@ -151,7 +151,8 @@ const std::vector<KeyDef>& keyDefs() {
         const double inf = HUGE_VAL;
         str("name", "run name (free text; empty = generated)", &RunSpec::name, true);
         str("experiment", "experiment the run belongs to (non-empty)", &RunSpec::experiment, false);
-        choice("model", "model from the zoo: mlp or cnn", &RunSpec::model, {"mlp", "cnn"});
+        choice("model", "model from the zoo: mlp, cnn, or embed (hashed feature embeddings + mlp)", &RunSpec::model,
+               {"mlp", "cnn", "embed"});
         d.push_back({{"hidden", "int-list", "mlp hidden layer widths, 1 to 16 values of 1..65536, e.g. 128,128", {}},
                      [](const RunSpec& s) {
                          std::string out;
@@ -162,6 +163,8 @@ const std::vector<KeyDef>& keyDefs() {
         d.push_back({{"data", "string", "data set: digits, synthetic:spirals, csv:PATH or idx:DIR", {}},
                      [](const RunSpec& s) { return s.data; },
                      [](RunSpec& s, const std::string& v) { s.data = checkData(v); }});
+        integer("embedding_rows", "embed: rows of the hashed (feature, value bin) table, 16..16777216",
+                &RunSpec::embeddingRows, 16, 16777216);
         str("label_column", "csv data: name of the label column", &RunSpec::labelColumn, false);
         real("val_split", "share of samples held out for validation, > 0 and < 1", &RunSpec::valSplit, 0, true, 1,
              true);

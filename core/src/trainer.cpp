@@ -286,7 +286,8 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
     trainSet = {trainSet.x.to(device), trainSet.y.to(device)};
     valSet = {valSet.x.to(device), valSet.y.to(device)};
 
-    auto model = makeModel(spec, sampleShape, numClasses);
+    // Sparse embedding gradients only pay off where the ps exchange sends touched rows alone.
+    auto model = makeModel(spec, sampleShape, numClasses, options.dist.distributed() && spec.strategy == "ps");
     model->to(device);  // parameters stay FP32: autocast casts per op (FP32 master weights)
     auto optimizer = makeOptimizer(spec, model->parameters());
     LossScaler scaler(spec, device);
@@ -332,7 +333,7 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
         compress.chunk = spec.compressChunk;
         compress.stochastic = spec.stochasticRounding;
         compress.seed = static_cast<uint64_t>(spec.seed);
-        reducer = std::make_unique<Reducer>(*dist, params, spec.bucketMb, compress);
+        reducer = std::make_unique<Reducer>(*dist, params, spec.bucketMb, compress, sparseParameterIndices(model));
         emit(Event::log("info", "gradient exchange: " + spec.strategy +
                                     (spec.strategy == "hierarchical"
                                          ? " (" + std::to_string(dist->ranksPerHost()) + " ranks per host)"

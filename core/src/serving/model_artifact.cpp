@@ -124,6 +124,15 @@ torch::jit::Module scriptSequential(torch::nn::Sequential& seq, const data::Spli
             m.register_parameter(n + "_weight", lin->weight.detach().clone(), false);
             m.register_parameter(n + "_bias", lin->bias.detach().clone(), false);
             src << "    x = torch.addmm(self." << n << "_bias, x, self." << n << "_weight.t())\n";
+        } else if (const auto* emb = dynamic_cast<const HashedEmbeddingImpl*>(p)) {
+            // The same bins and hash as HashedEmbeddingImpl::rowIds, written out.
+            m.register_parameter(n + "_weight", emb->weight.detach().clone(), false);
+            const auto bins = std::to_string(HashedEmbeddingImpl::kBins);
+            src << "    ids = torch.clamp(torch.floor(torch.flatten(x, 1) * " << bins << ".0), 0, "
+                << HashedEmbeddingImpl::kBins - 1 << ").long()\n"
+                << "    ids = torch.remainder((torch.arange(" << emb->features << ", device=x.device).unsqueeze(0) * "
+                << bins << " + ids) * " << HashedEmbeddingImpl::kHashMultiplier << ", " << emb->rows << ")\n"
+                << "    x = torch.embedding(self." << n << "_weight, ids, -1, False, False).sum(1)\n";
         } else if (dynamic_cast<const torch::nn::ReLUImpl*>(p)) {
             src << "    x = torch.relu(x)\n";
         } else if (const auto* conv = dynamic_cast<const torch::nn::Conv2dImpl*>(p)) {

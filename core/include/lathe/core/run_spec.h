@@ -13,8 +13,9 @@ namespace lathe::core {
 struct RunSpec {
     std::string name;                      // free text; empty = generated
     std::string experiment = "default";    // runs are grouped by experiment
-    std::string model = "mlp";             // mlp | cnn
-    std::vector<int64_t> hidden{128, 128}; // mlp hidden widths
+    std::string model = "mlp";             // mlp | cnn | embed
+    std::vector<int64_t> hidden{128, 128}; // mlp hidden widths (embed: the first is the embedding width)
+    int64_t embeddingRows = 16384;         // embed: rows of the hashed feature table
     std::string data = "digits";           // digits | csv:PATH | idx:DIR | synthetic:spirals
     std::string labelColumn = "label";     // csv: name of the label column
     double valSplit = 0.2;                 // share held out for validation (when the set has no own split)
