@@ -74,8 +74,9 @@ void runServe(ServeState& st, int& exitCode) {
         served.path = st.file;
         try {
             core::readArtifact(st.file);
-        } catch (const core::ConfigError&) {
-            if (st.inputShape.empty()) throw;
+        } catch (const core::ConfigError& ex) {
+            if (st.inputShape.empty())
+                throw core::ConfigError(std::string(ex.what()) + "; or serve it as it is with --input-shape");
             // A plain TorchScript file: give it Lathe metadata in a private copy.
             std::vector<int64_t> shape;
             std::stringstream ss(st.inputShape);

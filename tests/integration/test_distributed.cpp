@@ -28,6 +28,20 @@ std::vector<double> values(const lathe::core::Store& s, int64_t run, const std::
     return out;
 }
 
+// 2 ranks x 32 against 1 rank x 64: the averaged gradient of every step is the single process's
+// gradient, so gradient norms and final losses agree (1e-5).
+void checkFollows(const lathe::core::Store& store, const json& one, const json& two) {
+    const auto ra = one.at("run_id").get<int64_t>(), rb = two.at("run_id").get<int64_t>();
+    const auto ga = values(store, ra, "train/grad_norm"), gb = values(store, rb, "train/grad_norm");
+    REQUIRE(ga.size() == 23);
+    REQUIRE(gb.size() == 23);
+    for (size_t i = 0; i < ga.size(); ++i) {
+        INFO("step " << i + 1);
+        CHECK(gb[i] == Approx(ga[i]).epsilon(1e-5));
+    }
+    CHECK(two.at("val/loss").get<double>() == Approx(one.at("val/loss").get<double>()).epsilon(1e-5));
+}
+
 // Worker processes of a run, found by the config path only they have on their command line.
 std::vector<int> workerPids(const std::string& configPath) {
     // [w]orker: the pattern must not match the shell that runs pgrep.
@@ -55,16 +69,8 @@ TEST_CASE("2 ranks with batch 32 each follow 1 rank with batch 64 step by step, 
     REQUIRE(two.exitCode == 0);
     const auto a = json::parse(one.out), b = json::parse(two.out);
     lathe::core::Store store(db);
-    const auto ra = a.at("run_id").get<int64_t>(), rb = b.at("run_id").get<int64_t>();
-    // The averaged gradient of every step is the single process's gradient (20+ steps).
-    const auto ga = values(store, ra, "train/grad_norm"), gb = values(store, rb, "train/grad_norm");
-    REQUIRE(ga.size() == 23);
-    REQUIRE(gb.size() == 23);
-    for (size_t i = 0; i < ga.size(); ++i) {
-        INFO("step " << i + 1);
-        CHECK(gb[i] == Approx(ga[i]).epsilon(1e-5));
-    }
-    CHECK(b.at("val/loss").get<double>() == Approx(a.at("val/loss").get<double>()).epsilon(1e-5));
+    const auto rb = b.at("run_id").get<int64_t>();
+    checkFollows(store, a, b);
     CHECK(b.at("train/loss").get<double>() == Approx(a.at("train/loss").get<double>()).epsilon(1e-5));
     // Communication is measured per step, and rank 1's own figures are kept beside rank 0's.
     CHECK(values(store, rb, "comm/bytes_sent").size() == 23);
@@ -225,15 +231,8 @@ TEST_CASE("ps sends only the touched rows of an embedding table and still follow
     REQUIRE(two.exitCode == 0);
     const auto a = json::parse(one.out), b = json::parse(two.out);
     lathe::core::Store store(db);
-    const auto ra = a.at("run_id").get<int64_t>(), rb = b.at("run_id").get<int64_t>();
-    const auto ga = values(store, ra, "train/grad_norm"), gb = values(store, rb, "train/grad_norm");
-    REQUIRE(ga.size() == 23);
-    REQUIRE(gb.size() == 23);
-    for (size_t i = 0; i < ga.size(); ++i) {
-        INFO("step " << i + 1);
-        CHECK(gb[i] == Approx(ga[i]).epsilon(1e-5));
-    }
-    CHECK(b.at("val/loss").get<double>() == Approx(a.at("val/loss").get<double>()).epsilon(1e-5));
+    const auto rb = b.at("run_id").get<int64_t>();
+    checkFollows(store, a, b);
     // The table is 16384 x 64 floats (4 MiB); a batch of 32 digits touches at most 32 x 64 rows
     // of it. Rank 1 pushes its rows and the dense layers' buckets, never the whole table.
     const auto bytes = values(store, rb, "rank1/comm/bytes_sent");
