@@ -1,6 +1,8 @@
 #include "lathe/widgets/chart_panel.h"
 
 #include <QFileDialog>
+#include <cmath>
+#include <limits>
 #include <QFileInfo>
 #include <QHBoxLayout>
 #include <QLabel>
@@ -125,6 +127,26 @@ void ChartPanel::exportWithDialog(const QString& caption, const QString& default
     // 2x raster so the PNG stays sharp in slides and reports.
     const bool ok = pdf ? savePdf(path) : savePng(path, 0, 0, 2.0);
     if (!ok) QMessageBox::warning(this, tr("Export failed"), tr("Could not write %1.").arg(path));
+}
+
+double ChartPanel::nearestKey(const std::vector<QCPGraph*>& graphs, QCPAxis* x, double pixelX, double radiusPx) {
+    const double key = x->pixelToCoord(pixelX);
+    double best = std::numeric_limits<double>::quiet_NaN();
+    double bestDist = radiusPx;
+    for (QCPGraph* g : graphs) {
+        if (g->data()->isEmpty()) continue;
+        // The points on either side of the cursor.
+        auto it = g->data()->findBegin(key, false);
+        for (auto c : {it, it == g->data()->constBegin() ? g->data()->constEnd() : it - 1}) {
+            if (c == g->data()->constEnd()) continue;
+            const double d = std::abs(x->coordToPixel(c->key) - pixelX);
+            if (d <= bestDist) {
+                bestDist = d;
+                best = c->key;
+            }
+        }
+    }
+    return best;
 }
 
 void ChartPanel::styleLegend() {

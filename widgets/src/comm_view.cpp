@@ -377,23 +377,10 @@ QString CommView::hoverAt(const QPointF& pos) {
         if (r->rect().contains(pos.toPoint())) rect = r;
     if (rect && !m_ranks.empty()) {
         QCPAxis* x = rect->axis(QCPAxis::atBottom);
-        const double key = x->pixelToCoord(pos.x());
         // The nearest step any rank reported.
-        double best = std::numeric_limits<double>::quiet_NaN();
-        double bestDist = kHoverRadiusPx;
-        for (const auto& [rank, g] : m_ranks)
-            for (QCPGraph* graph : g.graphs) {
-                if (graph->data()->isEmpty()) continue;
-                auto it = graph->data()->findBegin(key, false);
-                for (auto c : {it, it == graph->data()->constBegin() ? graph->data()->constEnd() : it - 1}) {
-                    if (c == graph->data()->constEnd()) continue;
-                    const double d = std::abs(x->coordToPixel(c->key) - pos.x());
-                    if (d <= bestDist) {
-                        bestDist = d;
-                        best = c->key;
-                    }
-                }
-            }
+        std::vector<QCPGraph*> all;
+        for (const auto& [rank, g] : m_ranks) all.insert(all.end(), std::begin(g.graphs), std::end(g.graphs));
+        const double best = nearestKey(all, x, pos.x(), kHoverRadiusPx);
         if (std::isfinite(best)) {
             text = tr("run %1 · step %2").arg(m_runId).arg(qint64(best));
             for (const auto& [rank, g] : m_ranks) {

@@ -247,16 +247,7 @@ void ServingChart::addVerticalMarker(double t, const QString& label, const QColo
         line->setSelectable(false);
         into.push_back(line);
     }
-    auto* text = new QCPItemText(m_plot);
-    text->setClipAxisRect(labelRect);
-    text->position->setAxes(labelRect->axis(QCPAxis::atBottom), labelRect->axis(QCPAxis::atLeft));
-    text->position->setAxisRect(labelRect);
-    text->position->setTypeX(QCPItemPosition::ptPlotCoords);
-    text->position->setTypeY(QCPItemPosition::ptAxisRectRatio);
-    text->position->setCoords(t, 0.0);
-    text->setPositionAlignment(Qt::AlignLeft | Qt::AlignTop);
-    text->setText(label);
-    text->setColor(color.darker(120));
+    auto* text = timeLabel(t, labelRect, label, color.darker(120));
     text->setBrush(QColor(255, 255, 255, 200));
     text->setPadding(QMargins(3, 1, 3, 1));
     QFont f = font();
@@ -265,6 +256,20 @@ void ServingChart::addVerticalMarker(double t, const QString& label, const QColo
     text->setFont(f);
     text->setSelectable(false);
     into.push_back(text);
+}
+
+QCPItemText* ServingChart::timeLabel(double t, QCPAxisRect* rect, const QString& label, const QColor& color) {
+    auto* text = new QCPItemText(m_plot);
+    text->setClipAxisRect(rect);
+    text->position->setAxes(rect->axis(QCPAxis::atBottom), rect->axis(QCPAxis::atLeft));
+    text->position->setAxisRect(rect);
+    text->position->setTypeX(QCPItemPosition::ptPlotCoords);
+    text->position->setTypeY(QCPItemPosition::ptAxisRectRatio);
+    text->position->setCoords(t, 0.0);
+    text->setPositionAlignment(Qt::AlignLeft | Qt::AlignTop);
+    text->setText(label);
+    text->setColor(color);
+    return text;
 }
 
 void ServingChart::addShadedSpan(double t0, double t1, const QString& label, const QColor& color,
@@ -288,18 +293,9 @@ void ServingChart::addShadedSpan(double t0, double t1, const QString& label, con
         rect->setSelectable(false);
         into.push_back(rect);
     }
-    auto* text = new QCPItemText(m_plot);
-    text->setClipAxisRect(labelRect);
-    text->position->setAxes(labelRect->axis(QCPAxis::atBottom), labelRect->axis(QCPAxis::atLeft));
-    text->position->setAxisRect(labelRect);
-    text->position->setTypeX(QCPItemPosition::ptPlotCoords);
-    text->position->setTypeY(QCPItemPosition::ptAxisRectRatio);
+    auto* text = timeLabel(t0, labelRect, label, color.darker(130));
     // Under the deployment labels at the top, clear of the curves' usual low values.
-    text->position->setCoords(t0, 0.0);
-    text->setPositionAlignment(Qt::AlignLeft | Qt::AlignTop);
     text->setPadding(QMargins(3, fontMetrics().height() + 4, 3, 1));
-    text->setText(label);
-    text->setColor(color.darker(130));
     QFont f = font();
     f.setPointSizeF(std::max(7.0, f.pointSizeF() - 1.0));
     text->setFont(f);
@@ -405,21 +401,8 @@ QString ServingChart::hoverAt(const QPointF& pos) {
         if (r->rect().contains(pos.toPoint())) rect = r;
     if (rect) {
         QCPAxis* x = rect->axis(QCPAxis::atBottom);
-        const double key = x->pixelToCoord(pos.x());
-        double best = std::numeric_limits<double>::quiet_NaN();
-        double bestDist = kHoverRadiusPx;
-        for (QCPGraph* g : m_graphs) {
-            if (g->data()->isEmpty()) continue;
-            auto it = g->data()->findBegin(key, false);
-            for (auto c : {it, it == g->data()->constBegin() ? g->data()->constEnd() : it - 1}) {
-                if (c == g->data()->constEnd()) continue;
-                const double d = std::abs(x->coordToPixel(c->key) - pos.x());
-                if (d <= bestDist) {
-                    bestDist = d;
-                    best = c->key;
-                }
-            }
-        }
+        const double best =
+            nearestKey(std::vector<QCPGraph*>(std::begin(m_graphs), std::end(m_graphs)), x, pos.x(), kHoverRadiusPx);
         if (std::isfinite(best)) {
             text = timeText(best);
             for (int i = 0; i < kSeriesCount; ++i) {

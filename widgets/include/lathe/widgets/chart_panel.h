@@ -7,8 +7,11 @@
 #include <QSize>
 #include <QString>
 #include <QWidget>
+#include <vector>
 
+class QCPAxis;
 class QCPAxisRect;
+class QCPGraph;
 class QCPItemText;
 class QCPItemTracer;
 class QCustomPlot;
@@ -51,6 +54,9 @@ protected:
     /// Shows `text` as the tooltip at `pos`, or hides the tracer and tooltip when it is empty;
     /// replots when the text changed.
     void showHover(const QPointF& pos, const QString& text, QCPItemTracer* tracer);
+    /// The key of the data point nearest to pixel column `pixelX` among `graphs`, if one lies within
+    /// `radiusPx` pixels; NaN otherwise (hover snapping).
+    static double nearestKey(const std::vector<QCPGraph*>& graphs, QCPAxis* x, double pixelX, double radiusPx);
     /// Shows the legend in the views' common style: a smaller font on a translucent white box.
     void styleLegend();
     /// A grey text centred on `rect` for "nothing to show yet" hints (`larger`: one point up).

@@ -73,6 +73,8 @@ private:
     /// A vertical span from t0 to t1 (t1 == t0: a line) in every rect, with a label in `labelRect`.
     void addVerticalMarker(double t, const QString& label, const QColor& color, QCPAxisRect* labelRect,
                            std::vector<QCPAbstractItem*>& into);
+    /// A label at time t along the top of `rect` (deploy markers, alert spans).
+    QCPItemText* timeLabel(double t, QCPAxisRect* rect, const QString& label, const QColor& color);
     void addShadedSpan(double t0, double t1, const QString& label, const QColor& color,
                        QCPAxisRect* labelRect, std::vector<QCPAbstractItem*>& into);
 
