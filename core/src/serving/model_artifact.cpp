@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "artifact_io.h"
 #include "../checkpoint_io.h"
 #include "../data/raw.h"
 #include "../models.h"
@@ -171,10 +172,11 @@ std::string readFileBytes(const std::string& path, size_t maxBytes) {
     return s;
 }
 
-torch::jit::Module loadScript(const std::string& path, torch::jit::ExtraFilesMap& extra) {
+torch::jit::Module loadScript(const std::string& path, torch::jit::ExtraFilesMap& extra,
+                              const c10::Device& device = torch::kCPU) {
     if (!fs::is_regular_file(path)) throw ConfigError("no model file at " + path);
     try {
-        return torch::jit::load(path, torch::kCPU, extra);
+        return torch::jit::load(path, device, extra);
     } catch (const c10::Error& ex) {
         std::string msg = ex.what_without_backtrace();
         throw ConfigError(path + " is not a TorchScript model (save one with torch.jit.trace(model, x).save(path)): " +
@@ -281,14 +283,19 @@ ArtifactInfo importTorchScript(const std::string& file, const std::vector<int64_
     return info;
 }
 
-ArtifactInfo readArtifact(const std::string& path) {
+torch::jit::Module loadArtifact(const std::string& path, const c10::Device& device, ArtifactInfo& info) {
     torch::jit::ExtraFilesMap extra{{kMetaFile, ""}};
-    loadScript(path, extra);
+    auto m = loadScript(path, extra, device);
     if (extra[kMetaFile].empty())
         throw ConfigError(path + " is a TorchScript file without Lathe metadata: register it first "
                                  "(lathectl models register NAME --file " + path + " --input-shape ...)");
-    ArtifactInfo info;
     fillMeta(info, extra[kMetaFile], path);
+    return m;
+}
+
+ArtifactInfo readArtifact(const std::string& path) {
+    ArtifactInfo info;
+    loadArtifact(path, torch::kCPU, info);
     finish(info, path);
     return info;
 }

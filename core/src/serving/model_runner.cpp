@@ -3,6 +3,7 @@
 #include <torch/script.h>
 #include <torch/torch.h>
 
+#include "artifact_io.h"
 #include "../sha256.h"
 #include "lathe/core/error.h"
 #include "lathe/core/model_artifact.h"
@@ -29,7 +30,20 @@ std::shared_ptr<LoadedModel> LoadedModel::load(const ServedModel& model, int64_t
             throw Error("model artifact " + model.path + " fails its SHA-256 check (registered " +
                         expectedSha256.substr(0, 12) + "…, file " + sha.substr(0, 12) + "…): it was changed or damaged");
     }
-    const auto info = readArtifact(model.path);
+    // One deserialisation gives both the module and its metadata; the device is chosen first.
+    torch::Device dev = torch::kCPU;
+    if (device == "cuda" || (device == "auto" && torch::cuda::is_available())) {
+        if (!torch::cuda::is_available()) throw ConfigError("--device cuda: no CUDA device is available");
+        dev = torch::Device(torch::kCUDA, 0);
+    }
+    ArtifactInfo info;
+    torch::jit::Module module;
+    try {
+        module = loadArtifact(model.path, dev, info);
+    } catch (const c10::Error& ex) {
+        std::string msg = ex.what_without_backtrace();
+        throw Error("model " + model.name + " failed to load: " + msg.substr(0, msg.find('\n')));
+    }
     const auto& sig = info.signature;
     if (sig.inputs.size() != 1 || sig.inputs[0].datatype != "FP32")
         throw ConfigError("model " + model.name + ": only models with one FP32 input can be served");
@@ -40,10 +54,8 @@ std::shared_ptr<LoadedModel> LoadedModel::load(const ServedModel& model, int64_t
     d.model = model;
     d.signature = sig;
     d.maxBatch = maxBatch;
-    if (device == "cuda" || (device == "auto" && torch::cuda::is_available())) {
-        if (!torch::cuda::is_available()) throw ConfigError("--device cuda: no CUDA device is available");
-        d.device = torch::Device(torch::kCUDA, 0);
-    }
+    d.device = dev;
+    d.module = std::move(module);
     std::vector<int64_t> shape{maxBatch};
     for (size_t i = 1; i < sig.inputs[0].shape.size(); ++i) {
         const auto s = sig.inputs[0].shape[i];
@@ -53,7 +65,6 @@ std::shared_ptr<LoadedModel> LoadedModel::load(const ServedModel& model, int64_t
     }
     for (size_t i = 1; i < sig.outputs[0].shape.size(); ++i) d.outElems *= std::max<int64_t>(1, sig.outputs[0].shape[i]);
     try {
-        d.module = torch::jit::load(model.path, d.device);
         d.module.eval();
         // Pinned host memory lets the copy to the GPU run asynchronously.
         d.input = torch::zeros(shape, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(d.device.is_cuda()));
