@@ -41,7 +41,7 @@ nlohmann::json reportJson(const core::LoadOptions& o, const core::LoadReport& r)
     nlohmann::json by = nlohmann::json::object();
     for (const auto& [k, n] : r.byStatus) by[k] = n;
     return {{"url", o.url},       {"model", o.model},     {"rate", o.rate},           {"duration_s", o.durationS},
-            {"users", o.users},   {"rows", o.rowsPerRequest},
+            {"users", o.users},   {"rows", o.rowsPerRequest}, {"binary", o.binary},
             {"sent", r.sent},     {"ok", r.ok},           {"errors", r.errors},       {"unsent", r.unsent},
             {"by_status", by},    {"elapsed_s", r.elapsedS}, {"qps", r.qps},
             {"p50_ms", r.p50Ms},  {"p90_ms", r.p90Ms},    {"p99_ms", r.p99Ms},        {"p999_ms", r.p999Ms},
@@ -49,8 +49,9 @@ nlohmann::json reportJson(const core::LoadOptions& o, const core::LoadReport& r)
 }
 
 void printReport(const core::LoadOptions& o, const core::LoadReport& r) {
-    std::printf("load: %s at %s, %g req/s intended for %g s, %d users, %lld row(s) per request\n", o.model.c_str(),
-                o.url.c_str(), o.rate, o.durationS, o.users, static_cast<long long>(o.rowsPerRequest));
+    std::printf("load: %s at %s, %g req/s intended for %g s, %d users, %lld row(s) per request%s\n", o.model.c_str(),
+                o.url.c_str(), o.rate, o.durationS, o.users, static_cast<long long>(o.rowsPerRequest),
+                o.binary ? ", binary tensor data" : "");
     std::printf("  sent       %lld in %.1f s, %lld answered 2xx: %.1f req/s\n", static_cast<long long>(r.sent),
                 r.elapsedS, static_cast<long long>(r.ok), r.qps);
     if (r.unsent > 0)
@@ -149,6 +150,9 @@ void registerLoad(CLI::App& app, int& exitCode) {
     cmd->add_option("--threads", st->load.threads, "client I/O threads")->capture_default_str()->check(CLI::Range(1, 16));
     cmd->add_option("--body-file", st->bodyFile,
                     "send this JSON request body (default: random FP32 input shaped by the model's metadata)");
+    cmd->add_flag("--binary", st->load.binary,
+                  "send the input and take the output as binary tensor data (Triton's extension, as tritonclient "
+                  "does by default) instead of JSON numbers");
     cmd->add_flag("--record", st->record, "store QPS, p50/p99/p99.9 and errors as load/* serving metrics of the model");
     addCommonOptions(cmd, st->common);
     cmd->callback([st, &exitCode] { exitCode = runLoadCommand(*st); });

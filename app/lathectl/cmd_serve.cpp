@@ -40,6 +40,7 @@ struct DeployState {
     int64_t maxBatch = 0;
     double maxDelayMs = -1;
     int64_t maxQueue = 0;
+    int instances = 0;
     double readyTimeout = 60;
     std::string alertRules;
 };
@@ -92,10 +93,12 @@ void runServe(ServeState& st, int& exitCode) {
     server.load(served);
     const auto port = server.start();
     const std::string url = "http://" + st.options.host + ":" + std::to_string(port);
-    std::printf("serving %s v%lld at %s (max batch %lld, max delay %g ms, queue %lld rows, %d I/O threads)\n",
+    std::printf("serving %s v%lld at %s (max batch %lld, max delay %g ms, queue %lld rows, %d I/O threads, "
+                "%d instance%s)\n",
                 served.name.c_str(), static_cast<long long>(served.version), url.c_str(),
                 static_cast<long long>(st.options.maxBatch), st.options.maxDelayMs,
-                static_cast<long long>(st.options.maxQueue), st.options.ioThreads);
+                static_cast<long long>(st.options.maxQueue), st.options.ioThreads, st.options.instances,
+                st.options.instances == 1 ? "" : "s");
     std::printf("  POST %s/v2/models/%s/infer   GET %s/metrics\n", url.c_str(), served.name.c_str(), url.c_str());
     std::fflush(stdout);
     std::unique_ptr<core::Scraper> scraper;
@@ -143,6 +146,7 @@ core::DeployOptions deployOptions(const DeployState& st) {
     if (st.maxBatch > 0) o.serverArgs.insert(o.serverArgs.end(), {"--max-batch", std::to_string(st.maxBatch)});
     if (st.maxDelayMs >= 0) o.serverArgs.insert(o.serverArgs.end(), {"--max-delay-ms", std::to_string(st.maxDelayMs)});
     if (st.maxQueue > 0) o.serverArgs.insert(o.serverArgs.end(), {"--max-queue", std::to_string(st.maxQueue)});
+    if (st.instances > 0) o.serverArgs.insert(o.serverArgs.end(), {"--instances", std::to_string(st.instances)});
     if (!st.alertRules.empty()) {
         if (!fs::is_regular_file(st.alertRules)) throw UsageError("--alert-rules: no file " + st.alertRules);
         std::ifstream in(st.alertRules);
@@ -162,6 +166,7 @@ void addDeployFlags(CLI::App* c, DeployState& st) {
     c->add_option("--max-batch", st.maxBatch, "a new server's --max-batch");
     c->add_option("--max-delay-ms", st.maxDelayMs, "a new server's --max-delay-ms");
     c->add_option("--max-queue", st.maxQueue, "a new server's --max-queue");
+    c->add_option("--instances", st.instances, "a new server's --instances")->check(CLI::Range(1, 64));
     c->add_option("--ready-timeout", st.readyTimeout, "seconds to wait for the server to become ready");
     c->add_option("--alert-rules", st.alertRules, "a new server's alert thresholds (TOML; see README)");
     addCommonOptions(c, st.common);
@@ -214,10 +219,17 @@ void registerServe(CLI::App& app, int& exitCode) {
         ->check(CLI::Range(0.0, 10000.0));
     s->add_option("--max-queue", st->options.maxQueue, "rows waiting before requests get 503")->capture_default_str();
     s->add_option("--threads", st->options.ioThreads, "HTTP I/O threads")->capture_default_str()->check(CLI::Range(1, 64));
-    s->add_option("--compute-threads", st->options.computeThreads, "LibTorch and OpenBLAS threads (0 = the cores the I/O threads leave, at least 1)");
+    s->add_option("--instances", st->options.instances,
+                  "batches computed at once, each by its own worker on its own batch buffer (like Triton's "
+                  "instance_group count): more than 1 pays off with cores to spare or with small batches")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 64));
+    s->add_option("--compute-threads", st->options.computeThreads,
+                  "LibTorch and OpenBLAS threads of each instance (0 = the cores the I/O threads leave, shared out "
+                  "among the instances, at least 1)");
     s->add_option("--max-body", st->options.maxBodyBytes, "largest request body in bytes")->capture_default_str();
     s->add_option("--timeout", st->options.idleTimeoutS, "seconds a client may take to send a request")->capture_default_str();
-    s->add_option("--instance", st->options.instance, "an identifier echoed by GET /v2 (set by lathectl deploy)");
+    s->add_option("--instance-id", st->options.instance, "an identifier echoed by GET /v2 (set by lathectl deploy)");
     s->add_flag("--watch", st->watch, "scrape this server's metrics into the workspace every second and run alert rules");
     s->add_option("--alert-rules", st->alertRules, "TOML file of alert thresholds (with --watch)");
     addCommonOptions(s, st->common, false);

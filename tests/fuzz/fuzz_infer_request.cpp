@@ -1,6 +1,7 @@
 // libFuzzer target: the KServe v2 infer request parser on arbitrary bytes. Besides crashes and
 // sanitizer reports, it checks the parser's promises: an accepted request holds exactly
-// rows × 64 values with 1 <= rows <= max batch; a refused one carries a 4xx status and a message.
+// rows × 64 values with 1 <= rows <= max batch; a refused one carries a 4xx status and a message;
+// both response forms (JSON, binary tensor data) are well framed.
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
@@ -18,13 +19,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }();
     serving::InferRequest req;
     serving::ProtocolError err;
-    const std::string_view body(reinterpret_cast<const char*>(data), size);
-    if (serving::parseInferRequest(body, signature, 8, req, err)) {
+    std::string_view body(reinterpret_cast<const char*>(data), size);
+    // An input starting with byte 1 is a binary tensor data request: two bytes (little-endian)
+    // give the Inference-Header-Content-Length value, the rest is the body.
+    std::string headerLength;
+    if (size >= 3 && data[0] == 1) {
+        headerLength = std::to_string(data[1] | (data[2] << 8));
+        body.remove_prefix(3);
+    }
+    if (serving::parseInferRequest(body, signature, 8, req, err, headerLength)) {
         if (req.rows < 1 || req.rows > 8 || req.data.size() != static_cast<size_t>(req.rows) * 64) std::abort();
         // The response writer must cope with whatever values came in (NaN is not JSON).
         std::vector<float> out(static_cast<size_t>(req.rows) * 10, req.data.empty() ? 0.0f : req.data[0]);
-        const auto text = serving::inferResponse("digits", 1, req.id, signature.outputs[0], req.rows, out.data(), 10);
+        const auto text = serving::inferResponse("digits", 1, req.id, signature.outputs[0], req.rows, out.data(), 10).body;
         if (text.empty() || text.front() != '{' || text.back() != '}') std::abort();
+        const auto bin = serving::inferResponse("digits", 1, req.id, signature.outputs[0], req.rows, out.data(), 10, true);
+        if (bin.jsonLength < 2 || bin.body.size() != static_cast<size_t>(bin.jsonLength) + out.size() * sizeof(float) ||
+            bin.body[static_cast<size_t>(bin.jsonLength) - 1] != '}')
+            std::abort();
     } else {
         if (err.status < 400 || err.status > 499 || err.message.empty()) std::abort();
         if (serving::errorBody(err.message).empty()) std::abort();

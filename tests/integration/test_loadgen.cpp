@@ -215,6 +215,19 @@ TEST_CASE("at a modest rate every request to the real server is answered 200", "
         CHECK(bad.byStatus.count("400") == 1);
         CHECK(bad.errors == bad.sent);
     }
+    SECTION("binary tensor data, as Triton's clients send it") {
+        o.durationS = 0.5;
+        o.rowsPerRequest = 3;
+        o.binary = true;
+        const double before = servedWithCode(server->port(), 200);
+        const auto bin = runLoad(o);
+        checkConsistent(bin);
+        CHECK(bin.errors == 0);
+        CHECK(bin.sent >= 90);
+        CHECK(servedWithCode(server->port(), 200) - before == static_cast<double>(bin.ok));
+        o.body = R"({"inputs":[]})";
+        CHECK_THROWS_WITH(runLoad(o), Catch::Contains("--binary"));
+    }
 }
 
 TEST_CASE("an overloaded server answers 503, the generator counts them, and the server keeps serving",

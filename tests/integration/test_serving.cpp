@@ -7,7 +7,9 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -175,6 +177,135 @@ TEST_CASE("every KServe v2 endpoint answers as the protocol says, errors include
     CHECK(httpGet(port, "/v2/health/live").status == 200);
 }
 
+namespace {
+
+// A binary tensor data request as Triton's Python client sends it by default: the input's
+// bytes after a JSON header, the output asked for in binary unless `outputs` says otherwise.
+struct BinaryRequest {
+    std::string body;
+    size_t jsonLength = 0;
+};
+
+BinaryRequest binaryBody(const std::vector<float>& values, int rows, const json& outputs = nullptr,
+                         int64_t declared = -1) {
+    json j{{"id", "bin-1"},
+           {"inputs",
+            {{{"name", "input"},
+              {"shape", {rows, 1, 8, 8}},
+              {"datatype", "FP32"},
+              {"parameters", {{"binary_data_size", declared >= 0 ? declared : int64_t(values.size() * 4)}}}}}}};
+    if (outputs.is_null()) j["parameters"] = {{"binary_data_output", true}};
+    else j["outputs"] = outputs;
+    BinaryRequest r;
+    r.body = j.dump();
+    r.jsonLength = r.body.size();
+    r.body.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+    return r;
+}
+
+test::HttpAnswer postBinary(uint16_t port, const BinaryRequest& r, const std::string& length = {}) {
+    return httpRequest(port, "POST", "/v2/models/digits/infer", r.body, 5,
+                       {{"Inference-Header-Content-Length", length.empty() ? std::to_string(r.jsonLength) : length},
+                        {"Content-Type", "application/octet-stream"}});
+}
+
+}  // namespace
+
+TEST_CASE("binary tensor data requests (Triton's extension) answer as their JSON twins", "[serving]") {
+    test::ServingWorkspace ws;
+    const auto server = ws.serve();
+    const auto port = server->port();
+    const auto extensions = json::parse(httpGet(port, "/v2").body)["extensions"];
+    CHECK(std::find(extensions.begin(), extensions.end(), "binary_tensor_data") != extensions.end());
+
+    // The JSON answer for two rows is the reference.
+    const auto text = inferBody(2);
+    const auto reference = json::parse(httpRequest(port, "POST", "/v2/models/digits/infer", text).body);
+    REQUIRE(reference["outputs"][0]["data"].size() == 20);
+    std::vector<float> values;
+    const auto parsed = json::parse(text);  // kept: a loop over a temporary's member would dangle
+    for (const auto& v : parsed["inputs"][0]["data"]) values.push_back(v.get<float>());
+
+    SECTION("binary in, binary out") {
+        auto a = postBinary(port, binaryBody(values, 2));
+        INFO(a.body.substr(0, 300));
+        REQUIRE(a.status == 200);
+        CHECK(a.headers["content-type"] == "application/octet-stream");
+        REQUIRE(a.headers.count("inference-header-content-length") == 1);
+        const size_t n = std::stoul(a.headers["inference-header-content-length"]);
+        REQUIRE(n < a.body.size());
+        const auto head = json::parse(a.body.substr(0, n));
+        CHECK(head["id"] == "bin-1");
+        CHECK(head["outputs"][0]["shape"] == json({2, 10}));
+        CHECK(head["outputs"][0]["parameters"]["binary_data_size"] == 80);
+        CHECK_FALSE(head["outputs"][0].contains("data"));
+        REQUIRE(a.body.size() == n + 80);
+        std::vector<float> out(20);
+        std::memcpy(out.data(), a.body.data() + n, 80);
+        for (int k = 0; k < 20; ++k) CHECK(out[k] == Approx(reference["outputs"][0]["data"][k].get<double>()).margin(1e-5));
+    }
+    SECTION("binary in, JSON out when the output says so") {
+        const auto a = postBinary(port, binaryBody(values, 2, json::array({{{"name", "logits"}, {"parameters", {{"binary_data", false}}}}})));
+        REQUIRE(a.status == 200);
+        CHECK(a.headers.count("inference-header-content-length") == 0);
+        const auto j = json::parse(a.body);
+        for (int k = 0; k < 20; ++k)
+            CHECK(j["outputs"][0]["data"][k].get<double>() == Approx(reference["outputs"][0]["data"][k].get<double>()).margin(1e-5));
+    }
+    SECTION("JSON in, binary out") {
+        json j = json::parse(text);
+        j["outputs"] = json::array({{{"name", "logits"}, {"parameters", {{"binary_data", true}}}}});
+        auto a = httpRequest(port, "POST", "/v2/models/digits/infer", j.dump());
+        REQUIRE(a.status == 200);
+        const size_t n = std::stoul(a.headers["inference-header-content-length"]);
+        CHECK(a.body.size() == n + 80);
+    }
+    SECTION("malformed binary requests are refused with a reason") {
+        struct Bad {
+            const char* what;
+            BinaryRequest request;
+            std::string length;
+            const char* says;
+        };
+        auto extra = binaryBody(values, 2);
+        extra.body += "xxxx";
+        const std::vector<Bad> bad{
+            {"header length beyond the body", binaryBody(values, 2), "100000", "holds only"},
+            {"header length not a number", binaryBody(values, 2), "12a", "byte count"},
+            {"declared size does not fit the shape", binaryBody(values, 2, nullptr, 256), "", "needs 512"},
+            {"bytes left over", extra, "", "after its JSON header"},
+            {"too few bytes", binaryBody(std::vector<float>(values.begin(), values.begin() + 64), 2, nullptr, 512), "",
+             "after its JSON header"},
+            {"classification asked for",
+             binaryBody(values, 2, json::array({{{"name", "logits"}, {"parameters", {{"classification", 3}}}}})), "",
+             "classification"},
+        };
+        for (const auto& b : bad) {
+            INFO(b.what);
+            const auto a = postBinary(port, b.request, b.length);
+            CHECK(a.status == 400);
+            const auto e = json::parse(a.body, nullptr, false);
+            REQUIRE_FALSE(e.is_discarded());
+            CHECK(e["error"].get<std::string>().find(b.says) != std::string::npos);
+        }
+        // Declaring binary data without the header that says where it begins.
+        const auto noHeader = binaryBody(values, 2);
+        const auto a = httpRequest(port, "POST", "/v2/models/digits/infer", noHeader.body.substr(0, noHeader.jsonLength));
+        CHECK(a.status == 400);
+        CHECK(a.body.find("Inference-Header-Content-Length") != std::string::npos);
+        // Both `data` and binary bytes for one input.
+        json both = json::parse(text);
+        both["inputs"][0]["parameters"] = {{"binary_data_size", 512}};
+        BinaryRequest b{both.dump(), 0};
+        b.jsonLength = b.body.size();
+        b.body.append(reinterpret_cast<const char*>(values.data()), 512);
+        const auto c = postBinary(port, b);
+        CHECK(c.status == 400);
+        CHECK(c.body.find("both `data` and `binary_data_size`") != std::string::npos);
+    }
+    CHECK(httpGet(port, "/v2/health/live").status == 200);
+}
+
 TEST_CASE("a client that stalls mid-request is dropped after the timeout, others are served meanwhile", "[serving]") {
     test::ServingWorkspace ws;
     core::ServeOptions o;
@@ -217,6 +348,58 @@ TEST_CASE("concurrent single-row requests are batched together", "[serving]") {
     CHECK(metricValue(m, "lathe_batch_size_sum{model=\"digits\",version=\"1\"}") == 12);
     CHECK(batches >= 1);
     CHECK(batches <= 4);  // one row per batch would be 12
+}
+
+TEST_CASE("several model instances run batches at once and keep every answer to its own request", "[serving]") {
+    // Wide layers: a batch's forward lasts long enough (about a millisecond) for instances to overlap.
+    test::ServingWorkspace ws(1, {1024, 1024, 1024});
+    // Reference answers, one request at a time, from a single-instance server.
+    std::vector<std::vector<double>> expected;
+    {
+        const auto one = ws.serve();
+        for (int r = 0; r < 16; ++r) {
+            const auto a = httpRequest(one->port(), "POST", "/v2/models/digits/infer", inferBody(1, 0.05f * r));
+            REQUIRE(a.status == 200);
+            expected.push_back(json::parse(a.body)["outputs"][0]["data"].get<std::vector<double>>());
+        }
+    }
+    core::ServeOptions o;
+    o.instances = 3;
+    o.maxBatch = 4;
+    o.maxDelayMs = 2;
+    o.ioThreads = 4;
+    const auto server = ws.serve(o);
+    std::atomic<int> ok{0}, wrong{0};
+    std::vector<std::thread> clients;
+    for (int t = 0; t < 8; ++t)
+        clients.emplace_back([&, t] {
+            for (int i = 0; i < 20; ++i) {
+                const int r = (t * 7 + i) % 16;
+                const auto a = httpRequest(server->port(), "POST", "/v2/models/digits/infer", inferBody(1, 0.05f * r));
+                if (a.status != 200) continue;
+                ++ok;
+                const auto got = json::parse(a.body)["outputs"][0]["data"].get<std::vector<double>>();
+                for (size_t k = 0; k < got.size(); ++k)
+                    if (std::fabs(got[k] - expected[r][k]) > 1e-4) {
+                        ++wrong;
+                        break;
+                    }
+            }
+        });
+    for (auto& c : clients) c.join();
+    CHECK(ok == 160);
+    CHECK(wrong == 0);  // a batch buffer shared between instances would mix rows across requests
+    const auto m = httpGet(server->port(), "/metrics").body;
+    CHECK(metricValue(m, "lathe_batch_size_sum{model=\"digits\",version=\"1\"}") == 160);
+    // A hot swap loads the new version with as many instances, and it serves.
+    server->load({"digits", ws.version().version, ws.version().path});
+    CHECK(httpRequest(server->port(), "POST", "/v2/models/digits/infer", inferBody(2)).status == 200);
+    CHECK_THROWS_WITH(core::InferenceServer([] {
+                          core::ServeOptions bad;
+                          bad.instances = 0;
+                          return bad;
+                      }()),
+                      Catch::Contains("--instances"));
 }
 
 TEST_CASE("an overloaded server answers 503 with Retry-After and stays up", "[serving]") {

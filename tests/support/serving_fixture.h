@@ -7,10 +7,14 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cctype>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "lathe/core/model_artifact.h"
 #include "lathe/core/registry.h"
@@ -25,10 +29,12 @@ namespace lathe::test {
 /// registered as model "digits" version 1.
 class ServingWorkspace {
 public:
-    explicit ServingWorkspace(int64_t epochs = 2) : m_db(m_dir.file("ws/lathe.db")) {
+    /// `hidden`: the MLP's hidden widths (empty: the default spec's).
+    explicit ServingWorkspace(int64_t epochs = 2, std::vector<int64_t> hidden = {}) : m_db(m_dir.file("ws/lathe.db")) {
         core::Store store(m_db);
         core::RunSpec spec;
         spec.epochs = epochs;
+        if (!hidden.empty()) spec.hidden = std::move(hidden);
         const auto rec = core::trainAndRecord(store, spec, {});
         if (rec.result.status != "completed")
             throw std::runtime_error("serving fixture: training failed: " + rec.result.error);
@@ -67,11 +73,15 @@ struct HttpAnswer {
     int status = 0;  // 0: no answer (see error)
     std::string body;
     std::string error;
+    std::map<std::string, std::string> headers;  // names in lower case
 };
 
-/// One blocking request to 127.0.0.1:port with a deadline; never throws.
+using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
+
+/// One blocking request to 127.0.0.1:port with a deadline; never throws. `headers` are added
+/// to (or replace) the request's own.
 inline HttpAnswer httpRequest(uint16_t port, const std::string& method, const std::string& target,
-                              const std::string& body = {}, double timeoutS = 5) {
+                              const std::string& body = {}, double timeoutS = 5, const HttpHeaders& headers = {}) {
     namespace beast = boost::beast;
     namespace http = beast::http;
     namespace asio = boost::asio;
@@ -85,6 +95,7 @@ inline HttpAnswer httpRequest(uint16_t port, const std::string& method, const st
         req.set(http::field::content_type, "application/json");
         req.body() = body;
     }
+    for (const auto& [name, value] : headers) req.set(name, value);
     req.prepare_payload();
     http::response<http::string_body> res;
     HttpAnswer a;
@@ -106,6 +117,11 @@ inline HttpAnswer httpRequest(uint16_t port, const std::string& method, const st
                 }
                 a.status = static_cast<int>(res.result_int());
                 a.body = res.body();
+                for (const auto& f : res) {
+                    std::string name(f.name_string());
+                    for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+                    a.headers[name] = std::string(f.value());
+                }
             });
         });
     });

@@ -1,29 +1,41 @@
 #include "batcher.h"
 
+#include <pthread.h>
+
 #include <cstring>
+#include <string>
 
 namespace lathe::core::serving {
 
-Batcher::Batcher(int64_t maxBatch, double maxDelayMs, int64_t maxQueueRows, BatcherStats stats)
+Batcher::Batcher(int64_t maxBatch, double maxDelayMs, int64_t maxQueueRows, BatcherStats stats, int instances)
     : m_maxBatch(std::max<int64_t>(1, maxBatch)),
       m_maxDelay(std::chrono::nanoseconds(static_cast<int64_t>(std::max(0.0, maxDelayMs) * 1e6))),
       m_maxQueueRows(std::max<int64_t>(1, maxQueueRows)),
       m_stats(std::move(stats)) {
-    m_thread = std::thread([this] { loop(); });
+    for (int i = 0; i < std::max(1, instances); ++i)
+        m_threads.emplace_back([this, i] {
+            pthread_setname_np(pthread_self(), ("lathe-batch-" + std::to_string(i)).c_str());  // for top and perf
+            loop(i);
+        });
 }
 
 Batcher::~Batcher() { stop(); }
 
 bool Batcher::submit(PendingRequest&& r) {
     int64_t depth = 0;
+    bool wake = false;
     {
         std::lock_guard<std::mutex> lk(m_mutex);
         if (m_stopping || m_queuedRows + r.rows > m_maxQueueRows) return false;
+        // A worker needs waking only when there is something new for it to do: a first request
+        // (its delay starts), a batch's worth of rows, or a version boundary that closes the
+        // batch. Waking it for every request of a forming batch cost a context switch each.
+        wake = m_queue.empty() || m_queuedRows + r.rows >= m_maxBatch || m_queue.back().model != r.model;
         m_queuedRows += r.rows;
         depth = m_queuedRows;
         m_queue.push_back(std::move(r));
     }
-    m_cv.notify_one();
+    if (wake) m_cv.notify_one();
     if (m_stats.onQueueDepth) m_stats.onQueueDepth(depth);
     return true;
 }
@@ -39,16 +51,16 @@ void Batcher::stop() {
         m_stopping = true;
     }
     m_cv.notify_all();
-    if (m_thread.joinable()) m_thread.join();
+    for (auto& t : m_threads)
+        if (t.joinable()) t.join();
 }
 
-void Batcher::loop() {
+void Batcher::loop(int instance) {
     std::vector<PendingRequest> batch;
+    std::vector<float> output;
     for (;;) {
         {
             std::unique_lock<std::mutex> lk(m_mutex);
-            m_cv.wait(lk, [&] { return m_stopping || !m_queue.empty(); });
-            if (m_queue.empty()) return;  // stopping and drained
             // Rows that could join the oldest request's batch: same model version, in order.
             auto ready = [&] {
                 int64_t rows = 0;
@@ -59,8 +71,20 @@ void Batcher::loop() {
                 }
                 return false;
             };
-            const auto deadline = m_queue.front().enqueued + m_maxDelay;
-            while (!m_stopping && !ready() && Clock::now() < deadline) m_cv.wait_until(lk, deadline);
+            // Wait for a batch: full, or its oldest request's delay spent. Another worker may
+            // take the batch meanwhile, so the oldest request (and its deadline) is looked at
+            // afresh after every wake-up.
+            for (;;) {
+                if (m_queue.empty()) {
+                    if (m_stopping) return;  // stopping and drained
+                    m_cv.wait(lk);
+                    continue;
+                }
+                if (m_stopping || ready()) break;
+                const auto deadline = m_queue.front().enqueued + m_maxDelay;
+                if (Clock::now() >= deadline) break;
+                m_cv.wait_until(lk, deadline);
+            }
             const auto model = m_queue.front().model;
             int64_t rows = 0;
             while (!m_queue.empty() && m_queue.front().model == model && rows + m_queue.front().rows <= m_maxBatch) {
@@ -69,27 +93,29 @@ void Batcher::loop() {
                 m_queue.pop_front();
             }
             m_queuedRows -= rows;
+            // What is left may already make a batch: another worker can start on it now.
+            if (!m_queue.empty()) m_cv.notify_one();
         }
         if (m_stats.onQueueDepth) m_stats.onQueueDepth(queuedRows());
-        runBatch(batch);
+        runBatch(instance, batch, output);
         batch.clear();
     }
 }
 
-void Batcher::runBatch(std::vector<PendingRequest>& batch) {
+void Batcher::runBatch(int instance, std::vector<PendingRequest>& batch, std::vector<float>& output) {
     auto& model = *batch.front().model;
     const auto start = Clock::now();
-    // Rows go straight into the model's pre-allocated batch buffer: no tensor is allocated per request.
-    float* in = model.inputBuffer();
+    // Rows go straight into the instance's pre-allocated batch buffer: no tensor is allocated per request.
+    float* in = model.inputBuffer(instance);
     int64_t rows = 0;
     for (const auto& r : batch) {
         std::memcpy(in + rows * model.inputElems(), r.input.data(), r.input.size() * sizeof(float));
         rows += r.rows;
     }
-    m_output.resize(static_cast<size_t>(rows * model.outputElems()));
+    output.resize(static_cast<size_t>(rows * model.outputElems()));
     BatchResult proto;
     try {
-        model.run(rows, m_output.data());
+        model.run(instance, rows, output.data());
     } catch (const std::exception& ex) {
         proto.status = 500;
         proto.error = std::string("inference failed: ") + ex.what();
@@ -108,7 +134,7 @@ void Batcher::runBatch(std::vector<PendingRequest>& batch) {
         res.queueS = std::chrono::duration<double>(start - r.enqueued).count();
         if (proto.status == 200) {
             const auto n = r.rows * model.outputElems();
-            res.output.assign(m_output.begin() + offset, m_output.begin() + offset + n);
+            res.output.assign(output.begin() + offset, output.begin() + offset + n);
             offset += n;
         }
         r.done(std::move(res));

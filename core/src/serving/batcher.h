@@ -2,7 +2,9 @@
 // Triton-style dynamic batcher for one model name: requests queue in arrival order; a batch
 // runs as soon as it holds max-batch rows or its oldest request has waited max-delay. Requests
 // remember the model version they were admitted for, so a hot swap never mixes versions in a
-// batch and requests admitted before the swap finish on the old version.
+// batch and requests admitted before the swap finish on the old version. Like Triton's
+// instance_group, several workers may each run a batch at once (one per model instance): while
+// one computes, the next batch forms and starts on another core instead of waiting its turn.
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -44,7 +46,8 @@ struct BatcherStats {
 
 class Batcher {
 public:
-    Batcher(int64_t maxBatch, double maxDelayMs, int64_t maxQueueRows, BatcherStats stats);
+    /// `instances` workers; a model run by it must have been loaded with at least as many.
+    Batcher(int64_t maxBatch, double maxDelayMs, int64_t maxQueueRows, BatcherStats stats, int instances = 1);
     ~Batcher();  // stop()
     /// false (and `done` is not called) when the queue is full.
     bool submit(PendingRequest&& r);
@@ -53,8 +56,8 @@ public:
     int64_t queuedRows() const;
 
 private:
-    void loop();
-    void runBatch(std::vector<PendingRequest>& batch);
+    void loop(int instance);
+    void runBatch(int instance, std::vector<PendingRequest>& batch, std::vector<float>& output);
 
     const int64_t m_maxBatch;
     const std::chrono::nanoseconds m_maxDelay;
@@ -65,8 +68,7 @@ private:
     std::deque<PendingRequest> m_queue;
     int64_t m_queuedRows = 0;
     bool m_stopping = false;
-    std::vector<float> m_output;
-    std::thread m_thread;
+    std::vector<std::thread> m_threads;
 };
 
 }  // namespace lathe::core::serving

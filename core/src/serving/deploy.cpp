@@ -247,7 +247,7 @@ DeployResult deploy(Registry& registry, const ModelRef& ref, const DeployOptions
         std::vector<std::string> args{o.serverProgram, "serve",    "--db",   registry.workspacePath(),
                                       "--model",       v.name + ":" + std::to_string(v.version),
                                       "--host",        o.host,     "--port", std::to_string(port),
-                                      "--instance",    token,      "--watch"};
+                                      "--instance-id", token,      "--watch"};
         args.insert(args.end(), o.serverArgs.begin(), o.serverArgs.end());
         say(o, "starting a server on " + o.host + ":" + std::to_string(port) + " (log " + logPath + ")");
         const int64_t pid = spawnDetached(args, logPath);

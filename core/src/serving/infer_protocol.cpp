@@ -1,7 +1,10 @@
 #include "infer_protocol.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstring>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <simdjson.h>
 
@@ -52,7 +55,7 @@ void appendJsonString(std::string& out, const std::string& s) {
 // cost 130 µs to parse into an nlohmann tree, as much as the model's forward for its row), and
 // On Demand validates while it reads the numbers straight into the batch row, without a tree.
 bool parseInferRequest(std::string_view body, const ModelSignature& signature, int64_t maxRows, InferRequest& out,
-                       ProtocolError& error) {
+                       ProtocolError& error, std::string_view headerLength) {
     auto fail = [&](int status, std::string msg) {
         error = {status, std::move(msg)};
         return false;
@@ -64,6 +67,28 @@ bool parseInferRequest(std::string_view body, const ModelSignature& signature, i
     std::vector<int64_t> dims;
     bool haveName = false, haveType = false, haveShape = false, haveData = false;
     size_t inputCount = 0;
+    // The binary tensor data extension: JSON first, then the tensors' bytes.
+    std::string_view binary;
+    const bool extended = !headerLength.empty();
+    if (extended) {
+        uint64_t n = 0;
+        const auto [end, ec] = std::from_chars(headerLength.data(), headerLength.data() + headerLength.size(), n);
+        if (ec != std::errc() || end != headerLength.data() + headerLength.size())
+            return fail(400, std::string(kInferHeaderLength) + " must be a byte count");
+        if (n > body.size())
+            return fail(400, std::string(kInferHeaderLength) + " is " + std::to_string(n) + " but the body holds only " +
+                                 std::to_string(body.size()) + " bytes");
+        binary = body.substr(n);
+        body = body.substr(0, n);
+    }
+    int64_t binarySize = -1;               // the input's binary_data_size, when it has one
+    std::optional<bool> outputBinary;      // `outputs[].parameters.binary_data` for our output
+    bool allBinary = false;                // the request's `parameters.binary_data_output`
+    // A parameter value that must be a boolean.
+    auto boolean = [](od::value v, const char* what) {
+        if (v.type() != od::json_type::boolean) throw Refusal{std::string("parameter `") + what + "` must be true or false"};
+        return bool(v.get_bool());
+    };
     try {
         const simdjson::padded_string padded(body.data(), body.size());
         od::document doc = parser.iterate(padded);
@@ -119,6 +144,21 @@ bool parseInferRequest(std::string_view body, const ModelSignature& signature, i
                         } else if (k == "data") {
                             flatten(x, out.data, 0);
                             haveData = true;
+                        } else if (k == "parameters") {
+                            if (x.type() != od::json_type::object)
+                                throw Refusal{"input '" + spec.name + "' has `parameters` that are not an object"};
+                            for (auto pf : x.get_object()) {
+                                if (pf.unescaped_key() != std::string_view("binary_data_size")) continue;
+                                od::value b = pf.value();
+                                // A value is read once: On Demand does not keep it.
+                                const int64_t size = b.type() == od::json_type::number &&
+                                                             b.get_number_type() == od::number_type::signed_integer
+                                                         ? static_cast<int64_t>(b.get_int64())
+                                                         : -1;
+                                if (size < 0)
+                                    throw Refusal{"input '" + spec.name + "': `binary_data_size` must be a byte count"};
+                                binarySize = size;
+                            }
                         }
                     }
                 }
@@ -128,8 +168,22 @@ bool parseInferRequest(std::string_view body, const ModelSignature& signature, i
                     if (o.type() != od::json_type::object)
                         throw Refusal{"each entry of `outputs` must be an object with a `name`"};
                     bool named = false;
+                    std::optional<bool> binaryHere;
                     for (auto f : o.get_object()) {
-                        if (f.unescaped_key() != std::string_view("name")) continue;
+                        const std::string_view ok = f.unescaped_key();
+                        if (ok == "parameters") {
+                            od::value pv = f.value();
+                            if (pv.type() != od::json_type::object)
+                                throw Refusal{"an entry of `outputs` has `parameters` that are not an object"};
+                            for (auto pf : pv.get_object()) {
+                                const std::string_view pk = pf.unescaped_key();
+                                if (pk == "binary_data") binaryHere = boolean(pf.value(), "binary_data");
+                                else if (pk == "classification")
+                                    throw Refusal{"the classification extension is not supported: ask for the output tensor"};
+                            }
+                            continue;
+                        }
+                        if (ok != "name") continue;
                         od::value n = f.value();
                         if (n.type() != od::json_type::string)
                             throw Refusal{"each entry of `outputs` must be an object with a `name`"};
@@ -144,9 +198,15 @@ bool parseInferRequest(std::string_view body, const ModelSignature& signature, i
                         named = true;
                     }
                     if (!named) throw Refusal{"each entry of `outputs` must be an object with a `name`"};
+                    if (binaryHere) outputBinary = binaryHere;  // one output: whichever entry names it
                 }
+            } else if (key == "parameters") {
+                if (v.type() != od::json_type::object) throw Refusal{"`parameters` must be an object"};
+                for (auto pf : v.get_object())
+                    if (pf.unescaped_key() == std::string_view("binary_data_output"))
+                        allBinary = boolean(pf.value(), "binary_data_output");
             }
-            // Other members (e.g. "parameters") are skipped unread, though still validated.
+            // Other members are skipped unread, though still validated.
         }
         // Fully consumed documents report OUT_OF_BOUNDS: anything else is content after the object.
         if (doc.current_location().error() == simdjson::SUCCESS)
@@ -171,9 +231,30 @@ bool parseInferRequest(std::string_view body, const ModelSignature& signature, i
     if (dims[0] > maxRows)
         return fail(400, "input '" + spec.name + "' has " + std::to_string(dims[0]) +
                              " rows; this server takes at most " + std::to_string(maxRows) + " per request (--max-batch)");
-    if (!haveData) return fail(400, "input '" + spec.name + "' has no `data`");
     int64_t count = 1;
     for (auto d : dims) count *= d;
+    if (binarySize >= 0) {
+        if (haveData)
+            return fail(400, "input '" + spec.name + "' has both `data` and `binary_data_size`: send one of them");
+        if (!extended)
+            return fail(400, "input '" + spec.name + "' declares `binary_data_size` but the request has no " +
+                                 kInferHeaderLength + " header to say where its bytes begin");
+        if (binarySize != count * static_cast<int64_t>(sizeof(float)))
+            return fail(400, "input '" + spec.name + "' declares " + std::to_string(binarySize) + " bytes; shape " +
+                                 shapeText(dims) + " of FP32 needs " + std::to_string(count * sizeof(float)));
+    }
+    if (extended && static_cast<int64_t>(binary.size()) != std::max<int64_t>(binarySize, 0))
+        return fail(400, "the body holds " + std::to_string(binary.size()) + " bytes after its JSON header; its inputs' " +
+                             "`binary_data_size` account for " + std::to_string(std::max<int64_t>(binarySize, 0)));
+    if (binarySize >= 0) {
+        // Little-endian FP32, as the extension defines it: this build's own layout.
+        static_assert(sizeof(float) == 4, "FP32 is 4 bytes");
+        out.data.resize(static_cast<size_t>(count));
+        std::memcpy(out.data.data(), binary.data(), binary.size());
+        haveData = true;
+    }
+    out.binaryOutput = outputBinary.value_or(allBinary);
+    if (!haveData) return fail(400, "input '" + spec.name + "' has no `data`");
     if (static_cast<int64_t>(out.data.size()) != count)
         return fail(400, "input '" + spec.name + "' has " + std::to_string(out.data.size()) + " values; shape " +
                              shapeText(dims) + " needs " + std::to_string(count));
@@ -181,11 +262,13 @@ bool parseInferRequest(std::string_view body, const ModelSignature& signature, i
     return true;
 }
 
-std::string inferResponse(const std::string& model, int64_t version, const std::string& id, const TensorSpec& output,
-                          int64_t rows, const float* data, int64_t perRow) {
+InferResponse inferResponse(const std::string& model, int64_t version, const std::string& id, const TensorSpec& output,
+                            int64_t rows, const float* data, int64_t perRow, bool binary) {
     // Written by hand: dumping a json tree of thousands of floats would cost more than the model.
-    std::string out;
-    out.reserve(static_cast<size_t>(rows * perRow) * 12 + 160);
+    const int64_t n = rows * perRow;
+    InferResponse res;
+    std::string& out = res.body;
+    out.reserve(static_cast<size_t>(n) * (binary ? 4 : 12) + 200);
     out += "{\"model_name\":";
     appendJsonString(out, model);
     out += ",\"model_version\":\"" + std::to_string(version) + "\"";
@@ -197,9 +280,15 @@ std::string inferResponse(const std::string& model, int64_t version, const std::
     appendJsonString(out, output.name);
     out += ",\"datatype\":\"" + output.datatype + "\",\"shape\":[" + std::to_string(rows);
     for (size_t i = 1; i < output.shape.size(); ++i) out += "," + std::to_string(output.shape[i]);
+    if (binary) {
+        // NaN and infinities survive here, unlike in JSON.
+        out += "],\"parameters\":{\"binary_data_size\":" + std::to_string(n * sizeof(float)) + "}}]}";
+        res.jsonLength = static_cast<int64_t>(out.size());
+        out.append(reinterpret_cast<const char*>(data), static_cast<size_t>(n) * sizeof(float));
+        return res;
+    }
     out += "],\"data\":[";
     char buf[32];
-    const int64_t n = rows * perRow;
     for (int64_t i = 0; i < n; ++i) {
         if (i) out += ',';
         const float v = data[i];
@@ -211,7 +300,7 @@ std::string inferResponse(const std::string& model, int64_t version, const std::
         out.append(buf, ec == std::errc() ? end : buf);
     }
     out += "]}]}";
-    return out;
+    return res;
 }
 
 std::string errorBody(const std::string& message) {

@@ -1,6 +1,6 @@
 #pragma once
 // The Open Inference (KServe v2) request and response bodies. Torch-free and self-contained
-// (nlohmann JSON only) so the fuzz target can build it alone: request bodies are untrusted input.
+// (simdjson and nlohmann JSON only) so the fuzz target can build it alone: request bodies are untrusted input.
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -20,17 +20,31 @@ struct InferRequest {
     std::string id;
     int64_t rows = 0;            // the batch dimension of the input
     std::vector<float> data;     // rows × prod(sample shape), row-major
-    bool wantOutput = true;      // false when "outputs" names none of ours (cannot happen: refused)
+    bool binaryOutput = false;   // the output goes back as binary tensor data (Triton's extension)
 };
 
-/// Parses and validates an infer request against the model's signature (one FP32 input).
-/// Accepts flat or nested `data`. Returns false and fills `error` when the request is bad.
-bool parseInferRequest(std::string_view body, const ModelSignature& signature, int64_t maxRows,
-                       InferRequest& out, ProtocolError& error);
+/// The header of the binary tensor data extension: the length of the JSON part of the body.
+inline constexpr const char* kInferHeaderLength = "Inference-Header-Content-Length";
 
-/// {"model_name":..., "model_version":..., "id":..., "outputs":[{name, datatype, shape, data}]}
-std::string inferResponse(const std::string& model, int64_t version, const std::string& id,
-                          const TensorSpec& output, int64_t rows, const float* data, int64_t perRow);
+/// Parses and validates an infer request against the model's signature (one FP32 input).
+/// Accepts flat or nested `data`, or, with the binary tensor data extension (as Triton's
+/// clients send by default), the input's bytes after a JSON header of `jsonLength` bytes
+/// (`headerLength` is the raw Inference-Header-Content-Length value; empty: the body is all
+/// JSON). Returns false and fills `error` when the request is bad.
+bool parseInferRequest(std::string_view body, const ModelSignature& signature, int64_t maxRows,
+                       InferRequest& out, ProtocolError& error, std::string_view headerLength = {});
+
+struct InferResponse {
+    std::string body;
+    int64_t jsonLength = -1;  // >= 0: binary tensor data follows this many bytes of JSON
+};
+
+/// {"model_name":..., "model_version":..., "id":..., "outputs":[{name, datatype, shape, data}]};
+/// with `binary`, the output's data is sent as little-endian bytes after the JSON, which
+/// names their size in the output's `parameters.binary_data_size`.
+InferResponse inferResponse(const std::string& model, int64_t version, const std::string& id,
+                            const TensorSpec& output, int64_t rows, const float* data, int64_t perRow,
+                            bool binary = false);
 
 /// {"error": message}
 std::string errorBody(const std::string& message);

@@ -5,6 +5,7 @@
 // correction) instead of slowing the client down to its own pace.
 #include "lathe/core/loadgen.h"
 
+#include <pthread.h>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -202,7 +203,10 @@ InputSpec inputFromMetadata(const Target& t, const std::string& model, const std
     return s;
 }
 
-std::string randomBody(const InputSpec& in, int64_t rows) {
+// A request body of random FP32 rows. With `binary`, Triton's binary tensor data extension:
+// `jsonLength` gets the length of the JSON header, the values follow it as raw little-endian
+// floats, and the output is asked for the same way.
+std::string randomBody(const InputSpec& in, int64_t rows, bool binary, int64_t& jsonLength) {
     int64_t count = rows;
     for (size_t i = 1; i < in.shape.size(); ++i) count *= in.shape[i];
     if (count > (int64_t{64} << 20))
@@ -211,10 +215,20 @@ std::string randomBody(const InputSpec& in, int64_t rows) {
     std::string out = "{\"id\":\"lathe-load\",\"inputs\":[{\"name\":" + nlohmann::json(in.name).dump() +
                       ",\"datatype\":\"FP32\",\"shape\":[" + std::to_string(rows);
     for (size_t i = 1; i < in.shape.size(); ++i) out += "," + std::to_string(in.shape[i]);
-    out += "],\"data\":[";
-    out.reserve(out.size() + static_cast<size_t>(count) * 11 + 8);
     std::mt19937 rng(20240611);  // fixed: runs are comparable
     std::normal_distribution<float> normal(0.f, 1.f);
+    if (binary) {
+        out += "],\"parameters\":{\"binary_data_size\":" + std::to_string(count * 4) +
+               "}}],\"parameters\":{\"binary_data_output\":true}}";
+        jsonLength = static_cast<int64_t>(out.size());
+        std::vector<float> values(static_cast<size_t>(count));
+        for (auto& v : values) v = normal(rng);
+        out.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+        return out;
+    }
+    jsonLength = -1;
+    out += "],\"data\":[";
+    out.reserve(out.size() + static_cast<size_t>(count) * 11 + 8);
     char buf[32];
     for (int64_t i = 0; i < count; ++i) {
         if (i) out += ',';
@@ -478,6 +492,8 @@ void checkOptions(const LoadOptions& o) {
     if (!(o.timeoutS > 0) || !std::isfinite(o.timeoutS)) throw ConfigError("--timeout must be > 0 seconds");
     if (o.rowsPerRequest < 1) throw ConfigError("--rows must be at least 1");
     if (o.threads < 1 || o.threads > 16) throw ConfigError("--threads must be between 1 and 16");
+    if (o.binary && !o.body.empty())
+        throw ConfigError("--binary builds its own random input; it does not apply to a --body-file request");
     for (char c : o.model)
         if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-')
             throw ConfigError("--model '" + o.model + "' is not a model name ([A-Za-z0-9._-])");
@@ -527,12 +543,20 @@ LoadReport runLoad(const LoadOptions& options, const std::atomic<bool>* stop, co
         throw Error("GET " + s.target.base + "/v2/models/" + options.model + " answered " + std::to_string(meta.status) +
                     ": " + errorText(meta.body));
     std::string body = options.body;
-    if (body.empty()) body = randomBody(inputFromMetadata(s.target, options.model, meta.body), options.rowsPerRequest);
+    int64_t jsonLength = -1;
+    if (body.empty())
+        body = randomBody(inputFromMetadata(s.target, options.model, meta.body), options.rowsPerRequest, options.binary,
+                          jsonLength);
 
     s.request = Request{http::verb::post, path + "/infer", 11};
     s.request.set(http::field::host, s.target.hostHeader);
     s.request.set(http::field::user_agent, "lathectl-load");
-    s.request.set(http::field::content_type, "application/json");
+    if (jsonLength >= 0) {
+        s.request.set(http::field::content_type, "application/octet-stream");
+        s.request.set("Inference-Header-Content-Length", std::to_string(jsonLength));
+    } else {
+        s.request.set(http::field::content_type, "application/json");
+    }
     s.request.body() = std::move(body);
     s.request.prepare_payload();
 
@@ -549,6 +573,7 @@ LoadReport runLoad(const LoadOptions& options, const std::atomic<bool>* stop, co
     std::atomic<int64_t> clientCpuNs{0};
     for (int i = 0; i < options.threads; ++i)
         threads.emplace_back([&ioc, &clientCpuNs] {
+            pthread_setname_np(pthread_self(), "lathe-load");
             ioc.run();
             timespec ts{};
             if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) == 0) clientCpuNs += int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;

@@ -15,7 +15,7 @@ struct LoadedModel::Impl {
     ModelSignature signature;
     torch::jit::Module module;
     torch::Device device = torch::kCPU;
-    torch::Tensor input;  // [maxBatch, sample...], allocated once
+    std::vector<torch::Tensor> inputs;  // per instance: [maxBatch, sample...], allocated once
     int64_t inElems = 1, outElems = 1, maxBatch = 1;
 };
 
@@ -23,7 +23,8 @@ LoadedModel::LoadedModel() : d(std::make_unique<Impl>()) {}
 LoadedModel::~LoadedModel() = default;
 
 std::shared_ptr<LoadedModel> LoadedModel::load(const ServedModel& model, int64_t maxBatch, const std::string& device,
-                                               const std::string& expectedSha256) {
+                                               const std::string& expectedSha256, int instances) {
+    if (instances < 1) throw ConfigError("--instances must be at least 1");
     if (!expectedSha256.empty()) {
         const auto sha = sha256File(model.path);
         if (sha != expectedSha256)
@@ -67,12 +68,14 @@ std::shared_ptr<LoadedModel> LoadedModel::load(const ServedModel& model, int64_t
     try {
         d.module.eval();
         // Pinned host memory lets the copy to the GPU run asynchronously.
-        d.input = torch::zeros(shape, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(d.device.is_cuda()));
+        for (int i = 0; i < instances; ++i)
+            d.inputs.push_back(
+                torch::zeros(shape, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(d.device.is_cuda())));
         // Warm-up: the first forward pays for lazy initialisation (and the JIT's profiling runs);
         // a model is only switched in once that has happened.
         std::vector<float> out(static_cast<size_t>(maxBatch * d.outElems));
-        for (int i = 0; i < 3; ++i) m->run(maxBatch, out.data());
-        m->run(1, out.data());
+        for (int i = 0; i < 3; ++i) m->run(0, maxBatch, out.data());
+        m->run(0, 1, out.data());
     } catch (const c10::Error& ex) {
         std::string msg = ex.what_without_backtrace();
         throw Error("model " + model.name + " failed to load or run: " + msg.substr(0, msg.find('\n')));
@@ -86,11 +89,12 @@ const ModelSignature& LoadedModel::signature() const { return d->signature; }
 int64_t LoadedModel::inputElems() const { return d->inElems; }
 int64_t LoadedModel::outputElems() const { return d->outElems; }
 int64_t LoadedModel::maxBatch() const { return d->maxBatch; }
-float* LoadedModel::inputBuffer() { return d->input.data_ptr<float>(); }
+int LoadedModel::instances() const { return static_cast<int>(d->inputs.size()); }
+float* LoadedModel::inputBuffer(int instance) { return d->inputs.at(static_cast<size_t>(instance)).data_ptr<float>(); }
 
-void LoadedModel::run(int64_t rows, float* out) {
+void LoadedModel::run(int instance, int64_t rows, float* out) {
     c10::InferenceMode guard;
-    auto x = d->input.narrow(0, 0, rows);
+    auto x = d->inputs.at(static_cast<size_t>(instance)).narrow(0, 0, rows);
     if (d->device.is_cuda()) x = x.to(d->device, /*non_blocking=*/true);
     auto y = d->module.forward({x}).toTensor();
     y = y.to(torch::kCPU, torch::kFloat).contiguous();

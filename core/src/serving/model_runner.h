@@ -14,8 +14,10 @@ class LoadedModel {
 public:
     /// Loads and warms up (one full-size forward) the artifact; verifies `expectedSha256` when
     /// given. Throws Error/ConfigError with a message for the user.
+    /// `instances` batches may run at once (Triton's instance_group count), each with its own
+    /// batch buffer; the TorchScript module itself is shared (its forward is reentrant).
     static std::shared_ptr<LoadedModel> load(const ServedModel& model, int64_t maxBatch, const std::string& device,
-                                             const std::string& expectedSha256 = {});
+                                             const std::string& expectedSha256 = {}, int instances = 1);
     ~LoadedModel();
 
     const std::string& name() const;
@@ -24,12 +26,13 @@ public:
     int64_t inputElems() const;   // floats per row
     int64_t outputElems() const;  // floats per row
     int64_t maxBatch() const;
-    /// The batch buffer (maxBatch × inputElems floats, pinned when serving on a GPU): the
-    /// batcher copies requests' rows into it, then calls run().
-    float* inputBuffer();
-    /// Runs the first `rows` rows of the input buffer; writes rows × outputElems floats to `out`.
-    /// Only one thread at a time.
-    void run(int64_t rows, float* out);
+    int instances() const;
+    /// Instance `i`'s batch buffer (maxBatch × inputElems floats, pinned when serving on a GPU):
+    /// the batcher copies requests' rows into it, then calls run(i, ...).
+    float* inputBuffer(int instance = 0);
+    /// Runs the first `rows` rows of instance `i`'s buffer; writes rows × outputElems floats to
+    /// `out`. One thread at a time per instance; different instances may run concurrently.
+    void run(int instance, int64_t rows, float* out);
 
 private:
     LoadedModel();

@@ -1,6 +1,7 @@
 // The inference server: Boost.Beast sessions on a few I/O threads (a strand per connection, no
 // thread per connection), the dynamic batcher per model, hot swap, and Prometheus metrics through
 // prometheus-cpp. Torch is reached only through LoadedModel.
+#include <pthread.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -208,7 +209,7 @@ struct InferenceServer::Impl {
 
     void load(const ServedModel& m, const std::string& sha) {
         std::lock_guard<std::mutex> loadLock(loadMutex);
-        auto fresh = LoadedModel::load(m, options.maxBatch, "auto", sha);  // throws: the old one keeps serving
+        auto fresh = LoadedModel::load(m, options.maxBatch, "auto", sha, options.instances);  // throws: the old one keeps serving
         std::shared_ptr<ModelSlot> s;
         {
             std::unique_lock<std::shared_mutex> lk(modelsMutex);
@@ -226,7 +227,7 @@ struct InferenceServer::Impl {
                     metrics.depth.Add({{"model", name}}).Set(static_cast<double>(rows));
                 };
                 entry->batcher = std::make_unique<Batcher>(options.maxBatch, options.maxDelayMs, options.maxQueue,
-                                                           std::move(stats));
+                                                           std::move(stats), options.instances);
             }
             s = entry;
         }
@@ -339,7 +340,7 @@ private:
             if (!requireMethod(http::verb::get)) return;
             return send(200, jsonOk({{"name", "lathe"},
                                      {"version", "0.1.0"},
-                                     {"extensions", {"model_repository"}},
+                                     {"extensions", {"model_repository", "binary_tensor_data"}},
                                      {"instance", m_server->options.instance}}));
         }
         if (is({"v2", "health", "live"})) {
@@ -399,7 +400,11 @@ private:
     void infer(const std::shared_ptr<ModelSlot>& slot, std::shared_ptr<LoadedModel> model) {
         serving::InferRequest req;
         serving::ProtocolError err;
-        if (!serving::parseInferRequest(m_request.body(), model->signature(), model->maxBatch(), req, err)) {
+        const auto headerLength = m_request.find(serving::kInferHeaderLength);
+        if (!serving::parseInferRequest(m_request.body(), model->signature(), model->maxBatch(), req, err,
+                                        headerLength == m_request.end()
+                                            ? std::string_view{}
+                                            : std::string_view(headerLength->value().data(), headerLength->value().size()))) {
             m_server->metrics.count(model->name(), model->version(), err.status);
             return sendError(err.status, err.message);
         }
@@ -408,11 +413,13 @@ private:
         p.rows = req.rows;
         p.input = std::move(req.data);
         p.enqueued = Clock::now();
-        p.done = [self = shared_from_this(), model, id = std::move(req.id), rows = req.rows](BatchResult&& r) {
+        p.done = [self = shared_from_this(), model, id = std::move(req.id), rows = req.rows,
+                  binary = req.binaryOutput](BatchResult&& r) {
             // Back onto this connection's strand: the batcher thread must not touch the socket,
             // and JSON encoding belongs on the I/O threads, not in the batch loop.
-            net::post(self->m_stream.get_executor(),
-                      [self, model, id, rows, r = std::move(r)]() mutable { self->answer(*model, id, rows, r); });
+            net::post(self->m_stream.get_executor(), [self, model, id, rows, binary, r = std::move(r)]() mutable {
+                self->answer(*model, id, rows, binary, r);
+            });
         };
         if (!slot->batcher->submit(std::move(p))) {
             m_server->metrics.count(model->name(), model->version(), 503);
@@ -425,13 +432,23 @@ private:
         }
     }
 
-    void answer(const LoadedModel& model, const std::string& id, int64_t rows, BatchResult& r) {
+    void answer(const LoadedModel& model, const std::string& id, int64_t rows, bool binary, BatchResult& r) {
         m_server->metrics.count(model.name(), model.version(), r.status);
         if (r.status != 200) return sendError(r.status, r.error);
         auto& pv = m_server->metrics.of(model.name(), model.version());
         pv.queue->Observe(r.queueS);
-        send(200, serving::inferResponse(model.name(), model.version(), id, model.signature().outputs[0], rows,
-                                         r.output.data(), model.outputElems()));
+        auto out = serving::inferResponse(model.name(), model.version(), id, model.signature().outputs[0], rows,
+                                          r.output.data(), model.outputElems(), binary);
+        if (out.jsonLength < 0) {
+            send(200, std::move(out.body));
+        } else {
+            Response res{http::status::ok, m_request.version()};
+            res.set(http::field::server, "lathe");
+            res.set(http::field::content_type, "application/octet-stream");
+            res.set(serving::kInferHeaderLength, std::to_string(out.jsonLength));
+            res.body() = std::move(out.body);
+            write(std::move(res));
+        }
         pv.latency->Observe(std::chrono::duration<double>(Clock::now() - m_started).count());
     }
 
@@ -570,6 +587,7 @@ InferenceServer::InferenceServer(ServeOptions options) : d(std::make_unique<Impl
     if (options.maxDelayMs < 0) throw ConfigError("--max-delay-ms must be 0 or more");
     if (options.maxQueue < options.maxBatch) throw ConfigError("--max-queue must be at least --max-batch");
     if (options.ioThreads < 1) throw ConfigError("--threads must be at least 1");
+    if (options.instances < 1 || options.instances > 64) throw ConfigError("--instances must be between 1 and 64");
     if (options.maxBodyBytes < 1024) throw ConfigError("the body limit must be at least 1 KiB");
     d->options = std::move(options);
     // The batcher runs one batch at a time beside the I/O threads: by default its BLAS and
@@ -577,8 +595,9 @@ InferenceServer::InferenceServer(ServeOptions options) : d(std::make_unique<Impl
     // take every core and fight the I/O threads, measured: a 32-row digits batch 0.03 ms alone,
     // up to 1.7 ms in the server under load).
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    setComputeThreads(d->options.computeThreads > 0 ? d->options.computeThreads
-                                                    : std::max(1, cores - d->options.ioThreads));
+    setComputeThreads(d->options.computeThreads > 0
+                          ? d->options.computeThreads
+                          : std::max(1, (cores - d->options.ioThreads) / d->options.instances));
 }
 
 InferenceServer::~InferenceServer() { stop(); }
@@ -612,6 +631,7 @@ uint16_t InferenceServer::start() {
     d->accept();
     for (int i = 0; i < d->options.ioThreads; ++i)
         d->threads.emplace_back([impl = d.get()] {
+            pthread_setname_np(pthread_self(), "lathe-http");
             // A handler that throws must cost one connection, not the server: Asio lets the
             // exception out of run(), so the thread logs it and goes back in.
             for (;;) {

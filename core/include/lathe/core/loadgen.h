@@ -21,6 +21,8 @@ struct LoadOptions {
     double timeoutS = 10;                       // per request
     int64_t rowsPerRequest = 1;
     std::string body;  // request body; empty = random FP32 input built from GET /v2/models/MODEL
+    bool binary = false;  // the random input and the output as binary tensor data (Triton's
+                          // extension) instead of JSON numbers; not with `body`
     int threads = 1;   // client I/O threads; 1 drives thousands of requests/s, 2 at most is useful
 };
 

@@ -19,7 +19,10 @@ struct ServeOptions {
     double maxDelayMs = 10;        // the oldest request waits at most this long for a fuller batch
     int64_t maxQueue = 1024;       // rows waiting; beyond it requests get 503 + Retry-After
     int ioThreads = 2;             // HTTP threads (connections are multiplexed on them)
-    int computeThreads = 0;        // LibTorch and OpenBLAS threads; 0 = the cores left by the I/O threads (at least 1)
+    int computeThreads = 0;        // LibTorch and OpenBLAS threads per instance; 0 = the cores left by the I/O
+                                   // threads (at least 1), shared out among the instances
+    int instances = 1;             // batches run at once, each on its own worker and batch buffer (Triton's
+                                   // instance_group count)
     int64_t maxBodyBytes = 8 << 20;
     double idleTimeoutS = 30;      // a client silent this long mid-request (or idle) is dropped
     std::string workspace;         // registry to load versions from (hot swap by version); optional
