@@ -56,6 +56,11 @@ void copyDeviceToHost(void* dst, const void* src, std::size_t bytes) {
     check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy device->host");
 }
 
+void copyDeviceToDevice(void* dst, const void* src, std::size_t bytes, void* stream) {
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)),
+          "cudaMemcpyAsync device->device");
+}
+
 void synchronize(void* stream) {
     check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
 }

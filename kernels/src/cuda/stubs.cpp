@@ -21,6 +21,7 @@ void deviceFree(void*) noexcept {}
 void deviceMemset(void*, int, std::size_t) { notBuilt("deviceMemset"); }
 void copyHostToDevice(void*, const void*, std::size_t) { notBuilt("copyHostToDevice"); }
 void copyDeviceToHost(void*, const void*, std::size_t) { notBuilt("copyDeviceToHost"); }
+void copyDeviceToDevice(void*, const void*, std::size_t, void*) { notBuilt("copyDeviceToDevice"); }
 void synchronize(void*) { notBuilt("synchronize"); }
 void scaleAndCheck(float*, std::size_t, float, int*, void*) { notBuilt("cuda::scaleAndCheck"); }
 void quantizeInt8(const float*, float*, std::size_t, std::int8_t*, float*, const QuantizeParams&, void*) {

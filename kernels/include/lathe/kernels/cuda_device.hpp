@@ -28,6 +28,8 @@ void deviceFree(void* ptr) noexcept;
 void deviceMemset(void* ptr, int value, std::size_t bytes);
 void copyHostToDevice(void* dst, const void* src, std::size_t bytes);
 void copyDeviceToHost(void* dst, const void* src, std::size_t bytes);
+// Asynchronous on `stream` (the bandwidth baseline of the kernel benchmarks).
+void copyDeviceToDevice(void* dst, const void* src, std::size_t bytes, void* stream = nullptr);
 // Waits for the stream (nullptr: the default stream) and reports any pending kernel error.
 void synchronize(void* stream = nullptr);
 
