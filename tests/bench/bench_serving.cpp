@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -120,7 +121,7 @@ double parseUs(int64_t elems, bool binary) {
     sig.outputs = {{"y", "FP32", {-1, 10}}};
     std::string body = R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,)" + std::to_string(elems) + "]";
     auto x = torch::randn({elems});
-    std::string headerLength;
+    std::optional<std::string> headerLength;
     if (binary) {
         body += R"(,"parameters":{"binary_data_size":)" + std::to_string(elems * 4) + "}}]}";
         headerLength = std::to_string(body.size());
@@ -135,7 +136,9 @@ double parseUs(int64_t elems, bool binary) {
     int64_t n = 0;
     const auto t0 = Clock::now();
     while (Clock::now() - t0 < std::chrono::milliseconds(400)) {
-        if (!serving::parseInferRequest(body, sig, 32, req, err, headerLength)) throw std::runtime_error(err.message);
+        if (!serving::parseInferRequest(body, sig, 32, req, err,
+                                        headerLength ? std::optional<std::string_view>(*headerLength) : std::nullopt))
+            throw std::runtime_error(err.message);
         ++n;
     }
     return 1e6 * std::chrono::duration<double>(Clock::now() - t0).count() / static_cast<double>(n);

@@ -4,6 +4,8 @@
 // both response forms (JSON, binary tensor data) are well framed.
 #include <cstdint>
 #include <cstdlib>
+#include <algorithm>
+#include <optional>
 #include <string_view>
 
 #include "serving/infer_protocol.h"
@@ -20,12 +22,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     serving::InferRequest req;
     serving::ProtocolError err;
     std::string_view body(reinterpret_cast<const char*>(data), size);
-    // An input starting with byte 1 is a binary tensor data request: two bytes (little-endian)
-    // give the Inference-Header-Content-Length value, the rest is the body.
-    std::string headerLength;
-    if (size >= 3 && data[0] == 1) {
-        headerLength = std::to_string(data[1] | (data[2] << 8));
-        body.remove_prefix(3);
+    // An input starting with byte 1 is a binary tensor data request: the bytes up to the next
+    // newline are the Inference-Header-Content-Length value as sent (any bytes, empty too), the
+    // rest is the body.
+    std::optional<std::string_view> headerLength;
+    if (size >= 1 && data[0] == 1) {
+        body.remove_prefix(1);
+        const auto nl = body.find('\n');
+        headerLength = body.substr(0, std::min(nl, body.size()));
+        body.remove_prefix(std::min(nl == std::string_view::npos ? body.size() : nl + 1, body.size()));
     }
     if (serving::parseInferRequest(body, signature, 8, req, err, headerLength)) {
         if (req.rows < 1 || req.rows > 8 || req.data.size() != static_cast<size_t>(req.rows) * 64) std::abort();

@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "lathe/core/deploy.h"
@@ -203,9 +204,10 @@ BinaryRequest binaryBody(const std::vector<float>& values, int rows, const json&
     return r;
 }
 
-test::HttpAnswer postBinary(uint16_t port, const BinaryRequest& r, const std::string& length = {}) {
+// `length`: the header's value as sent; nullopt sends the JSON part's true length.
+test::HttpAnswer postBinary(uint16_t port, const BinaryRequest& r, std::optional<std::string> length = std::nullopt) {
     return httpRequest(port, "POST", "/v2/models/digits/infer", r.body, 5,
-                       {{"Inference-Header-Content-Length", length.empty() ? std::to_string(r.jsonLength) : length},
+                       {{"Inference-Header-Content-Length", length ? *length : std::to_string(r.jsonLength)},
                         {"Content-Type", "application/octet-stream"}});
 }
 
@@ -264,7 +266,7 @@ TEST_CASE("binary tensor data requests (Triton's extension) answer as their JSON
         struct Bad {
             const char* what;
             BinaryRequest request;
-            std::string length;
+            std::optional<std::string> length;
             const char* says;
         };
         auto extra = binaryBody(values, 2);
@@ -272,13 +274,14 @@ TEST_CASE("binary tensor data requests (Triton's extension) answer as their JSON
         const std::vector<Bad> bad{
             {"header length beyond the body", binaryBody(values, 2), "100000", "holds only"},
             {"header length not a number", binaryBody(values, 2), "12a", "byte count"},
-            {"declared size does not fit the shape", binaryBody(values, 2, nullptr, 256), "", "needs 512"},
-            {"bytes left over", extra, "", "after its JSON header"},
-            {"too few bytes", binaryBody(std::vector<float>(values.begin(), values.begin() + 64), 2, nullptr, 512), "",
-             "after its JSON header"},
+            {"header present but empty", binaryBody(values, 2), "", "byte count"},
+            {"declared size does not fit the shape", binaryBody(values, 2, nullptr, 256), std::nullopt, "needs 512"},
+            {"bytes left over", extra, std::nullopt, "after its JSON header"},
+            {"too few bytes", binaryBody(std::vector<float>(values.begin(), values.begin() + 64), 2, nullptr, 512),
+             std::nullopt, "after its JSON header"},
             {"classification asked for",
-             binaryBody(values, 2, json::array({{{"name", "logits"}, {"parameters", {{"classification", 3}}}}})), "",
-             "classification"},
+             binaryBody(values, 2, json::array({{{"name", "logits"}, {"parameters", {{"classification", 3}}}}})),
+             std::nullopt, "classification"},
         };
         for (const auto& b : bad) {
             INFO(b.what);

@@ -12,11 +12,16 @@ Batcher::Batcher(int64_t maxBatch, double maxDelayMs, int64_t maxQueueRows, Batc
       m_maxDelay(std::chrono::nanoseconds(static_cast<int64_t>(std::max(0.0, maxDelayMs) * 1e6))),
       m_maxQueueRows(std::max<int64_t>(1, maxQueueRows)),
       m_stats(std::move(stats)) {
-    for (int i = 0; i < std::max(1, instances); ++i)
-        m_threads.emplace_back([this, i] {
-            pthread_setname_np(pthread_self(), ("lathe-batch-" + std::to_string(i)).c_str());  // for top and perf
-            loop(i);
-        });
+    try {
+        for (int i = 0; i < std::max(1, instances); ++i)
+            m_threads.emplace_back([this, i] {
+                pthread_setname_np(pthread_self(), ("lathe-batch-" + std::to_string(i)).c_str());  // for top and perf
+                loop(i);
+            });
+    } catch (...) {
+        stop();  // the workers already started end before the error goes on
+        throw;
+    }
 }
 
 Batcher::~Batcher() { stop(); }
@@ -105,16 +110,19 @@ void Batcher::loop(int instance) {
 void Batcher::runBatch(int instance, std::vector<PendingRequest>& batch, std::vector<float>& output) {
     auto& model = *batch.front().model;
     const auto start = Clock::now();
-    // Rows go straight into the instance's pre-allocated batch buffer: no tensor is allocated per request.
-    float* in = model.inputBuffer(instance);
     int64_t rows = 0;
-    for (const auto& r : batch) {
-        std::memcpy(in + rows * model.inputElems(), r.input.data(), r.input.size() * sizeof(float));
-        rows += r.rows;
-    }
-    output.resize(static_cast<size_t>(rows * model.outputElems()));
+    for (const auto& r : batch) rows += r.rows;
     BatchResult proto;
     try {
+        // Rows go straight into the instance's pre-allocated batch buffer: no tensor is
+        // allocated per request.
+        float* in = model.inputBuffer(instance);
+        int64_t at = 0;
+        for (const auto& r : batch) {
+            std::memcpy(in + at * model.inputElems(), r.input.data(), r.input.size() * sizeof(float));
+            at += r.rows;
+        }
+        output.resize(static_cast<size_t>(rows * model.outputElems()));
         model.run(instance, rows, output.data());
     } catch (const std::exception& ex) {
         proto.status = 500;

@@ -55,7 +55,7 @@ void appendJsonString(std::string& out, const std::string& s) {
 // cost 130 µs to parse into an nlohmann tree, as much as the model's forward for its row), and
 // On Demand validates while it reads the numbers straight into the batch row, without a tree.
 bool parseInferRequest(std::string_view body, const ModelSignature& signature, int64_t maxRows, InferRequest& out,
-                       ProtocolError& error, std::string_view headerLength) {
+                       ProtocolError& error, std::optional<std::string_view> headerLength) {
     auto fail = [&](int status, std::string msg) {
         error = {status, std::move(msg)};
         return false;
@@ -69,11 +69,12 @@ bool parseInferRequest(std::string_view body, const ModelSignature& signature, i
     size_t inputCount = 0;
     // The binary tensor data extension: JSON first, then the tensors' bytes.
     std::string_view binary;
-    const bool extended = !headerLength.empty();
+    const bool extended = headerLength.has_value();
     if (extended) {
         uint64_t n = 0;
-        const auto [end, ec] = std::from_chars(headerLength.data(), headerLength.data() + headerLength.size(), n);
-        if (ec != std::errc() || end != headerLength.data() + headerLength.size())
+        const std::string_view h = *headerLength;
+        const auto [end, ec] = std::from_chars(h.data(), h.data() + h.size(), n);
+        if (h.empty() || ec != std::errc() || end != h.data() + h.size())
             return fail(400, std::string(kInferHeaderLength) + " must be a byte count");
         if (n > body.size())
             return fail(400, std::string(kInferHeaderLength) + " is " + std::to_string(n) + " but the body holds only " +
@@ -231,8 +232,13 @@ bool parseInferRequest(std::string_view body, const ModelSignature& signature, i
     if (dims[0] > maxRows)
         return fail(400, "input '" + spec.name + "' has " + std::to_string(dims[0]) +
                              " rows; this server takes at most " + std::to_string(maxRows) + " per request (--max-batch)");
+    // Bounded: dims are at most 2^31 each, and a product beyond any body limit is refused
+    // before it can overflow.
     int64_t count = 1;
-    for (auto d : dims) count *= d;
+    for (auto d : dims) {
+        if (__builtin_mul_overflow(count, d, &count) || count > (int64_t{1} << 40))
+            return fail(400, "input '" + spec.name + "' has shape " + shapeText(dims) + ": too many values");
+    }
     if (binarySize >= 0) {
         if (haveData)
             return fail(400, "input '" + spec.name + "' has both `data` and `binary_data_size`: send one of them");
@@ -249,6 +255,7 @@ bool parseInferRequest(std::string_view body, const ModelSignature& signature, i
     if (binarySize >= 0) {
         // Little-endian FP32, as the extension defines it: this build's own layout.
         static_assert(sizeof(float) == 4, "FP32 is 4 bytes");
+        static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "binary tensor data is little-endian");
         out.data.resize(static_cast<size_t>(count));
         std::memcpy(out.data.data(), binary.data(), binary.size());
         haveData = true;

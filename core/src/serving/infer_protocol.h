@@ -2,6 +2,7 @@
 // The Open Inference (KServe v2) request and response bodies. Torch-free and self-contained
 // (simdjson and nlohmann JSON only) so the fuzz target can build it alone: request bodies are untrusted input.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,11 +29,13 @@ inline constexpr const char* kInferHeaderLength = "Inference-Header-Content-Leng
 
 /// Parses and validates an infer request against the model's signature (one FP32 input).
 /// Accepts flat or nested `data`, or, with the binary tensor data extension (as Triton's
-/// clients send by default), the input's bytes after a JSON header of `jsonLength` bytes
-/// (`headerLength` is the raw Inference-Header-Content-Length value; empty: the body is all
-/// JSON). Returns false and fills `error` when the request is bad.
+/// clients send by default), the input's bytes after the JSON part of the body.
+/// `headerLength` is the raw Inference-Header-Content-Length value when the request has that
+/// header (the JSON part's length in bytes), nullopt when it has none (the body is all JSON).
+/// Returns false and fills `error` when the request is bad.
 bool parseInferRequest(std::string_view body, const ModelSignature& signature, int64_t maxRows,
-                       InferRequest& out, ProtocolError& error, std::string_view headerLength = {});
+                       InferRequest& out, ProtocolError& error,
+                       std::optional<std::string_view> headerLength = std::nullopt);
 
 struct InferResponse {
     std::string body;

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <variant>
 
 #include "artifact_io.h"
 #include "../checkpoint_io.h"
@@ -138,7 +139,10 @@ torch::jit::Module scriptSequential(torch::nn::Sequential& seq, const data::Spli
             src << "    x = torch.relu(x)\n";
         } else if (const auto* conv = dynamic_cast<const torch::nn::Conv2dImpl*>(p)) {
             const auto& o = conv->options;
-            const auto& pad = c10::get<torch::ExpandingArray<2>>(o.padding());
+            // padding_t is a c10::variant in LibTorch 1.x and a std::variant in 2.x: with std::get
+            // visible, argument-dependent lookup picks whichever `get` the type belongs to.
+            using std::get;
+            const auto& pad = get<torch::ExpandingArray<2>>(o.padding());
             m.register_parameter(n + "_weight", conv->weight.detach().clone(), false);
             m.register_parameter(n + "_bias", conv->bias.detach().clone(), false);
             src << "    x = torch.conv2d(x, self." << n << "_weight, self." << n << "_bias, "

@@ -403,8 +403,9 @@ private:
         const auto headerLength = m_request.find(serving::kInferHeaderLength);
         if (!serving::parseInferRequest(m_request.body(), model->signature(), model->maxBatch(), req, err,
                                         headerLength == m_request.end()
-                                            ? std::string_view{}
-                                            : std::string_view(headerLength->value().data(), headerLength->value().size()))) {
+                                            ? std::nullopt
+                                            : std::optional<std::string_view>(std::string_view(
+                                                  headerLength->value().data(), headerLength->value().size())))) {
             m_server->metrics.count(model->name(), model->version(), err.status);
             return sendError(err.status, err.message);
         }
