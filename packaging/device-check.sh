@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# The GPU checks, as one script for the device tool's machine (NVIDIA H200, CUDA toolkit, CMake,
-# ninja; none of our Debian packages). Stage Catch2 first, here:
-#     ./packaging/device-prepare.sh
+# The GPU checks, as one script for the device tool's machine (NVIDIA H200, CUDA toolkit,
+# PyTorch with its LibTorch, CMake, ninja; none of our Debian packages). Stage first, here:
+#     ./packaging/device-prepare.sh [--full]
 # then run this there with `.device` carried:
-#     bash packaging/device-check.sh          (about 2-3 minutes of device time)
-# It builds kernels/ with CUDA for the machine's GPU (LATHE_KERNELS_ONLY: no LibTorch, Qt or
-# the other packages), runs the kernel tests (the CUDA ones skip nowhere there) and the CUDA
-# kernel benchmark, and leaves every log in $OUT. Exit status: that of the tests.
+#     bash packaging/device-check.sh          kernels/ alone (LATHE_KERNELS_ONLY): the CUDA
+#                                             kernel tests and bench_kernels_cuda, ~2-3 minutes
+#     bash packaging/device-check.sh --full   and the rest without the GUI, against PyTorch's
+#                                             LibTorch: every non-GUI test including gpu_tests
+#                                             (fp16/bf16 training, device-timed profile phases,
+#                                             serving on the GPU) and bench_serving
+# Every log lands in $OUT. Exit status: that of the tests.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+full=0
+[ "${1:-}" = "--full" ] && full=1
 out=${OUT:-/tmp/lathe-device-out}
 mkdir -p "$out"
+jobs=$(nproc)
 catch2=$PWD/.device/catch2/usr
 if [ ! -f "$catch2/lib/cmake/Catch2/Catch2Config.cmake" ]; then
     echo "device-check: no Catch2 in .device/: run ./packaging/device-prepare.sh on the development machine and carry .device" >&2
@@ -19,17 +25,58 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv 2>&1 | tee "$out/gpu.txt"
 nvcc --version 2>&1 | tail -2 | tee -a "$out/gpu.txt"
 arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '. ')
-build=/tmp/lathe-build-kernels
+arch=${arch:-90}
 start=$(date +%s)
-cmake -S . -B "$build" -G Ninja -DLATHE_KERNELS_ONLY=ON -DLATHE_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_ARCHITECTURES="${arch:-90}" -DCMAKE_PREFIX_PATH="$catch2" >"$out/configure.log" 2>&1 ||
-    { tail -30 "$out/configure.log"; exit 1; }
-cmake --build "$build" -j "$(nproc)" >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
-echo "device-check: built in $(( $(date +%s) - start )) s"
-(cd "$build" && ctest --output-on-failure -j 4) >"$out/ctest.log" 2>&1
+
+if [ $full = 0 ]; then
+    build=/tmp/lathe-build-kernels
+    cmake -S . -B "$build" -G Ninja -DLATHE_KERNELS_ONLY=ON -DLATHE_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_PREFIX_PATH="$catch2" >"$out/configure.log" 2>&1 ||
+        { tail -30 "$out/configure.log"; exit 1; }
+    cmake --build "$build" -j "$jobs" >"$out/build.log" 2>&1 || { grep -m20 -B2 -A6 "error" "$out/build.log"; exit 1; }
+    echo "device-check: built in $(( $(date +%s) - start )) s"
+    (cd "$build" && ctest --output-on-failure -j 4) >"$out/ctest.log" 2>&1
+    rc=$?
+    tail -25 "$out/ctest.log"
+    "$build/bin/kernels_tests" "[cuda]" --durations yes >"$out/kernels_cuda.log" 2>&1 || true
+    "$build/bin/bench_kernels_cuda" --out "$out" 2>&1 | tee "$out/bench_kernels_cuda.txt"
+    echo "device-check: tests exit $rc; logs in $out"
+    exit $rc
+fi
+
+# --full: the Debian packages unpack into a private prefix (never into /), with absolute
+# symbolic links re-pointed inside it; LibTorch comes from the machine's PyTorch.
+deps=/tmp/lathe-deps
+ls .device/debs/*.deb >/dev/null 2>&1 || { echo "device-check: no .device/debs: run ./packaging/device-prepare.sh --full here" >&2; exit 2; }
+rm -rf "$deps" && mkdir -p "$deps"
+for f in .device/debs/*.deb; do dpkg -x "$f" "$deps"; done
+find "$deps" -type l | while read -r l; do
+    t=$(readlink "$l")
+    case "$t" in /*) [ -e "$deps$t" ] && ln -sfn "$deps$t" "$l" ;; esac
+done
+torch_prefix=${LATHE_TORCH_PREFIX:-$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')}
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cxx11 abi", torch.compiled_with_cxx11_abi())' 2>&1 | tee -a "$out/gpu.txt"
+libdirs="$deps/usr/lib/x86_64-linux-gnu:$deps/lib/x86_64-linux-gnu"
+export LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+build=/tmp/lathe-build-full
+cmake -S . -B "$build" -G Ninja -DLATHE_GUI=OFF -DLATHE_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_PREFIX_PATH="$torch_prefix;$deps/usr;$catch2" \
+    -DOPENSSL_ROOT_DIR="$deps/usr" -DCMAKE_CXX_FLAGS="-isystem $deps/usr/include" \
+    -DCMAKE_BUILD_RPATH="$deps/usr/lib/x86_64-linux-gnu;$deps/lib/x86_64-linux-gnu" >"$out/configure.log" 2>&1 ||
+    { tail -40 "$out/configure.log"; exit 1; }
+grep -E "Found|found" "$out/configure.log" | head -30
+cmake --build "$build" -j "$jobs" -k 0 >"$out/build.log" 2>&1
+brc=$?
+echo "device-check: build exit $brc in $(( $(date +%s) - start )) s"
+if [ $brc != 0 ]; then grep -m40 -A8 "error:" "$out/build.log"; fi
+(cd "$build" && timeout 900 ctest -LE "bench|fuzz" --output-on-failure -j 8 --timeout 300) >"$out/ctest.log" 2>&1
 rc=$?
-tail -25 "$out/ctest.log"
-"$build/bin/kernels_tests" "[cuda]" --durations yes >"$out/kernels_cuda.log" 2>&1 || true
-"$build/bin/bench_kernels_cuda" --out "$out" 2>&1 | tee "$out/bench_kernels_cuda.txt"
-echo "device-check: tests exit $rc; logs in $out"
+grep -E "tests passed|Failed|\*\*\*|Not Run" "$out/ctest.log" | head -40
+"$build/bin/gpu_tests" --durations yes >"$out/gpu_tests.log" 2>&1 || true
+tail -5 "$out/gpu_tests.log"
+"$build/bin/bench_kernels_cuda" --out "$out" >"$out/bench_kernels_cuda.txt" 2>&1 || true
+timeout 300 "$build/bin/bench_serving" --quick --out "$out" >"$out/bench_serving.txt" 2>&1 || true
+tail -8 "$out/bench_serving.txt"
+echo "device-check: build exit $brc, tests exit $rc; logs in $out"
+[ $brc = 0 ] || exit $brc
 exit $rc

@@ -224,6 +224,9 @@ void registerServe(CLI::App& app, int& exitCode) {
                   "instance_group count): more than 1 pays off with cores to spare or with small batches")
         ->capture_default_str()
         ->check(CLI::Range(1, 64));
+    s->add_option("--device", st->options.device, "where batches run: auto (a CUDA GPU when there is one), cpu or cuda")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
     s->add_option("--compute-threads", st->options.computeThreads,
                   "LibTorch and OpenBLAS threads of each instance (0 = the cores the I/O threads leave, shared out "
                   "among the instances, at least 1)");

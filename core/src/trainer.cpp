@@ -194,6 +194,18 @@ private:
     torch::Tensor m_foundDevice;
 };
 
+}  // namespace
+
+int cudaDeviceCount() noexcept {
+    try {
+        return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+    } catch (...) {
+        return 0;
+    }
+}
+
+namespace {
+
 torch::Device resolveDevice(const RunSpec& spec) {
     const bool cuda = torch::cuda::is_available();
     if (spec.device == "cuda" && !cuda)

@@ -209,7 +209,7 @@ struct InferenceServer::Impl {
 
     void load(const ServedModel& m, const std::string& sha) {
         std::lock_guard<std::mutex> loadLock(loadMutex);
-        auto fresh = LoadedModel::load(m, options.maxBatch, "auto", sha, options.instances);  // throws: the old one keeps serving
+        auto fresh = LoadedModel::load(m, options.maxBatch, options.device, sha, options.instances);  // throws: the old one keeps serving
         std::shared_ptr<ModelSlot> s;
         {
             std::unique_lock<std::shared_mutex> lk(modelsMutex);
@@ -589,6 +589,8 @@ InferenceServer::InferenceServer(ServeOptions options) : d(std::make_unique<Impl
     if (options.maxQueue < options.maxBatch) throw ConfigError("--max-queue must be at least --max-batch");
     if (options.ioThreads < 1) throw ConfigError("--threads must be at least 1");
     if (options.instances < 1 || options.instances > 64) throw ConfigError("--instances must be between 1 and 64");
+    if (options.device != "auto" && options.device != "cpu" && options.device != "cuda")
+        throw ConfigError("--device '" + options.device + "': use auto, cpu or cuda");
     if (options.maxBodyBytes < 1024) throw ConfigError("the body limit must be at least 1 KiB");
     d->options = std::move(options);
     // The batcher runs one batch at a time beside the I/O threads: by default its BLAS and

@@ -23,6 +23,7 @@ struct ServeOptions {
                                    // threads (at least 1), shared out among the instances
     int instances = 1;             // batches run at once, each on its own worker and batch buffer (Triton's
                                    // instance_group count)
+    std::string device = "auto";   // auto (a CUDA GPU when there is one) | cpu | cuda
     int64_t maxBodyBytes = 8 << 20;
     double idleTimeoutS = 30;      // a client silent this long mid-request (or idle) is dropped
     std::string workspace;         // registry to load versions from (hot swap by version); optional

@@ -34,6 +34,9 @@ struct TrainResult {
 /// and device = cuda need a CUDA GPU). Throws ConfigError with a suggestion.
 void checkRunnable(const RunSpec& spec);
 
+/// CUDA devices LibTorch can use here (0 on a machine or a LibTorch without CUDA).
+int cudaDeviceCount() noexcept;
+
 /// Trains in the calling thread. Config and data errors throw (ConfigError, DataError,
 /// CheckpointError) before the first step; failures during training are returned as
 /// status "failed" after an Error event.

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Compile-checks every translation unit that includes LibTorch against LibTorch 2.x headers
+# (Debian trixie's libtorch-dev, fetched into a scratch directory; nothing is installed), so
+# code written against Debian 12's LibTorch 1.13 also builds where an official LibTorch 2.x is
+# used (the GPU machine's PyTorch). Syntax and templates only: nothing is linked. Needs a
+# configured build directory (compile_commands.json), default build/.
+#     ./packaging/check-libtorch2.sh [BUILD_DIR] [FILE-SUBSTRING ...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+shift || true
+[ -f "$build/compile_commands.json" ] || { echo "no $build/compile_commands.json: configure first (./packaging/build.sh)" >&2; exit 2; }
+scratch=${LATHE_TORCH2_DIR:-/tmp/lathe-libtorch2}
+if [ ! -d "$scratch/root/usr/include/torch" ]; then
+    mkdir -p "$scratch/lists/partial" "$scratch/archives/partial"
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main" >"$scratch/sources.list"
+    o=(-o "Dir::Etc::SourceList=$scratch/sources.list" -o Dir::Etc::SourceParts=/dev/null
+       -o "Dir::State::Lists=$scratch/lists" -o "Dir::Cache::Archives=$scratch/archives")
+    apt-get "${o[@]}" update >/dev/null
+    (cd "$scratch" && apt-get "${o[@]}" download libtorch-dev >/dev/null 2>&1)
+    dpkg -x "$scratch"/libtorch-dev_*.deb "$scratch/root"
+fi
+python3 - "$build/compile_commands.json" "$scratch/root/usr/include" "$@" <<'PY'
+import json, re, subprocess, sys, concurrent.futures as cf
+cc, inc, only = sys.argv[1], sys.argv[2], sys.argv[3:]
+jobs = []
+for e in json.load(open(cc)):
+    cmd, f = e['command'], e['file']
+    if 'torch/csrc/api/include' not in cmd or (only and not any(o in f for o in only)):
+        continue
+    cmd = cmd.replace('-isystem /usr/include/torch/csrc/api/include',
+                      f'-isystem {inc} -isystem {inc}/torch/csrc/api/include')
+    jobs.append((f, re.sub(r' -o \S+ -c ', ' -fsyntax-only -w ', cmd), e['directory']))
+def run(j):
+    p = subprocess.run(j[1], shell=True, cwd=j[2], capture_output=True, text=True)
+    return j[0], p.returncode, [l for l in p.stderr.splitlines() if 'error' in l]
+bad = 0
+with cf.ThreadPoolExecutor(2) as ex:
+    for f, rc, errs in ex.map(run, jobs):
+        if rc:
+            bad += 1
+            print('FAIL', f)
+            for l in errs[:8]:
+                print('   ', l[:300])
+print(f'check-libtorch2: {len(jobs)} LibTorch translation units, {bad} fail against {inc}')
+sys.exit(1 if bad else 0)
+PY

@@ -1,0 +1,130 @@
+// The CUDA paths of training, profiling and serving. Each test needs a CUDA GPU that LibTorch can
+// use and reports itself skipped elsewhere (the development and CI machines have none); run them
+// on a GPU machine with packaging/device-check.sh --full.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "lathe/core/store.h"
+#include "lathe/core/training.h"
+#include "serving_fixture.h"
+#include "skip.h"
+#include "temp_dir.h"
+
+using namespace lathe;
+using nlohmann::json;
+
+namespace {
+
+std::vector<double> values(const core::Store& s, int64_t run, const std::string& key) {
+    std::vector<double> out;
+    for (const auto& p : s.metrics(run, key)) out.push_back(p.value);
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("fp16 on a CUDA GPU: the loss scale follows GradScaler's rule and the model learns", "[gpu][amp]") {
+    if (core::cudaDeviceCount() == 0) LATHE_SKIP("no CUDA device");
+    test::TempDir dir;
+    core::Store store(dir.file("lathe.db"));
+    core::RunSpec spec;
+    spec.device = "cuda";
+    spec.precision = "fp16";
+    spec.epochs = 5;  // 115 steps on digits
+    spec.lossScale = "dynamic";
+    spec.lossScaleInit = 1024;
+    spec.lossScaleGrowthInterval = 4;
+    spec.injectNonfinite = {2, 9, 10, 40};
+    const auto rec = core::trainAndRecord(store, spec, {});
+    REQUIRE(rec.result.status == "completed");
+    const auto scales = values(store, rec.runId, "amp/loss_scale");
+    const auto skipped = values(store, rec.runId, "amp/skipped");
+    REQUIRE(scales.size() == skipped.size());
+    REQUIRE(scales.size() >= 60);
+    // Injected steps back off; so may a genuine fp16 overflow (the rule is the same): follow
+    // the recorded skips and check the scale against GradScaler's update after each step.
+    const std::set<int64_t> inject(spec.injectNonfinite.begin(), spec.injectNonfinite.end());
+    double scale = 1024;
+    int tracker = 0;
+    for (size_t i = 0; i < scales.size(); ++i) {
+        INFO("step " << i + 1);
+        CHECK(scales[i] == scale);
+        if (inject.count(static_cast<int64_t>(i + 1))) CHECK(skipped[i] == 1.0);
+        if (skipped[i] == 1.0) {
+            scale *= 0.5;
+            tracker = 0;
+        } else if (++tracker == 4) {
+            scale *= 2;
+            tracker = 0;
+        }
+    }
+    CHECK(rec.result.finalMetrics.at("val/accuracy") > 0.85);
+}
+
+TEST_CASE("bf16 on a CUDA GPU trains to the fp32 accuracy", "[gpu][amp]") {
+    if (core::cudaDeviceCount() == 0) LATHE_SKIP("no CUDA device");
+    test::TempDir dir;
+    core::Store store(dir.file("lathe.db"));
+    core::RunSpec spec;
+    spec.device = "cuda";
+    spec.precision = "bf16";
+    spec.epochs = 5;
+    const auto bf16 = core::trainAndRecord(store, spec, {});
+    REQUIRE(bf16.result.status == "completed");
+    spec.precision = "fp32";
+    const auto fp32 = core::trainAndRecord(store, spec, {});
+    REQUIRE(fp32.result.status == "completed");
+    CHECK(bf16.result.finalMetrics.at("val/accuracy") > 0.85);
+    CHECK(bf16.result.finalMetrics.at("val/accuracy") ==
+          Approx(fp32.result.finalMetrics.at("val/accuracy")).margin(0.05));
+}
+
+TEST_CASE("a profiled CUDA run times its phases on the device", "[gpu][profile]") {
+    if (core::cudaDeviceCount() == 0) LATHE_SKIP("no CUDA device");
+    test::TempDir dir;
+    core::Store store(dir.file("lathe.db"));
+    core::RunSpec spec;
+    spec.device = "cuda";
+    spec.epochs = 1;
+    spec.profile = true;
+    const auto rec = core::trainAndRecord(store, spec, {});
+    REQUIRE(rec.result.status == "completed");
+    store.flush();
+    int phases = 0, timed = 0;
+    for (const auto& s : store.profileSpans(rec.runId)) {
+        if (s.kind != core::ProfileSpan::Kind::Phase) continue;
+        ++phases;
+        if (s.cudaNs >= 0) ++timed;
+    }
+    CHECK(phases > 0);
+    CHECK(timed == phases);
+}
+
+TEST_CASE("a model served on the GPU answers as the CPU server does", "[gpu][serving]") {
+    if (core::cudaDeviceCount() == 0) LATHE_SKIP("no CUDA device");
+    test::ServingWorkspace ws;
+    core::ServeOptions cpu, gpu;
+    cpu.device = "cpu";
+    gpu.device = "cuda";
+    gpu.instances = 2;
+    const auto a = ws.serve(cpu);
+    const auto b = ws.serve(gpu);
+    for (int r = 0; r < 8; ++r) {
+        json data = json::array();
+        for (int i = 0; i < 64; ++i) data.push_back(0.01f * static_cast<float>((i * 7 + r * 13) % 100));
+        const auto body =
+            json{{"inputs", {{{"name", "input"}, {"shape", {1, 1, 8, 8}}, {"datatype", "FP32"}, {"data", data}}}}}.dump();
+        const auto x = test::httpRequest(a->port(), "POST", "/v2/models/digits/infer", body);
+        const auto y = test::httpRequest(b->port(), "POST", "/v2/models/digits/infer", body);
+        REQUIRE(x.status == 200);
+        REQUIRE(y.status == 200);
+        const auto ox = json::parse(x.body)["outputs"][0]["data"], oy = json::parse(y.body)["outputs"][0]["data"];
+        REQUIRE(ox.size() == oy.size());
+        for (size_t k = 0; k < ox.size(); ++k) CHECK(oy[k].get<double>() == Approx(ox[k].get<double>()).margin(1e-3));
+    }
+    // GPU utilisation and memory are exported where a GPU is.
+    const auto metrics = test::httpGet(b->port(), "/metrics").body;
+    CHECK(metrics.find("lathe_gpu_memory_used_bytes") != std::string::npos);
+}
