@@ -50,6 +50,7 @@ deps=/tmp/lathe-deps
 ls .device/debs/*.deb >/dev/null 2>&1 || { echo "device-check: no .device/debs: run ./packaging/device-prepare.sh --full here" >&2; exit 2; }
 rm -rf "$deps" && mkdir -p "$deps"
 for f in .device/debs/*.deb; do dpkg -x "$f" "$deps"; done
+rm -f "$deps"/usr/lib/x86_64-linux-gnu/libgloo.so*  # Gloo is inside PyTorch's libtorch_cpu: headers only
 find "$deps" -type l | while read -r l; do
     t=$(readlink "$l")
     case "$t" in /*) [ -e "$deps$t" ] && ln -sfn "$deps$t" "$l" ;; esac
@@ -59,9 +60,11 @@ python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.versio
 libdirs="$deps/usr/lib/x86_64-linux-gnu:$deps/lib/x86_64-linux-gnu"
 export LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 build=/tmp/lathe-build-full
+# -idirafter: the packages' headers come after LibTorch's own and the machine's, so they fill
+# gaps (libssh, Boost, prometheus-cpp ...) without shadowing what PyTorch ships (e.g. Gloo).
 cmake -S . -B "$build" -G Ninja -DLATHE_GUI=OFF -DLATHE_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_PREFIX_PATH="$torch_prefix;$deps/usr;$catch2" \
-    -DOPENSSL_ROOT_DIR="$deps/usr" -DCMAKE_CXX_FLAGS="-isystem $deps/usr/include" \
+    -DOPENSSL_ROOT_DIR="$deps/usr" -DCMAKE_CXX_FLAGS="-idirafter $deps/usr/include" \
     -DCMAKE_BUILD_RPATH="$deps/usr/lib/x86_64-linux-gnu;$deps/lib/x86_64-linux-gnu" >"$out/configure.log" 2>&1 ||
     { tail -40 "$out/configure.log"; exit 1; }
 grep -E "Found|found" "$out/configure.log" | head -30

@@ -25,7 +25,8 @@ if [ $full = 1 ]; then
           libtomlplusplus-dev libtomlplusplus3 nlohmann-json3-dev libcli11-dev libsimdjson-dev libsimdjson14
           prometheus-cpp-dev libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libprometheus-cpp-push1.0
           civetweb libcivetweb-dev libcivetweb1 libcurl4-openssl-dev libcurl4
-          libgssapi-krb5-2 libkrb5-3 libk5crypto3 libkrb5support0 libkeyutils1 libcom-err2)
+          libgssapi-krb5-2 libkrb5-3 libk5crypto3 libkrb5support0 libkeyutils1 libcom-err2
+          libgloo-dev)  # headers only, for ProcessGroupGloo.hpp should a LibTorch lack its own
     mkdir -p .device/debs
     (cd .device/debs && apt-get download "${pkgs[@]}" >/dev/null 2>&1) ||
         { echo "device-prepare: apt-get download failed for one of: ${pkgs[*]}" >&2; exit 1; }
