@@ -20,9 +20,14 @@ if [ ! -d "$scratch/root/usr/include/torch" ]; then
     (cd "$scratch" && apt-get "${o[@]}" download libtorch-dev >/dev/null 2>&1)
     dpkg -x "$scratch"/libtorch-dev_*.deb "$scratch/root"
 fi
-python3 - "$build/compile_commands.json" "$scratch/root/usr/include" "$@" <<'PY'
-import json, re, subprocess, sys, concurrent.futures as cf
-cc, inc, only = sys.argv[1], sys.argv[2], sys.argv[3:]
+# The NCCL path of dist.cpp is checked too, against the CUDA toolkit's headers; Debian's CPU-only
+# LibTorch lacks one generated CUDA header, stood in for here.
+mkdir -p "$scratch/stub/c10/cuda/impl"
+echo '#define C10_CUDA_BUILD_SHARED_LIBS' >"$scratch/stub/c10/cuda/impl/cuda_cmake_macros.h"
+python3 - "$build/compile_commands.json" "$scratch/root/usr/include" "$scratch/stub" "$@" <<'PY'
+import json, os, re, subprocess, sys, concurrent.futures as cf
+cc, inc, stub, only = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+cuda = '/usr/local/cuda/include'
 jobs = []
 for e in json.load(open(cc)):
     cmd, f = e['command'], e['file']
@@ -31,6 +36,10 @@ for e in json.load(open(cc)):
     cmd = cmd.replace('-isystem /usr/include/torch/csrc/api/include',
                       f'-isystem {inc} -isystem {inc}/torch/csrc/api/include')
     jobs.append((f, re.sub(r' -o \S+ -c ', ' -fsyntax-only -w ', cmd), e['directory']))
+    if f.endswith('core/src/dist.cpp') and os.path.exists(cuda + '/nccl.h'):
+        nccl = cmd.replace(f'-isystem {inc} ', f'-isystem {inc} -isystem {stub} -isystem {cuda} ', 1)
+        jobs.append((f + ' (USE_C10D_NCCL)', re.sub(r' -o \S+ -c ', ' -DUSE_C10D_NCCL -fsyntax-only -w ', nccl),
+                     e['directory']))
 def run(j):
     p = subprocess.run(j[1], shell=True, cwd=j[2], capture_output=True, text=True)
     return j[0], p.returncode, [l for l in p.stderr.splitlines() if 'error' in l]

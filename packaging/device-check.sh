@@ -56,6 +56,8 @@ find "$deps" -type l | while read -r l; do
     case "$t" in /*) [ -e "$deps$t" ] && ln -sfn "$deps$t" "$l" ;; esac
 done
 torch_prefix=${LATHE_TORCH_PREFIX:-$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')}
+# nccl.h: PyTorch's NCCL wheel has it when the CUDA toolkit does not.
+nccl_inc=$(python3 -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "include"))' 2>/dev/null || true)
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cxx11 abi", torch.compiled_with_cxx11_abi())' 2>&1 | tee -a "$out/gpu.txt"
 libdirs="$deps/usr/lib/x86_64-linux-gnu:$deps/lib/x86_64-linux-gnu"
 export LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -63,11 +65,11 @@ build=/tmp/lathe-build-full
 # -idirafter: the packages' headers come after LibTorch's own and the machine's, so they fill
 # gaps (libssh, Boost, prometheus-cpp ...) without shadowing what PyTorch ships (e.g. Gloo).
 cmake -S . -B "$build" -G Ninja -DLATHE_GUI=OFF -DLATHE_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_PREFIX_PATH="$torch_prefix;$deps/usr;$catch2" \
+    -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_PREFIX_PATH="$torch_prefix;$deps/usr;$catch2" ${nccl_inc:+-DNCCL_INCLUDE_DIR=$nccl_inc} \
     -DOPENSSL_ROOT_DIR="$deps/usr" -DCMAKE_CXX_FLAGS="-idirafter $deps/usr/include" \
     -DCMAKE_BUILD_RPATH="$deps/usr/lib/x86_64-linux-gnu;$deps/lib/x86_64-linux-gnu" >"$out/configure.log" 2>&1 ||
     { tail -40 "$out/configure.log"; exit 1; }
-grep -E "Found|found" "$out/configure.log" | head -30
+grep -E "Found|found|NCCL" "$out/configure.log" | head -30
 cmake --build "$build" -j "$jobs" -k 0 >"$out/build.log" 2>&1
 brc=$?
 echo "device-check: build exit $brc in $(( $(date +%s) - start )) s"

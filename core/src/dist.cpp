@@ -3,6 +3,10 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/version.h>
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 #include <algorithm>
 #include <condition_variable>
@@ -17,15 +21,59 @@ namespace lathe::core {
 
 using Clock = std::chrono::steady_clock;
 
+// The process groups' common base: c10d::ProcessGroup in LibTorch 1.x, c10d::Backend in 2.x
+// (where ProcessGroup became a wrapper around backends).
+#if TORCH_VERSION_MAJOR >= 2
+using CommGroup = c10d::Backend;
+#else
+using CommGroup = c10d::ProcessGroup;
+#endif
+
 struct DistContext::Impl {
     c10::intrusive_ptr<c10d::Store> store;
-    c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
-    c10::intrusive_ptr<c10d::ProcessGroupGloo> host;     // hierarchical: this host's ranks
-    c10::intrusive_ptr<c10d::ProcessGroupGloo> leaders;  // hierarchical: one rank per host (leaders only)
+    c10::intrusive_ptr<CommGroup> pg;
+    c10::intrusive_ptr<CommGroup> host;     // hierarchical: this host's ranks
+    c10::intrusive_ptr<CommGroup> leaders;  // hierarchical: one rank per host (leaders only)
     std::chrono::seconds timeout{60};
+    std::string masterAddr;
+    bool nccl = false;
+
+    // A process group over `store` of the context's kind.
+    c10::intrusive_ptr<CommGroup> group(const c10::intrusive_ptr<c10d::Store>& s, int rank, int size) const {
+#ifdef USE_C10D_NCCL
+        if (nccl) {
+            auto opts = c10d::ProcessGroupNCCL::Options::create();
+            opts->timeout = timeout;
+            return c10::make_intrusive<c10d::ProcessGroupNCCL>(s, rank, size, opts);
+        }
+#endif
+        auto opts = c10d::ProcessGroupGloo::Options::create();
+        opts->timeout = timeout;
+        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(masterAddr));
+        return c10::make_intrusive<c10d::ProcessGroupGloo>(s, rank, size, opts);
+    }
 };
 
-DistContext::DistContext(const DistEnv& env) : m_env(env), m_impl(std::make_unique<Impl>()) {
+bool DistContext::ncclBuilt() {
+#ifdef USE_C10D_NCCL
+    return true;
+#else
+    return false;
+#endif
+}
+
+DistContext::DistContext(const DistEnv& env, const std::string& backend, torch::Device device)
+    : m_env(env), m_backend(backend), m_impl(std::make_unique<Impl>()) {
+    if (backend != "gloo" && backend != "nccl") throw ConfigError("`backend` must be gloo or nccl (got '" + backend + "')");
+    if (backend == "nccl") {
+        if (!ncclBuilt())
+            throw ConfigError("`backend` nccl: this LibTorch was built without NCCL; use backend = \"gloo\"");
+        if (!device.is_cuda())
+            throw ConfigError("`backend` nccl exchanges CUDA tensors: train with device = \"cuda\", or use backend = \"gloo\"");
+        m_device = device;
+        m_impl->nccl = true;
+    }
+    m_impl->masterAddr = env.masterAddr;
     const auto timeout = std::chrono::seconds(env.timeoutSec);
     try {
         c10d::TCPStoreOptions opts;
@@ -35,14 +83,10 @@ DistContext::DistContext(const DistEnv& env) : m_env(env), m_impl(std::make_uniq
         opts.waitWorkers = false;
         opts.timeout = timeout;
         m_impl->store = c10::make_intrusive<c10d::TCPStore>(env.masterAddr, opts);
-        auto pgOpts = c10d::ProcessGroupGloo::Options::create();
         // Collectives wait much longer than the rendezvous: rank 0 validates and checkpoints
         // while the others wait at their next collective (torch's default is 30 minutes).
-        const auto collective = std::max(timeout, std::chrono::seconds(1800));
-        pgOpts->timeout = collective;
-        m_impl->timeout = collective;
-        pgOpts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(env.masterAddr));
-        m_impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(m_impl->store, env.rank, env.worldSize, pgOpts);
+        m_impl->timeout = std::max(timeout, std::chrono::seconds(1800));
+        m_impl->pg = m_impl->group(m_impl->store, env.rank, env.worldSize);
     } catch (const std::exception& ex) {
         std::string msg = ex.what();
         throw Error("rank " + std::to_string(env.rank) + ": rendezvous with " + env.masterAddr + ":" +
@@ -60,33 +104,34 @@ void DistContext::initHierarchy(int ranksPerHost) {
                           std::to_string(world) + " ranks");
     m_ranksPerHost = ranksPerHost;
     auto group = [&](const std::string& prefix, int rank, int size) {
-        auto opts = c10d::ProcessGroupGloo::Options::create();
-        opts->timeout = m_impl->timeout;
-        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(m_env.masterAddr));
-        auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, m_impl->store);
-        return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+        return m_impl->group(c10::make_intrusive<c10d::PrefixStore>(prefix, m_impl->store), rank, size);
     };
     const int host = m_env.rank / ranksPerHost;
     m_impl->host = group("lathe/host/" + std::to_string(host), m_env.rank % ranksPerHost, ranksPerHost);
     if (m_env.rank % ranksPerHost == 0) m_impl->leaders = group("lathe/leaders", host, world / ranksPerHost);
 }
 
+// Tensors travel on the context's device: a tensor elsewhere goes through a copy there and back.
 void DistContext::broadcast(std::vector<torch::Tensor>& tensors, int root) {
     c10d::BroadcastOptions o;
     o.rootRank = root;
     for (auto& t : tensors) {
-        std::vector<at::Tensor> one{t};
+        const bool here = t.device() == m_device;
+        std::vector<at::Tensor> one{here ? t : t.to(m_device)};
         m_impl->pg->broadcast(one, o)->wait();
+        if (!here) t.copy_(one[0]);
     }
 }
 
 void DistContext::allreduceSum(torch::Tensor& t) {
-    std::vector<at::Tensor> one{t};
+    const bool here = t.device() == m_device;
+    std::vector<at::Tensor> one{here ? t : t.to(m_device)};
     m_impl->pg->allreduce(one)->wait();
+    if (!here) t.copy_(one[0]);
 }
 
 bool DistContext::any(bool flag) {
-    auto t = torch::full({1}, flag ? 1.0f : 0.0f);
+    auto t = torch::full({1}, flag ? 1.0f : 0.0f, torch::TensorOptions().device(m_device));
     std::vector<at::Tensor> one{t};
     c10d::AllreduceOptions o;
     o.reduceOp = c10d::ReduceOp::MAX;
@@ -177,6 +222,13 @@ struct Reducer::Impl {
 
     bool plainRing() const { return format == kc::CompressFormat::None && compress.strategy == "ring"; }
 
+    // Exchange buffers live where the collectives take them (the CPU for Gloo, the GPU for NCCL),
+    // and the compression kernels run there: kernels/' CUDA versions on the GPU.
+    torch::TensorOptions fopt() const { return torch::TensorOptions().dtype(torch::kFloat).device(ctx->commDevice()); }
+    torch::TensorOptions bopt() const { return torch::TensorOptions().dtype(torch::kUInt8).device(ctx->commDevice()); }
+    torch::TensorOptions lopt() const { return torch::TensorOptions().dtype(torch::kLong).device(ctx->commDevice()); }
+    bool onGpu() const { return ctx->commDevice().is_cuda(); }
+
     void launchReady() {
         // Strictly in bucket order, so every rank issues the same collectives in the same order.
         while (nextToLaunch < buckets.size() && buckets[nextToLaunch].pending == 0) {
@@ -214,6 +266,20 @@ struct Reducer::Impl {
         q.seed = seed;
         q.indexOffset = offset;
         auto* scales = reinterpret_cast<float*>(msg + kc::codeBytes(un, format));
+        if (onGpu()) {  // on the current (default) stream, which NCCL's stream waits for
+            switch (format) {
+                case kc::CompressFormat::Int8:
+                    kc::cuda::quantizeInt8(x, residual, un, reinterpret_cast<int8_t*>(msg), scales, q);
+                    break;
+                case kc::CompressFormat::Int4: kc::cuda::quantizeInt4(x, residual, un, msg, scales, q); break;
+                case kc::CompressFormat::Fp16:
+                case kc::CompressFormat::Bf16:
+                    kc::cuda::floatTo16(x, residual, un, reinterpret_cast<uint16_t*>(msg), format == kc::CompressFormat::Bf16);
+                    break;
+                case kc::CompressFormat::None: break;
+            }
+            return;
+        }
         switch (format) {
             case kc::CompressFormat::Int8:
                 if (residual) kc::quantizeInt8ErrorFeedback(x, residual, un, reinterpret_cast<int8_t*>(msg), scales, q);
@@ -240,6 +306,21 @@ struct Reducer::Impl {
         const auto un = static_cast<size_t>(n);
         const auto chunk = static_cast<size_t>(compress.chunk);
         const auto* scales = reinterpret_cast<const float*>(msg + kc::codeBytes(un, format));
+        if (onGpu()) {
+            switch (format) {
+                case kc::CompressFormat::Int8:
+                    kc::cuda::dequantizeInt8(reinterpret_cast<const int8_t*>(msg), scales, un, chunk, out, add);
+                    break;
+                case kc::CompressFormat::Int4: kc::cuda::dequantizeInt4(msg, scales, un, chunk, out, add); break;
+                case kc::CompressFormat::Fp16:
+                case kc::CompressFormat::Bf16:
+                    kc::cuda::floatFrom16(reinterpret_cast<const uint16_t*>(msg), un, out,
+                                          format == kc::CompressFormat::Bf16, add);
+                    break;
+                case kc::CompressFormat::None: break;
+            }
+            return;
+        }
         switch (format) {
             case kc::CompressFormat::Int8:
                 if (add) kc::dequantizeAddInt8(reinterpret_cast<const int8_t*>(msg), scales, un, chunk, out);
@@ -268,23 +349,23 @@ struct Reducer::Impl {
         return exchangeCompressedOn(b, bucketIndex, step, *ctx->impl().pg, ctx->rank(), ctx->worldSize(), true);
     }
 
-    int64_t exchangeCompressedOn(Bucket& b, size_t bucketIndex, int64_t step, c10d::ProcessGroupGloo& pg, int rank,
-                                 int world, bool average) {
+    int64_t exchangeCompressedOn(Bucket& b, size_t bucketIndex, int64_t step, CommGroup& pg, int rank, int world,
+                                 bool average) {
         const int64_t n = b.buffer.numel();
         if (!b.padded.defined()) {
             const int64_t unit = 8;  // int4 shards stay whole bytes and each message's scales 4-byte aligned
             b.shard = ((n + world - 1) / world + unit - 1) / unit * unit;
-            b.padded = torch::zeros({b.shard * world});
+            b.padded = torch::zeros({b.shard * world}, fopt());
             if (compress.errorFeedback) {
-                b.residual = torch::zeros({b.shard * world});
-                b.shardResidual = torch::zeros({b.shard});
+                b.residual = torch::zeros({b.shard * world}, fopt());
+                b.shardResidual = torch::zeros({b.shard}, fopt());
             }
         }
         b.padded.narrow(0, 0, n).copy_(b.buffer);
         if (b.padded.numel() > n) b.padded.narrow(0, n, b.padded.numel() - n).zero_();  // last step's decoded tail
         const int64_t msg = messageBytes(b.shard);
-        auto send = torch::empty({msg * world}, torch::kUInt8);
-        auto recv = torch::empty({msg * world}, torch::kUInt8);
+        auto send = torch::empty({msg * world}, bopt());
+        auto recv = torch::empty({msg * world}, bopt());
         const uint64_t seed = compress.seed * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(step) << 20) ^
                               (static_cast<uint64_t>(bucketIndex) << 8) ^ static_cast<uint64_t>(rank);
         float* x = b.padded.data_ptr<float>();
@@ -295,14 +376,14 @@ struct Reducer::Impl {
         std::vector<int64_t> equal;
         pg.alltoall_base(recv, send, equal, equal)->wait();
         // Rank `rank` owns shard `rank`: the sum of every rank's version, in FP32.
-        auto acc = torch::zeros({b.shard});
+        auto acc = torch::zeros({b.shard}, fopt());
         for (int j = 0; j < world; ++j) decode(recv.data_ptr<uint8_t>() + j * msg, b.shard, acc.data_ptr<float>(), true);
         if (average) acc.div_(world);
-        auto mine = torch::empty({msg}, torch::kUInt8);
+        auto mine = torch::empty({msg}, bopt());
         encode(acc.data_ptr<float>(), compress.errorFeedback ? b.shardResidual.data_ptr<float>() : nullptr, b.shard,
                mine.data_ptr<uint8_t>(), seed ^ 0xA5A5A5A5ull, static_cast<uint64_t>(rank * b.shard));
         std::vector<std::vector<at::Tensor>> gathered(1);
-        for (int j = 0; j < world; ++j) gathered[0].push_back(torch::empty({msg}, torch::kUInt8));
+        for (int j = 0; j < world; ++j) gathered[0].push_back(torch::empty({msg}, bopt()));
         std::vector<at::Tensor> input{mine};
         pg.allgather(gathered, input)->wait();
         for (int j = 0; j < world; ++j)
@@ -368,31 +449,31 @@ struct Reducer::Impl {
         const int64_t n = b.buffer.numel();
         if (!b.padded.defined()) {
             b.shard = (n + 7) / 8 * 8;  // whole int4 bytes, 4-byte aligned scales
-            b.padded = torch::zeros({b.shard});
+            b.padded = torch::zeros({b.shard}, fopt());
             if (compress.errorFeedback) {
-                b.residual = torch::zeros({b.shard});
-                b.shardResidual = torch::zeros({b.shard});
+                b.residual = torch::zeros({b.shard}, fopt());
+                b.shardResidual = torch::zeros({b.shard}, fopt());
             }
         }
         b.padded.narrow(0, 0, n).copy_(b.buffer);
         const int64_t msg = messageBytes(b.shard);
         const uint64_t seed = compress.seed * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(step) << 20) ^
                               (static_cast<uint64_t>(bucketIndex) << 8) ^ static_cast<uint64_t>(rank);
-        auto mine = torch::empty({msg}, torch::kUInt8);
+        auto mine = torch::empty({msg}, bopt());
         encode(b.padded.data_ptr<float>(), compress.errorFeedback ? b.residual.data_ptr<float>() : nullptr, b.shard,
                mine.data_ptr<uint8_t>(), seed, 0);
         std::vector<std::vector<at::Tensor>> pushed;
         if (rank == server) {
             pushed.emplace_back();
-            for (int j = 0; j < world; ++j) pushed[0].push_back(torch::empty({msg}, torch::kUInt8));
+            for (int j = 0; j < world; ++j) pushed[0].push_back(torch::empty({msg}, bopt()));
         }
         std::vector<at::Tensor> input{mine};
         c10d::GatherOptions go;
         go.rootRank = server;
         pg->gather(pushed, input, go)->wait();
-        auto reply = torch::empty({msg}, torch::kUInt8);
+        auto reply = torch::empty({msg}, bopt());
         if (rank == server) {
-            auto acc = torch::zeros({b.shard});
+            auto acc = torch::zeros({b.shard}, fopt());
             for (int j = 0; j < world; ++j)
                 decode(pushed[0][static_cast<size_t>(j)].data_ptr<uint8_t>(), b.shard, acc.data_ptr<float>(), true);
             acc.div_(world);
@@ -415,7 +496,7 @@ struct Reducer::Impl {
         auto& pg = ctx->impl().pg;
         const int world = ctx->worldSize(), rank = ctx->rank();
         const int64_t rows = p.size(0), dim = p.numel() / std::max<int64_t>(1, p.size(0));
-        torch::Tensor idx = torch::empty({0}, torch::kLong), vals = torch::empty({0, dim});
+        torch::Tensor idx = torch::empty({0}, lopt()), vals = torch::empty({0, dim}, fopt());
         if (p.grad().defined()) {
             auto g = p.grad();
             if (g.is_sparse()) {
@@ -425,19 +506,21 @@ struct Reducer::Impl {
             } else {  // a dense gradient (e.g. zero_grad left one): send its non-zero rows
                 auto dense = g.reshape({rows, dim});
                 idx = dense.abs().sum(1).nonzero().reshape({-1});
-                vals = dense.index_select(0, idx).contiguous();
+                vals = dense.index_select(0, idx).to(torch::kFloat).contiguous();
             }
+            idx = idx.to(ctx->commDevice());
+            vals = vals.to(ctx->commDevice());
         }
         // 1. how many rows each rank pushes
         std::vector<std::vector<at::Tensor>> counts(1);
-        for (int j = 0; j < world; ++j) counts[0].push_back(torch::empty({1}, torch::kLong));
-        std::vector<at::Tensor> myCount{torch::full({1}, idx.numel(), torch::kLong)};
+        for (int j = 0; j < world; ++j) counts[0].push_back(torch::empty({1}, lopt()));
+        std::vector<at::Tensor> myCount{torch::full({1}, idx.numel(), lopt())};
         pg->allgather(counts, myCount)->wait();
         int64_t maxRows = 0;
         for (const auto& c : counts[0]) maxRows = std::max(maxRows, c.item<int64_t>());
         // 2. push (row, value) pairs, padded with zero rows to the largest count
-        auto padIdx = torch::zeros({maxRows}, torch::kLong);
-        auto padVals = torch::zeros({maxRows, dim});
+        auto padIdx = torch::zeros({maxRows}, lopt());
+        auto padVals = torch::zeros({maxRows, dim}, fopt());
         if (idx.numel() > 0) {
             padIdx.narrow(0, 0, idx.numel()).copy_(idx);
             padVals.narrow(0, 0, idx.numel()).copy_(vals);
@@ -447,8 +530,8 @@ struct Reducer::Impl {
             gotIdx.emplace_back();
             gotVals.emplace_back();
             for (int j = 0; j < world; ++j) {
-                gotIdx[0].push_back(torch::empty({maxRows}, torch::kLong));
-                gotVals[0].push_back(torch::empty({maxRows, dim}));
+                gotIdx[0].push_back(torch::empty({maxRows}, lopt()));
+                gotVals[0].push_back(torch::empty({maxRows, dim}, fopt()));
             }
         }
         c10d::GatherOptions go;
@@ -459,9 +542,9 @@ struct Reducer::Impl {
         int64_t sent = rank == server ? 0 : 8 * world + maxRows * (8 + 4 * dim);
         // 3. the server sums in FP32 and answers with the averaged union of touched rows
         torch::Tensor outIdx, outVals;
-        auto outCount = torch::zeros({1}, torch::kLong);
+        auto outCount = torch::zeros({1}, lopt());
         if (rank == server) {
-            auto acc = torch::zeros({rows, dim});
+            auto acc = torch::zeros({rows, dim}, fopt());
             std::vector<torch::Tensor> touched;
             for (int j = 0; j < world; ++j) {
                 const auto n = counts[0][static_cast<size_t>(j)].item<int64_t>();
@@ -470,7 +553,7 @@ struct Reducer::Impl {
                 acc.index_add_(0, ji, gotVals[0][static_cast<size_t>(j)].narrow(0, 0, n));
                 touched.push_back(ji);
             }
-            outIdx = touched.empty() ? torch::empty({0}, torch::kLong) : std::get<0>(at::_unique(torch::cat(touched)));
+            outIdx = touched.empty() ? torch::empty({0}, lopt()) : std::get<0>(at::_unique(torch::cat(touched)));
             outVals = acc.index_select(0, outIdx).div_(world).contiguous();
             outCount.fill_(outIdx.numel());
         }
@@ -480,8 +563,8 @@ struct Reducer::Impl {
         pg->broadcast(countT, bo)->wait();
         const auto n = outCount.item<int64_t>();
         if (rank != server) {
-            outIdx = torch::empty({n}, torch::kLong);
-            outVals = torch::empty({n, dim});
+            outIdx = torch::empty({n}, lopt());
+            outVals = torch::empty({n, dim}, fopt());
         }
         if (n > 0) {
             std::vector<at::Tensor> bi{outIdx}, bv{outVals};
@@ -492,7 +575,7 @@ struct Reducer::Impl {
         // The optimizers here take dense gradients: the averaged rows go into a dense one.
         // Allocated in p's shape (not a reshaped view: zero_grad() detaches gradients in place).
         auto dense = torch::zeros(p.sizes(), p.options());
-        if (n > 0) dense.view({rows, dim}).index_copy_(0, outIdx, outVals.to(p.scalar_type()));
+        if (n > 0) dense.view({rows, dim}).index_copy_(0, outIdx.to(p.device()), outVals.to(p.device(), p.scalar_type()));
         p.mutable_grad() = dense;
         return sent;
     }
@@ -546,7 +629,8 @@ Reducer::Reducer(DistContext& ctx, std::vector<torch::Tensor> params, double buc
     for (auto& b : d.buckets) {
         int64_t n = 0;
         for (size_t i : b.params) n += d.params[i].numel();
-        b.buffer = torch::zeros({n}, d.params.front().options().dtype(torch::kFloat));
+        // Gloo takes host memory: a model on a GPU has its gradients staged through the CPU.
+        b.buffer = torch::zeros({n}, torch::TensorOptions().dtype(torch::kFloat).device(ctx.commDevice()));
     }
     if (!d.plainRing()) d.commThread = std::thread([impl = m_impl.get()] { impl->commLoop(); });
     for (size_t k = 0; k < d.params.size(); ++k)
@@ -616,7 +700,7 @@ Reducer::Stats Reducer::finish() {
             if (p.grad().defined())
                 p.mutable_grad().copy_(avg);
             else
-                p.mutable_grad() = avg.clone();
+                p.mutable_grad() = avg.to(p.device(), p.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
         }
     }
     // Sparse parameters after the buckets, in the same order on every rank; their servers follow

@@ -235,6 +235,9 @@ const std::vector<KeyDef>& keyDefs() {
         choice("strategy", "gradient exchange: ring (all-reduce), hierarchical (within host, then among hosts) or ps "
                            "(parameter-server style)",
                &RunSpec::strategy, {"ring", "hierarchical", "ps"});
+        choice("backend", "collective engine: auto (NCCL when training on CUDA with a GPU per rank and a LibTorch "
+                          "with NCCL, else Gloo), gloo (CPU; CUDA gradients are staged through host memory) or nccl",
+               &RunSpec::backend, {"auto", "gloo", "nccl"});
         integer("ranks_per_host", "hierarchical: ranks per host, 0..4096 (0 = LOCAL_WORLD_SIZE)", &RunSpec::ranksPerHost,
                 0, 4096);
         integer("ps_ranks", "ps: how many ranks (0..N-1) aggregate gradients, 1..4096", &RunSpec::psRanks, 1, 4096);

@@ -206,13 +206,18 @@ int cudaDeviceCount() noexcept {
 
 namespace {
 
-torch::Device resolveDevice(const RunSpec& spec) {
+// A data-parallel rank on CUDA takes GPU LOCAL_RANK (modulo the GPUs there are), as torchrun's
+// convention has it.
+torch::Device resolveDevice(const RunSpec& spec, const DistEnv& dist = {}) {
     const bool cuda = torch::cuda::is_available();
     if (spec.device == "cuda" && !cuda)
         throw ConfigError("`device` cuda: no CUDA device is available (this LibTorch or this machine has none); use "
                           "device = \"cpu\" or \"auto\"");
-    const torch::Device dev = (spec.device == "cuda" || (spec.device == "auto" && cuda)) ? torch::Device(torch::kCUDA)
-                                                                                       : torch::Device(torch::kCPU);
+    const int gpus = cuda ? static_cast<int>(torch::cuda::device_count()) : 0;
+    const torch::Device dev = (spec.device == "cuda" || (spec.device == "auto" && cuda))
+                                  ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(
+                                                                     dist.distributed() ? dist.localRank % std::max(1, gpus) : 0))
+                                  : torch::Device(torch::kCPU);
     if (spec.precision == "fp16" && !dev.is_cuda())
         throw ConfigError("`precision` fp16 needs a CUDA GPU and none is available here; use precision = \"bf16\" "
                           "(--precision bf16), which runs on the CPU");
@@ -271,7 +276,17 @@ std::string fmt(double v, int prec = 4) {
 
 void checkRunnable(const RunSpec& spec) {
     validateOrThrow(spec);
-    resolveDevice(spec);
+    const auto device = resolveDevice(spec);
+    if (spec.backend == "nccl" && spec.nproc > 1) {
+        if (!DistContext::ncclBuilt())
+            throw ConfigError("`backend` nccl: this LibTorch was built without NCCL; use backend = \"gloo\"");
+        if (!device.is_cuda())
+            throw ConfigError("`backend` nccl exchanges CUDA tensors: train with device = \"cuda\", or use "
+                              "backend = \"gloo\"");
+        if (spec.nproc > cudaDeviceCount())
+            throw ConfigError("`backend` nccl needs a GPU per rank: " + std::to_string(spec.nproc) + " processes, " +
+                              std::to_string(cudaDeviceCount()) + " GPU(s) here; use backend = \"gloo\"");
+    }
 }
 
 TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventSink& sink) {
@@ -286,7 +301,7 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
 
     if (spec.threads > 0) setComputeThreads(static_cast<int>(spec.threads));
     torch::manual_seed(static_cast<uint64_t>(spec.seed));
-    const torch::Device device = resolveDevice(spec);
+    const torch::Device device = resolveDevice(spec, options.dist);
     const auto cast = autocastType(spec);
 
     auto split = data::loadSplit(spec);
@@ -327,7 +342,16 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
     if (denv.distributed()) {
         emit(Event::log("info", "rank " + std::to_string(rank) + " of " + std::to_string(world) + ": rendezvous at " +
                                     denv.masterAddr + ":" + std::to_string(denv.masterPort)));
-        dist = std::make_unique<DistContext>(denv);
+        // NCCL wants a GPU of its own per rank; Gloo takes anything (CUDA gradients through the CPU).
+        std::string backend = spec.backend;
+        const int gpus = device.is_cuda() ? cudaDeviceCount() : 0;
+        if (backend == "auto")
+            backend = device.is_cuda() && DistContext::ncclBuilt() && denv.localWorldSize <= gpus ? "nccl" : "gloo";
+        else if (backend == "nccl" && device.is_cuda() && denv.localWorldSize > gpus)
+            throw ConfigError("`backend` nccl needs a GPU per rank: " + std::to_string(denv.localWorldSize) +
+                              " ranks on this host, " + std::to_string(gpus) + " GPU(s); use backend = \"gloo\"");
+        emit(Event::log("info", "collectives: " + backend + (device.is_cuda() ? " on " + device.str() : "")));
+        dist = std::make_unique<DistContext>(denv, backend, backend == "nccl" ? device : torch::Device(torch::kCPU));
         auto p = model->parameters();
         for (auto& b : model->buffers()) p.push_back(b);
         {

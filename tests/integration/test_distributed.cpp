@@ -11,6 +11,7 @@
 #include "lathe/core/distributed.h"
 #include "lathe/core/error.h"
 #include "lathe/core/store.h"
+#include "lathe/core/training.h"
 #include "run_process.h"
 
 using lathe::test::binPath;
@@ -239,4 +240,12 @@ TEST_CASE("ps sends only the touched rows of an embedding table and still follow
     REQUIRE(bytes.size() == 23);
     for (double v : bytes) CHECK(v < 16384.0 * 64 * 4 / 4);
     CHECK(b.at("comm/compression_ratio").get<double>() > 4);  // vs an fp32 ring all-reduce of everything
+}
+
+TEST_CASE("backend = nccl is refused before any worker starts where it cannot run", "[distributed]") {
+    if (lathe::core::cudaDeviceCount() > 1) return;  // NCCL may run there: gpu_tests covers it
+    TempDir dir;
+    const auto r = runShell(lathectl("train --epochs 1 --nproc 2 --backend nccl -q --db " + dir.file("l.db")));
+    CHECK(r.exitCode == 2);
+    CHECK_THAT(r.err, Catch::Contains("nccl") && Catch::Contains("backend = \"gloo\""));
 }

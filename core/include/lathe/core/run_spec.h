@@ -59,6 +59,7 @@ struct RunSpec {
     int64_t nproc = 1;                     // local worker processes (ranks); batch is per rank
     double bucketMb = 25.0;                // gradient bucket size (the first bucket is 1 MB)
     std::string strategy = "ring";         // ring | hierarchical | ps
+    std::string backend = "auto";          // auto (nccl when every rank has its own GPU) | gloo | nccl
     int64_t ranksPerHost = 0;              // hierarchical: ranks per host (0 = from LOCAL_WORLD_SIZE)
     int64_t psRanks = 1;                   // ps: ranks 0..ps_ranks-1 aggregate gradients
     std::string compress = "none";         // none | fp16 | bf16 | int8 | int4 (gradients on the wire)
