@@ -39,12 +39,13 @@ const char* const kPrecisionKeys[] = {"precision",
                                       "profile_active",
                                       "profile_repeat"};
 
-// Data-parallel training: the world size, the reducer's bucket size and how gradients are
+// Data-parallel training: the world size, the collective engine, the reducer's bucket size and how gradients are
 // compressed on the wire. Chunk, error feedback and stochastic rounding only apply to the
 // quantizing codecs (int8/int4).
-const char* const kDistributedKeys[] = {"nproc",          "strategy",       "ranks_per_host",
-                                        "ps_ranks",       "bucket_mb",      "compress",
-                                        "error_feedback", "compress_chunk", "stochastic_rounding"};
+const char* const kDistributedKeys[] = {"nproc",          "backend",        "strategy",
+                                        "ranks_per_host", "ps_ranks",       "bucket_mb",
+                                        "compress",       "error_feedback", "compress_chunk",
+                                        "stochastic_rounding"};
 
 bool isQuantizerKey(const std::string& key) {
     return key == "error_feedback" || key == "compress_chunk" || key == "stochastic_rounding";
