@@ -60,9 +60,15 @@ void runProfile(const ProfileState& st) {
 
     if (st.common.json) {
         auto arr = nlohmann::json::array();
-        for (const auto& o : ops)
-            arr.push_back({{"name", o.name}, {"calls", o.calls}, {"self_ms", ms(o.selfNs)}, {"total_ms", ms(o.totalNs)},
-                           {"share", o.share}});
+        for (const auto& o : ops) {
+            nlohmann::json j{{"name", o.name}, {"calls", o.calls}, {"self_ms", ms(o.selfNs)}, {"total_ms", ms(o.totalNs)},
+                             {"share", o.share}};
+            if (o.cudaTotalNs >= 0) {
+                j["cuda_self_ms"] = ms(o.cudaSelfNs);
+                j["cuda_total_ms"] = ms(o.cudaTotalNs);
+            }
+            arr.push_back(std::move(j));
+        }
         nlohmann::json ph = nlohmann::json::object();
         for (const auto& [name, mean] : phaseMeans) ph[name] = mean;
         std::cout << nlohmann::json{{"run_id", st.id},
@@ -76,10 +82,18 @@ void runProfile(const ProfileState& st) {
     }
     std::printf("run %lld: %zu profiled steps, %zu spans\n\n", static_cast<long long>(st.id), phases.size(),
                 spans.size());
-    std::printf("%-44s %8s %11s %11s %7s\n", "OP", "CALLS", "SELF_MS", "TOTAL_MS", "SHARE");
-    for (const auto& o : ops)
-        std::printf("%-44.44s %8lld %11.3f %11.3f %6.1f%%\n", o.name.c_str(), static_cast<long long>(o.calls),
+    // A run on a GPU has device times too: two more columns.
+    const bool cuda = std::any_of(ops.begin(), ops.end(), [](const core::OpSummary& o) { return o.cudaTotalNs >= 0; });
+    std::printf("%-44s %8s %11s %11s %7s", "OP", "CALLS", "SELF_MS", "TOTAL_MS", "SHARE");
+    if (cuda) std::printf(" %13s %14s", "CUDA_SELF_MS", "CUDA_TOTAL_MS");
+    std::printf("\n");
+    for (const auto& o : ops) {
+        std::printf("%-44.44s %8lld %11.3f %11.3f %6.1f%%", o.name.c_str(), static_cast<long long>(o.calls),
                     ms(o.selfNs), ms(o.totalNs), 100.0 * o.share);
+        if (cuda && o.cudaTotalNs >= 0) std::printf(" %13.3f %14.3f", ms(o.cudaSelfNs), ms(o.cudaTotalNs));
+        else if (cuda) std::printf(" %13s %14s", "-", "-");
+        std::printf("\n");
+    }
     std::printf("\nstep phases (mean ms per profiled step)\n");
     for (const auto& [name, mean] : phaseMeans) std::printf("  %-14s %9.3f\n", name.c_str(), mean);
 }

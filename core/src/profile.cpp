@@ -40,13 +40,16 @@ std::vector<OpSummary> topOps(const std::vector<ProfileSpan>& spans, int top) {
         std::sort(ops.begin(), ops.end(), [](const ProfileSpan* a, const ProfileSpan* b) {
             return a->startNs != b->startNs ? a->startNs < b->startNs : a->durationNs > b->durationNs;
         });
-        std::vector<int64_t> childNs(ops.size(), 0);
+        std::vector<int64_t> childNs(ops.size(), 0), childCudaNs(ops.size(), 0);
         std::vector<size_t> stack;
         for (size_t i = 0; i < ops.size(); ++i) {
             const auto* op = ops[i];
             while (!stack.empty() && ops[stack.back()]->startNs + ops[stack.back()]->durationNs <= op->startNs)
                 stack.pop_back();
-            if (!stack.empty()) childNs[stack.back()] += op->durationNs;
+            if (!stack.empty()) {
+                childNs[stack.back()] += op->durationNs;
+                childCudaNs[stack.back()] += std::max<int64_t>(0, op->cudaNs);
+            }
             stack.push_back(i);
         }
         for (size_t i = 0; i < ops.size(); ++i) {
@@ -55,6 +58,10 @@ std::vector<OpSummary> topOps(const std::vector<ProfileSpan>& spans, int top) {
             a.calls += 1;
             a.totalNs += ops[i]->durationNs;
             a.selfNs += std::max<int64_t>(0, ops[i]->durationNs - childNs[i]);
+            if (ops[i]->cudaNs >= 0) {  // device time nests as the host intervals do
+                a.cudaTotalNs = std::max<int64_t>(0, a.cudaTotalNs) + ops[i]->cudaNs;
+                a.cudaSelfNs = std::max<int64_t>(0, a.cudaSelfNs) + std::max<int64_t>(0, ops[i]->cudaNs - childCudaNs[i]);
+            }
         }
     }
     std::vector<OpSummary> out;

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "lathe/core/error.h"
+#include "lathe/kernels/cuda_device.hpp"
 
 namespace lathe::core {
 namespace {
@@ -32,20 +33,41 @@ int64_t threadNumber() {
 struct OpContext : at::ObserverContext {
     int64_t startNs = 0;
     std::string shapes;
+    void* startEvent = nullptr;  // CUDA event before the op, when its device time is measured
 };
 
+// The CUDA runtime's current device is per thread: the profiler's events belong to the run's GPU.
+thread_local int t_cudaDevice = -1;
+
+// An event recorded now on the run's GPU (default stream), or nullptr when that fails.
+void* recordEvent(Profiler* p) {
+    try {
+        if (t_cudaDevice != p->cudaDevice()) {
+            kernels::cuda::setDevice(p->cudaDevice());
+            t_cudaDevice = p->cudaDevice();
+        }
+        void* e = p->takeEvent();
+        kernels::cuda::eventRecord(e);
+        return e;
+    } catch (const std::exception&) {
+        return nullptr;
+    }
+}
+
 // "[64, 784], [512, 784]": built with plain appends, since it runs for every op of a recorded
-// step and ostringstream costs several times more.
-std::string shapesOf(const at::RecordFunction& fn) {
+// step and ostringstream costs several times more. `cuda`: whether any input is on a GPU.
+std::string shapesOf(const at::RecordFunction& fn, bool& cuda) {
     std::string out;
     out.reserve(48);
     char buf[24];
+    cuda = false;
     for (const auto& v : fn.inputs()) {
         if (!v.isTensor()) continue;
         if (!out.empty()) out += ", ";
         const auto& t = v.toTensor();
         out += '[';
         if (t.defined()) {
+            cuda = cuda || t.is_cuda();
             const auto sizes = t.sizes();
             for (size_t i = 0; i < sizes.size(); ++i) {
                 if (i) out += ", ";
@@ -63,7 +85,9 @@ std::unique_ptr<at::ObserverContext> onStart(const at::RecordFunction& fn) {
     Profiler* p = g_active.load(std::memory_order_acquire);
     if (!p || !p->recording()) return nullptr;
     auto ctx = std::make_unique<OpContext>();
-    ctx->shapes = shapesOf(fn);
+    bool cuda = false;
+    ctx->shapes = shapesOf(fn, cuda);
+    if (cuda && p->cudaDevice() >= 0) ctx->startEvent = recordEvent(p);
     ctx->startNs = p->nowNs();
     return ctx;
 }
@@ -74,6 +98,7 @@ void onEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
     if (!p || !raw) return;
     const int64_t end = p->nowNs();
     auto* ctx = static_cast<OpContext*>(raw);
+    void* endEvent = ctx->startEvent ? recordEvent(p) : nullptr;
     ProfileSpan span;
     span.kind = ProfileSpan::Kind::Op;
     span.name = fn.name();
@@ -82,7 +107,7 @@ void onEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
     span.thread = threadNumber();
     span.startNs = ctx->startNs;
     span.durationNs = end - ctx->startNs;
-    p->addOp(std::move(span));
+    p->addOp(std::move(span), endEvent ? ctx->startEvent : nullptr, endEvent);
 }
 
 }  // namespace
@@ -108,6 +133,11 @@ Profiler::~Profiler() {
     g_active.store(nullptr, std::memory_order_release);
     // A callback that loaded the pointer before it was cleared may still be running.
     while (g_inflight.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+    for (const auto& d : m_deviceTimed) {
+        kernels::cuda::eventDestroy(d.start);
+        kernels::cuda::eventDestroy(d.end);
+    }
+    for (void* e : m_freeEvents) kernels::cuda::eventDestroy(e);
 }
 
 int64_t Profiler::nowNs() const {
@@ -151,15 +181,47 @@ void Profiler::addPhase(const char* name, int64_t startNs, int64_t endNs, int64_
     m_spans.push_back(std::move(span));
 }
 
-void Profiler::addOp(ProfileSpan&& span) {
+void Profiler::addOp(ProfileSpan&& span, void* startEvent, void* endEvent) {
     std::lock_guard<std::mutex> lk(m_mutex);
+    if (startEvent && endEvent) m_deviceTimed.push_back({m_spans.size(), startEvent, endEvent});
+    else if (startEvent) m_freeEvents.push_back(startEvent);
     m_spans.push_back(std::move(span));
 }
 
+void* Profiler::takeEvent() {
+    {
+        std::lock_guard<std::mutex> lk(m_mutex);
+        if (!m_freeEvents.empty()) {
+            void* e = m_freeEvents.back();
+            m_freeEvents.pop_back();
+            return e;
+        }
+    }
+    return kernels::cuda::eventCreate();
+}
+
 std::vector<ProfileSpan> Profiler::takeSpans() {
-    std::lock_guard<std::mutex> lk(m_mutex);
     std::vector<ProfileSpan> out;
-    out.swap(m_spans);
+    std::vector<DeviceTimed> timed;
+    {
+        std::lock_guard<std::mutex> lk(m_mutex);
+        out.swap(m_spans);
+        timed.swap(m_deviceTimed);
+    }
+    // Device times once the step's work is done (waiting on each op's end event); the events
+    // go back to the pool.
+    for (const auto& d : timed) {
+        try {
+            out[d.span].cudaNs = static_cast<int64_t>(kernels::cuda::eventElapsedMs(d.start, d.end) * 1e6);
+        } catch (const std::exception&) {
+            // left at -1: not measured
+        }
+    }
+    std::lock_guard<std::mutex> lk(m_mutex);
+    for (const auto& d : timed) {
+        m_freeEvents.push_back(d.start);
+        m_freeEvents.push_back(d.end);
+    }
     return out;
 }
 

@@ -36,9 +36,15 @@ public:
         if (m_sync) m_sync();
     }
     bool deviceTimed() const { return static_cast<bool>(m_sync); }
+    /// On a GPU: ops with CUDA inputs also get their device time (cudaNs), from CUDA events
+    /// recorded on the default stream before and after each op (as torch's legacy profiler
+    /// with use_cuda did). -1: off.
+    void setDeviceOps(int cudaDevice) { m_cudaDevice = cudaDevice; }
+    int cudaDevice() const { return m_cudaDevice; }
 
     // Used by the RecordFunction callbacks.
-    void addOp(ProfileSpan&& span);
+    void addOp(ProfileSpan&& span, void* startEvent = nullptr, void* endEvent = nullptr);
+    void* takeEvent();
     int64_t currentStep() const { return m_step.load(std::memory_order_relaxed); }
 
 private:
@@ -55,6 +61,14 @@ private:
     std::mutex m_mutex;
     std::vector<ProfileSpan> m_spans;
     std::function<void()> m_sync;
+    int m_cudaDevice = -1;
+    struct DeviceTimed {
+        size_t span;  // index into m_spans
+        void* start;
+        void* end;
+    };
+    std::vector<DeviceTimed> m_deviceTimed;  // resolved (and their events reused) in takeSpans()
+    std::vector<void*> m_freeEvents;
 };
 
 /// Times one phase of a step; a no-op unless the profiler is recording.

@@ -421,7 +421,10 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
     if (spec.profile) {
         profiler = std::make_unique<Profiler>(
             ProfileSchedule{spec.profileWait, spec.profileWarmup, spec.profileActive, spec.profileRepeat});
-        if (device.is_cuda()) profiler->setDeviceSync([idx = device.index()] { torch::cuda::synchronize(idx); });
+        if (device.is_cuda()) {
+            profiler->setDeviceSync([idx = device.index()] { torch::cuda::synchronize(idx); });
+            profiler->setDeviceOps(device.index());
+        }
     }
     const std::set<int64_t> injectAt(spec.injectNonfinite.begin(), spec.injectNonfinite.end());
     ForwardOptions fwd;

@@ -93,6 +93,27 @@ TEST_CASE("top ops split self from total time by nesting, per thread", "[profile
     CHECK(topOps(spans, 1).size() == 1);
 }
 
+TEST_CASE("device times of ops measured on a GPU split into self and total like host times", "[profile]") {
+    // linear [0,100) with 80 ns on the device contains addmm [10,70) with 60, which contains
+    // copy [20,30) with 5; a second addmm has no device time (-1: not measured).
+    std::vector<ProfileSpan> spans{op("aten::linear", 0, 100), op("aten::addmm", 10, 60), op("aten::copy_", 20, 10),
+                                   op("aten::addmm", 200, 10)};
+    spans[0].cudaNs = 80;
+    spans[1].cudaNs = 60;
+    spans[2].cudaNs = 5;
+    std::map<std::string, OpSummary> by;
+    for (const auto& o : topOps(spans)) by[o.name] = o;
+    CHECK(by["aten::linear"].cudaTotalNs == 80);
+    CHECK(by["aten::linear"].cudaSelfNs == 20);
+    CHECK(by["aten::addmm"].cudaTotalNs == 60);
+    CHECK(by["aten::addmm"].cudaSelfNs == 55);
+    CHECK(by["aten::copy_"].cudaSelfNs == 5);
+    // Host-only ops report none.
+    std::vector<ProfileSpan> host{op("aten::relu", 0, 10)};
+    CHECK(topOps(host)[0].cudaTotalNs == -1);
+    CHECK(topOps(host)[0].cudaSelfNs == -1);
+}
+
 TEST_CASE("a profiled run stores op spans and phases by schedule, and its trace is valid", "[profile]") {
     TempDir dir;
     Store store(dir.file("lathe.db"));

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "lathe/core/profile.h"
 #include "lathe/core/store.h"
 #include "lathe/core/training.h"
 #include "run_process.h"
@@ -84,7 +85,7 @@ TEST_CASE("bf16 on a CUDA GPU trains to the fp32 accuracy", "[gpu][amp]") {
           Approx(fp32.result.finalMetrics.at("val/accuracy")).margin(0.05));
 }
 
-TEST_CASE("a profiled CUDA run times its phases on the device", "[gpu][profile]") {
+TEST_CASE("a profiled CUDA run times its phases and ops on the device", "[gpu][profile]") {
     if (core::cudaDeviceCount() == 0) LATHE_SKIP("no CUDA device");
     test::TempDir dir;
     core::Store store(dir.file("lathe.db"));
@@ -103,6 +104,17 @@ TEST_CASE("a profiled CUDA run times its phases on the device", "[gpu][profile]"
     }
     CHECK(phases > 0);
     CHECK(timed == phases);
+    // Ops on CUDA tensors carry their device time; the matrix products among them.
+    const auto spans = store.profileSpans(rec.runId);
+    const auto ops = core::topOps(spans);
+    bool addmm = false;
+    for (const auto& o : ops)
+        if (o.name == "aten::addmm") {
+            addmm = true;
+            CHECK(o.cudaTotalNs > 0);
+            CHECK(o.cudaSelfNs >= 0);
+        }
+    CHECK(addmm);
 }
 
 TEST_CASE("a model served on the GPU answers as the CPU server does", "[gpu][serving]") {

@@ -146,7 +146,23 @@ TEST_CASE("ProfileView loads off the GUI thread: timeline, sortable top ops, pha
         CHECK(model->index(r, TopOpsModel::ColTotalMs).data(TopOpsModel::SortRole).toLongLong() == op.totalNs);
         CHECK(model->index(r, TopOpsModel::ColShare).data().toString() ==
               QString::number(op.share * 100.0, 'f', 1));
+        CHECK(model->index(r, TopOpsModel::ColCudaSelfMs).data().toString() == QStringLiteral("–"));  // a CPU run
     }
+    // Device-time columns only for runs measured on a GPU.
+    auto* table = view.findChild<QTableView*>(QStringLiteral("topOpsTable"));
+    REQUIRE(table);
+    CHECK(table->isColumnHidden(TopOpsModel::ColCudaSelfMs));
+    CHECK(table->isColumnHidden(TopOpsModel::ColCudaTotalMs));
+    TopOpsModel gpu;
+    lathe::core::OpSummary mm;
+    mm.name = "aten::addmm";
+    mm.calls = 2;
+    mm.cudaSelfNs = 1500000;
+    mm.cudaTotalNs = 2000000;
+    gpu.setOps({mm});
+    CHECK(gpu.hasDeviceTimes());
+    CHECK(gpu.index(0, TopOpsModel::ColCudaSelfMs).data().toString() == QStringLiteral("1.500"));
+    CHECK(gpu.index(0, TopOpsModel::ColCudaTotalMs).data(TopOpsModel::SortRole).toLongLong() == 2000000);
     // Sorted by self time (descending) by default; clicking headers re-sorts.
     auto* proxy = view.opsProxy();
     auto column = [&](int col) {

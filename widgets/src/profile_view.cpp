@@ -214,6 +214,9 @@ void ProfileView::applyResult(uint64_t generation, const std::shared_ptr<LoadRes
     const auto& layout = *result->layout;
     m_timeline->setLayoutData(result->layout);
     m_opsModel->setOps(std::move(result->ops));
+    const bool device = m_opsModel->hasDeviceTimes();
+    m_opsTable->setColumnHidden(TopOpsModel::ColCudaSelfMs, !device);
+    m_opsTable->setColumnHidden(TopOpsModel::ColCudaTotalMs, !device);
     m_opsTable->resizeColumnsToContents();
     m_opsTable->horizontalHeader()->setSectionResizeMode(TopOpsModel::ColName, QHeaderView::Stretch);
     m_phases->setPhases(result->phases);

@@ -15,6 +15,12 @@ void TopOpsModel::setOps(std::vector<core::OpSummary> ops) {
     endResetModel();
 }
 
+bool TopOpsModel::hasDeviceTimes() const {
+    for (const auto& op : m_ops)
+        if (op.cudaTotalNs >= 0) return true;
+    return false;
+}
+
 int TopOpsModel::rowCount(const QModelIndex& parent) const {
     return parent.isValid() ? 0 : int(m_ops.size());
 }
@@ -31,6 +37,8 @@ QVariant TopOpsModel::data(const QModelIndex& index, int role) const {
             case ColSelfMs: return qlonglong(op.selfNs);
             case ColTotalMs: return qlonglong(op.totalNs);
             case ColShare: return op.share;
+            case ColCudaSelfMs: return qlonglong(op.cudaSelfNs);
+            case ColCudaTotalMs: return qlonglong(op.cudaTotalNs);
         }
     }
     if (role == Qt::DisplayRole) {
@@ -40,6 +48,10 @@ QVariant TopOpsModel::data(const QModelIndex& index, int role) const {
             case ColSelfMs: return QString::number(double(op.selfNs) / 1e6, 'f', 3);
             case ColTotalMs: return QString::number(double(op.totalNs) / 1e6, 'f', 3);
             case ColShare: return QString::number(op.share * 100.0, 'f', 1);
+            case ColCudaSelfMs:
+                return op.cudaSelfNs < 0 ? QStringLiteral("–") : QString::number(double(op.cudaSelfNs) / 1e6, 'f', 3);
+            case ColCudaTotalMs:
+                return op.cudaTotalNs < 0 ? QStringLiteral("–") : QString::number(double(op.cudaTotalNs) / 1e6, 'f', 3);
         }
     }
     if (role == Qt::TextAlignmentRole && index.column() != ColName)
@@ -64,6 +76,8 @@ QVariant TopOpsModel::headerData(int section, Qt::Orientation orientation, int r
         case ColSelfMs: return tr("self ms");
         case ColTotalMs: return tr("total ms");
         case ColShare: return tr("share %");
+        case ColCudaSelfMs: return tr("CUDA self ms");
+        case ColCudaTotalMs: return tr("CUDA total ms");
     }
     return {};
 }

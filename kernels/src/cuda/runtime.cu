@@ -65,4 +65,26 @@ void synchronize(void* stream) {
     check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
 }
 
+void* eventCreate() {
+    cudaEvent_t e = nullptr;
+    check(cudaEventCreate(&e), "cudaEventCreate");
+    return e;
+}
+
+void eventDestroy(void* event) noexcept {
+    if (event) (void)cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
+void eventRecord(void* event, void* stream) {
+    check(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)), "cudaEventRecord");
+}
+
+float eventElapsedMs(void* start, void* end) {
+    check(cudaEventSynchronize(static_cast<cudaEvent_t>(end)), "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)),
+          "cudaEventElapsedTime");
+    return ms;
+}
+
 }  // namespace lathe::kernels::cuda

@@ -23,6 +23,10 @@ void copyHostToDevice(void*, const void*, std::size_t) { notBuilt("copyHostToDev
 void copyDeviceToHost(void*, const void*, std::size_t) { notBuilt("copyDeviceToHost"); }
 void copyDeviceToDevice(void*, const void*, std::size_t, void*) { notBuilt("copyDeviceToDevice"); }
 void synchronize(void*) { notBuilt("synchronize"); }
+void* eventCreate() { notBuilt("eventCreate"); }
+void eventDestroy(void*) noexcept {}
+void eventRecord(void*, void*) { notBuilt("eventRecord"); }
+float eventElapsedMs(void*, void*) { notBuilt("eventElapsedMs"); }
 void scaleAndCheck(float*, std::size_t, float, int*, void*) { notBuilt("cuda::scaleAndCheck"); }
 void quantizeInt8(const float*, float*, std::size_t, std::int8_t*, float*, const QuantizeParams&, void*) {
     notBuilt("cuda::quantizeInt8");

@@ -40,6 +40,8 @@ struct OpSummary {
     int64_t totalNs = 0;   // inclusive
     int64_t selfNs = 0;    // exclusive of nested ops
     double share = 0;      // selfNs / sum of all selfNs
+    int64_t cudaTotalNs = -1;  // device time of the calls measured on a GPU (inclusive); -1: none
+    int64_t cudaSelfNs = -1;   // the same, exclusive of nested ops' device time
 };
 
 struct PhaseSummary {

@@ -33,6 +33,15 @@ void copyDeviceToDevice(void* dst, const void* src, std::size_t bytes, void* str
 // Waits for the stream (nullptr: the default stream) and reports any pending kernel error.
 void synchronize(void* stream = nullptr);
 
+// Timing events (cudaEvent_t as void*), for device time between two points of a stream: the
+// profiler records one before and one after each op, as torch's legacy CUDA profiler did.
+// Created on the calling thread's current device.
+void* eventCreate();
+void eventDestroy(void* event) noexcept;
+void eventRecord(void* event, void* stream = nullptr);
+// Milliseconds from `start` to `end`, waiting for `end` to complete.
+float eventElapsedMs(void* start, void* end);
+
 // Owns one device allocation.
 class DeviceBuffer {
 public:

@@ -12,12 +12,15 @@ namespace lathe::widgets {
 class TopOpsModel : public QAbstractTableModel {
     Q_OBJECT
 public:
-    enum Column { ColName, ColCalls, ColSelfMs, ColTotalMs, ColShare, ColumnCount };
+    // The CUDA columns hold device times of runs on a GPU ("–" where an op has none).
+    enum Column { ColName, ColCalls, ColSelfMs, ColTotalMs, ColShare, ColCudaSelfMs, ColCudaTotalMs, ColumnCount };
     enum Role { SortRole = Qt::UserRole + 1 };
 
     explicit TopOpsModel(QObject* parent = nullptr);
 
     void setOps(std::vector<core::OpSummary> ops);
+    /// Whether any op has a device time (the view shows the CUDA columns only then).
+    bool hasDeviceTimes() const;
     const std::vector<core::OpSummary>& ops() const { return m_ops; }
 
     int rowCount(const QModelIndex& parent = {}) const override;
