@@ -70,7 +70,7 @@ cmake -S . -B "$build" -G Ninja -DLATHE_GUI=OFF -DLATHE_CUDA=ON -DCMAKE_BUILD_TY
     -DCMAKE_BUILD_RPATH="$deps/usr/lib/x86_64-linux-gnu;$deps/lib/x86_64-linux-gnu" >"$out/configure.log" 2>&1 ||
     { tail -40 "$out/configure.log"; exit 1; }
 grep -E "Found|found|NCCL" "$out/configure.log" | head -30
-cmake --build "$build" -j "$jobs" -k 0 >"$out/build.log" 2>&1
+cmake --build "$build" -j "$jobs" -- -k 0 >"$out/build.log" 2>&1
 brc=$?
 echo "device-check: build exit $brc in $(( $(date +%s) - start )) s"
 if [ $brc != 0 ]; then grep -m40 -A8 "error:" "$out/build.log"; fi

@@ -143,9 +143,12 @@ TEST_CASE("train --resume continues a stopped run", "[cli]") {
 TEST_CASE("Ctrl+C stops the run cleanly and records it as stopped", "[cli]") {
     TempDir dir;
     const auto db = dir.file("l.db");
-    // SIGINT arrives while training (a long run); lathectl finishes the step and exits 130.
+    // SIGINT arrives while training (a long run); lathectl finishes the step and exits 130. It is
+    // sent once the run is recorded as running: sooner, a loaded machine could deliver it before
+    // the handler is installed, to a background job whose SIGINT the shell ignores.
     const auto r = runShell("(" + lathectl("train --epochs 100000 -q --json --db " + db) +
-                            " & pid=$!; sleep 1.5; kill -INT $pid; wait $pid)");
+                            " & pid=$!; for i in $(seq 600); do " + lathectl("runs list --db " + db) +
+                            " 2>/dev/null | grep -q running && break; sleep 0.1; done; kill -INT $pid; wait $pid)");
     CHECK(r.exitCode == 130);
     CHECK(json::parse(r.out).at("status") == "stopped");
     lathe::core::Store store(db);

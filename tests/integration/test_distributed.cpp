@@ -116,8 +116,10 @@ TEST_CASE("killing a rank fails the run with that rank's status and leaves no pr
 TEST_CASE("Ctrl+C on a multi-process run stops every rank and records it as stopped", "[distributed]") {
     TempDir dir;
     const auto db = dir.file("l.db");
+    // Once the run is recorded as running and the workers have had a moment to start training.
     const auto r = runShell("(" + lathectl("train --nproc 2 --epochs 100000 -q --json --db " + db) +
-                            " & pid=$!; sleep 4; kill -INT $pid; wait $pid)");
+                            " & pid=$!; for i in $(seq 600); do " + lathectl("runs list --db " + db) +
+                            " 2>/dev/null | grep -q running && break; sleep 0.1; done; sleep 2; kill -INT $pid; wait $pid)");
     CHECK(r.exitCode == 130);
     CHECK(json::parse(r.out).at("status") == "stopped");
     CHECK(workerPids(dir.file("artifacts/run-1/config.toml")).empty());
