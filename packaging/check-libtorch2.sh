@@ -14,6 +14,7 @@ shift || true
 scratch=${LATHE_TORCH2_DIR:-/tmp/lathe-libtorch2}
 if [ ! -d "$scratch/root/usr/include/torch" ]; then
     mkdir -p "$scratch/lists/partial" "$scratch/archives/partial"
+    rm -rf "$scratch/root.tmp" "$scratch"/*.deb  # what an interrupted run left
     echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main" >"$scratch/sources.list"
     o=(-o "Dir::Etc::SourceList=$scratch/sources.list" -o Dir::Etc::SourceParts=/dev/null
        -o "Dir::State::Lists=$scratch/lists" -o "Dir::Cache::Archives=$scratch/archives")

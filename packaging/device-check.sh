@@ -6,14 +6,20 @@
 #     bash packaging/device-check.sh          kernels/ alone (LATHE_KERNELS_ONLY): the CUDA
 #                                             kernel tests and bench_kernels_cuda, ~2-3 minutes
 #     bash packaging/device-check.sh --full   and the rest without the GUI, against PyTorch's
-#                                             LibTorch: every non-GUI test including gpu_tests
-#                                             (fp16/bf16 training, device-timed profile phases,
-#                                             serving on the GPU) and bench_serving
+#                                             LibTorch: gpu_tests (fp16/bf16 training, device-timed
+#                                             profile phases and ops, serving on the GPU, ranks on
+#                                             GPUs) and the CUDA kernel tests and benchmark
+#     bash packaging/device-check.sh --full --all   also every other non-GUI test and
+#                                             bench_serving (a second call: a device command may
+#                                             run 10 minutes; the build in /tmp stays while the
+#                                             machine is warm)
 # Every log lands in $OUT. Exit status: that of the tests.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 full=0
+all=0
 [ "${1:-}" = "--full" ] && full=1
+[ "${2:-}" = "--all" ] && all=1
 out=${OUT:-/tmp/lathe-device-out}
 mkdir -p "$out"
 jobs=$(nproc)
@@ -49,7 +55,7 @@ fi
 deps=/tmp/lathe-deps
 ls .device/debs/*.deb >/dev/null 2>&1 || { echo "device-check: no .device/debs: run ./packaging/device-prepare.sh --full here" >&2; exit 2; }
 rm -rf "$deps" && mkdir -p "$deps"
-for f in .device/debs/*.deb; do dpkg -x "$f" "$deps"; done
+for f in .device/debs/*.deb; do dpkg -x "$f" "$deps" || { echo "device-check: cannot unpack $f" >&2; exit 1; }; done
 rm -f "$deps"/usr/lib/x86_64-linux-gnu/libgloo.so*  # Gloo is inside PyTorch's libtorch_cpu: headers only
 find "$deps" -type l | while read -r l; do
     t=$(readlink "$l")
@@ -59,8 +65,10 @@ torch_prefix=${LATHE_TORCH_PREFIX:-$(python3 -c 'import torch; print(torch.utils
 # nccl.h: PyTorch's NCCL wheel has it when the CUDA toolkit does not.
 nccl_inc=$(python3 -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "include"))' 2>/dev/null || true)
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cxx11 abi", torch.compiled_with_cxx11_abi())' 2>&1 | tee -a "$out/gpu.txt"
+# The packages' libraries only for our programs (the build gives them an RPATH too), never for
+# the machine's own tools (cmake, nvcc), which bookworm's libssl or libcurl could upset.
 libdirs="$deps/usr/lib/x86_64-linux-gnu:$deps/lib/x86_64-linux-gnu"
-export LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+run() { LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"; }
 build=/tmp/lathe-build-full
 # -idirafter: the packages' headers come after LibTorch's own and the machine's, so they fill
 # gaps (libssh, Boost, prometheus-cpp ...) without shadowing what PyTorch ships (e.g. Gloo).
@@ -74,14 +82,21 @@ cmake --build "$build" -j "$jobs" -- -k 0 >"$out/build.log" 2>&1
 brc=$?
 echo "device-check: build exit $brc in $(( $(date +%s) - start )) s"
 if [ $brc != 0 ]; then grep -m40 -A8 "error:" "$out/build.log"; fi
-(cd "$build" && timeout 900 ctest -LE "bench|fuzz" --output-on-failure -j 8 --timeout 300) >"$out/ctest.log" 2>&1
+# The GPU checks first (gpu_tests, the kernels' CUDA cases), then with --all everything else
+# that runs without a display or the network (compat fetches from Debian's archive).
+labels="gpu|kernels"
+[ $all = 1 ] && labels="."
+(cd "$build" && run timeout 480 ctest -L "$labels" -LE "bench|fuzz|compat|widgets" --output-on-failure -j 8 \
+    --timeout 300) >"$out/ctest.log" 2>&1
 rc=$?
 grep -E "tests passed|Failed|\*\*\*|Not Run" "$out/ctest.log" | head -40
-"$build/bin/gpu_tests" --durations yes >"$out/gpu_tests.log" 2>&1 || true
-tail -5 "$out/gpu_tests.log"
-"$build/bin/bench_kernels_cuda" --out "$out" >"$out/bench_kernels_cuda.txt" 2>&1 || true
-timeout 300 "$build/bin/bench_serving" --quick --out "$out" >"$out/bench_serving.txt" 2>&1 || true
-tail -8 "$out/bench_serving.txt"
-echo "device-check: build exit $brc, tests exit $rc; logs in $out"
+run "$build/bin/kernels_tests" "[cuda]" --durations yes >"$out/kernels_cuda.log" 2>&1 || true
+run "$build/bin/bench_kernels_cuda" --out "$out" >"$out/bench_kernels_cuda.txt" 2>&1 || true
+tail -14 "$out/bench_kernels_cuda.txt"
+if [ $all = 1 ]; then
+    run timeout 240 "$build/bin/bench_serving" --quick --out "$out" >"$out/bench_serving.txt" 2>&1 || true
+    tail -8 "$out/bench_serving.txt"
+fi
+echo "device-check: build exit $brc, tests exit $rc in $(( $(date +%s) - start )) s; logs in $out"
 [ $brc = 0 ] || exit $brc
 exit $rc

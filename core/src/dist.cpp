@@ -16,6 +16,7 @@
 
 #include "lathe/core/error.h"
 #include "lathe/kernels/compress.hpp"
+#include "lathe/kernels/cuda_device.hpp"
 
 namespace lathe::core {
 
@@ -191,6 +192,9 @@ struct Reducer::Impl {
     }
 
     void commLoop() {
+        // The CUDA runtime's current device is per thread: this thread's compression kernels
+        // must run on the rank's GPU, not on device 0.
+        if (onGpu()) kc::cuda::setDevice(ctx->commDevice().index());
         for (;;) {
             size_t bi;
             {
@@ -603,6 +607,9 @@ Reducer::Reducer(DistContext& ctx, std::vector<torch::Tensor> params, double buc
     const auto format = kc::parseCompressFormat(compress.format);
     if (!format) throw ConfigError("`compress` must be none, fp16, bf16, int8 or int4 (got '" + compress.format + "')");
     d.format = *format;
+    if (d.onGpu() && d.format != kc::CompressFormat::None && !kc::cudaCompiled())
+        throw ConfigError("`compress` " + compress.format + " on NCCL needs Lathe's CUDA kernels, and this build has "
+                          "none (configure with the CUDA toolkit, LATHE_CUDA=ON); or use backend = \"gloo\"");
     d.params = std::move(params);
     if (!sparse.empty() && compress.strategy != "ps")
         throw ConfigError("sparse embedding gradients are exchanged by the ps strategy only");

@@ -47,7 +47,12 @@ void* recordEvent(Profiler* p) {
             t_cudaDevice = p->cudaDevice();
         }
         void* e = p->takeEvent();
-        kernels::cuda::eventRecord(e);
+        try {
+            kernels::cuda::eventRecord(e);
+        } catch (const std::exception&) {
+            p->returnEvent(e);
+            throw;
+        }
         return e;
     } catch (const std::exception&) {
         return nullptr;
@@ -95,9 +100,13 @@ std::unique_ptr<at::ObserverContext> onStart(const at::RecordFunction& fn) {
 void onEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
     InflightGuard inflight;
     Profiler* p = g_active.load(std::memory_order_acquire);
-    if (!p || !raw) return;
-    const int64_t end = p->nowNs();
+    if (!raw) return;
     auto* ctx = static_cast<OpContext*>(raw);
+    if (!p) {  // the profiler went away mid-op: its pool is gone, the event goes with it
+        kernels::cuda::eventDestroy(ctx->startEvent);
+        return;
+    }
+    const int64_t end = p->nowNs();
     void* endEvent = ctx->startEvent ? recordEvent(p) : nullptr;
     ProfileSpan span;
     span.kind = ProfileSpan::Kind::Op;
@@ -107,7 +116,7 @@ void onEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
     span.thread = threadNumber();
     span.startNs = ctx->startNs;
     span.durationNs = end - ctx->startNs;
-    p->addOp(std::move(span), endEvent ? ctx->startEvent : nullptr, endEvent);
+    p->addOp(std::move(span), ctx->startEvent, endEvent);  // a start without an end goes back to the pool
 }
 
 }  // namespace
@@ -186,6 +195,11 @@ void Profiler::addOp(ProfileSpan&& span, void* startEvent, void* endEvent) {
     if (startEvent && endEvent) m_deviceTimed.push_back({m_spans.size(), startEvent, endEvent});
     else if (startEvent) m_freeEvents.push_back(startEvent);
     m_spans.push_back(std::move(span));
+}
+
+void Profiler::returnEvent(void* event) {
+    std::lock_guard<std::mutex> lk(m_mutex);
+    m_freeEvents.push_back(event);
 }
 
 void* Profiler::takeEvent() {

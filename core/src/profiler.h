@@ -45,6 +45,7 @@ public:
     // Used by the RecordFunction callbacks.
     void addOp(ProfileSpan&& span, void* startEvent = nullptr, void* endEvent = nullptr);
     void* takeEvent();
+    void returnEvent(void* event);
     int64_t currentStep() const { return m_step.load(std::memory_order_relaxed); }
 
 private:

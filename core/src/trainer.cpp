@@ -14,6 +14,7 @@
 #include "dist.h"
 #include "data/raw.h"
 #include "lathe/core/error.h"
+#include "lathe/kernels/cuda_device.hpp"
 #include "lathe/core/training.h"
 #include "lathe/kernels/scale_and_check.hpp"
 #include "models.h"
@@ -423,7 +424,8 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
             ProfileSchedule{spec.profileWait, spec.profileWarmup, spec.profileActive, spec.profileRepeat});
         if (device.is_cuda()) {
             profiler->setDeviceSync([idx = device.index()] { torch::cuda::synchronize(idx); });
-            profiler->setDeviceOps(device.index());
+            // Per-op device time needs Lathe's CUDA runtime (kernels/); a build without it skips it.
+            if (kernels::cuda::deviceCount() > 0) profiler->setDeviceOps(device.index());
         }
     }
     const std::set<int64_t> injectAt(spec.injectNonfinite.begin(), spec.injectNonfinite.end());

@@ -130,8 +130,15 @@ TEST_CASE("End to end: deploy, hot-swap and roll back a trained model from the M
         REQUIRE(r.status == 200);
     }
 
-    // 2. Deploy v2 over it: the same server swaps versions.
+    // 2. Deploy v2 over it: the same server swaps versions. The page's list shows v1 live first
+    // (it refreshes from the workspace; on a loaded machine that can take a moment).
     REQUIRE(waitUntil([&] { return models->deployButton()->isEnabled(); }, 5000));
+    REQUIRE(waitUntil(
+        [&] {
+            const auto* e = models->listModel()->entry(QStringLiteral("digits"));
+            return e && e->live() && e->live()->version == 1;
+        },
+        15000));
     models->selectModel("digits", 2);
     const auto second = clickAndWait(*window, models->deployButton());
     CHECK(asked.back() == QStringLiteral("Deploy digits v2 to %1, replacing v1?").arg(first.url));
@@ -142,6 +149,12 @@ TEST_CASE("End to end: deploy, hot-swap and roll back a trained model from the M
 
     // 3. Roll back: the question names both versions; v1 serves again.
     REQUIRE(waitUntil([&] { return models->rollbackButton()->isEnabled(); }, 10000));
+    REQUIRE(waitUntil(
+        [&] {
+            const auto* e = models->listModel()->entry(QStringLiteral("digits"));
+            return e && e->live() && e->live()->version == 2;
+        },
+        15000));
     const auto back = clickAndWait(*window, models->rollbackButton());
     CHECK(asked.back() == "Roll back digits from v2 to v1?");
     CHECK(back.action == "rollback");
