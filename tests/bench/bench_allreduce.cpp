@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_args.h"
 #include "dist.h"
 
 using Clock = std::chrono::steady_clock;
@@ -107,12 +108,7 @@ int runRank(int rank, int port, bool quick, const std::string& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    std::string out;
-    bool quick = false;
-    for (int i = 1; i < argc; ++i) {
-        if (std::string(argv[i]) == "--out" && i + 1 < argc) out = argv[++i];
-        if (std::string(argv[i]) == "--quick") quick = true;
-    }
+    const auto [out, quick] = lathe::test::benchArgs(argc, argv);
     const int port = 20000 + static_cast<int>(getpid() % 20000);
     std::vector<pid_t> kids;
     for (int rank = 0; rank < 2; ++rank) {

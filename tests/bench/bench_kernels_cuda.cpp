@@ -16,6 +16,7 @@
 #include "lathe/kernels/cuda_device.hpp"
 #include "lathe/kernels/info.hpp"
 #include "lathe/kernels/scale_and_check.hpp"
+#include "bench_args.h"
 
 using namespace lathe::kernels;
 using Clock = std::chrono::steady_clock;
@@ -40,12 +41,7 @@ double medianSeconds(const std::function<void()>& fn, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    std::string out;
-    bool quick = false;
-    for (int i = 1; i < argc; ++i) {
-        if (std::string(argv[i]) == "--out" && i + 1 < argc) out = argv[++i];
-        if (std::string(argv[i]) == "--quick") quick = true;
-    }
+    const auto [out, quick] = lathe::test::benchArgs(argc, argv);
     if (!cudaCompiled() || cuda::deviceCount() == 0) {
         std::printf("SKIPPED: %s\n", cudaCompiled() ? "no CUDA device" : "lathe_kernels built without CUDA");
         return 77;

@@ -28,6 +28,7 @@
 #include "lathe/core/loadgen.h"
 #include "lathe/core/model_artifact.h"
 #include "lathe/core/serving.h"
+#include "bench_args.h"
 #include "serving/infer_protocol.h"
 #include "serving_fixture.h"
 
@@ -220,11 +221,8 @@ Run loadServer(const Model& model, int64_t maxBatch, double maxDelayMs, double r
 }  // namespace
 
 int main(int argc, char** argv) {
-    std::string out;
-    bool quick = false;
+    const auto [out, quick] = lathe::test::benchArgs(argc, argv);
     for (int i = 1; i < argc; ++i) {
-        if (std::string(argv[i]) == "--out" && i + 1 < argc) out = argv[++i];
-        if (std::string(argv[i]) == "--quick") quick = true;
         if (std::string(argv[i]) == "--io-threads" && i + 1 < argc) g_ioThreads = std::atoi(argv[++i]);
         if (std::string(argv[i]) == "--compute-threads" && i + 1 < argc) g_computeThreads = std::atoi(argv[++i]);
         if (std::string(argv[i]) == "--instances" && i + 1 < argc) g_instances = std::atoi(argv[++i]);

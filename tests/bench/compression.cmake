@@ -9,5 +9,6 @@ set_tests_properties(bench_compression PROPERTIES LABELS bench TIMEOUT 60)
 # skipped (77) without a GPU. Built in kernels-only builds too, for the GPU machine.
 add_executable(bench_kernels_cuda ${CMAKE_CURRENT_LIST_DIR}/bench_kernels_cuda.cpp)
 target_link_libraries(bench_kernels_cuda PRIVATE lathe_kernels)
+target_include_directories(bench_kernels_cuda PRIVATE ${CMAKE_SOURCE_DIR}/tests/support)
 add_test(NAME bench_kernels_cuda COMMAND bench_kernels_cuda --quick --out ${LATHE_BENCH_RESULTS})
 set_tests_properties(bench_kernels_cuda PROPERTIES LABELS bench SKIP_RETURN_CODE 77 TIMEOUT 120)
