@@ -275,19 +275,33 @@ std::string fmt(double v, int prec = 4) {
 
 }  // namespace
 
+namespace {
+
+// The collective engine for `ranksOnHost` ranks training on `device`: NCCL wants a CUDA LibTorch
+// with NCCL and a GPU of its own per rank; Gloo takes anything (CUDA gradients through the CPU).
+// `auto` picks NCCL where it can run; an explicit `nccl` that cannot is refused.
+std::string resolveBackend(const RunSpec& spec, torch::Device device, int ranksOnHost) {
+    const int gpus = device.is_cuda() ? cudaDeviceCount() : 0;
+    if (spec.backend == "auto")
+        return device.is_cuda() && DistContext::ncclBuilt() && ranksOnHost <= gpus ? "nccl" : "gloo";
+    if (spec.backend != "nccl") return spec.backend;
+    if (!DistContext::ncclBuilt())
+        throw ConfigError("`backend` nccl: this LibTorch was built without NCCL; use backend = \"gloo\"");
+    if (!device.is_cuda())
+        throw ConfigError("`backend` nccl exchanges CUDA tensors: train with device = \"cuda\", or use "
+                          "backend = \"gloo\"");
+    if (ranksOnHost > gpus)
+        throw ConfigError("`backend` nccl needs a GPU per rank: " + std::to_string(ranksOnHost) +
+                          " ranks on this host, " + std::to_string(gpus) + " GPU(s); use backend = \"gloo\"");
+    return "nccl";
+}
+
+}  // namespace
+
 void checkRunnable(const RunSpec& spec) {
     validateOrThrow(spec);
     const auto device = resolveDevice(spec);
-    if (spec.backend == "nccl" && spec.nproc > 1) {
-        if (!DistContext::ncclBuilt())
-            throw ConfigError("`backend` nccl: this LibTorch was built without NCCL; use backend = \"gloo\"");
-        if (!device.is_cuda())
-            throw ConfigError("`backend` nccl exchanges CUDA tensors: train with device = \"cuda\", or use "
-                              "backend = \"gloo\"");
-        if (spec.nproc > cudaDeviceCount())
-            throw ConfigError("`backend` nccl needs a GPU per rank: " + std::to_string(spec.nproc) + " processes, " +
-                              std::to_string(cudaDeviceCount()) + " GPU(s) here; use backend = \"gloo\"");
-    }
+    if (spec.nproc > 1) resolveBackend(spec, device, static_cast<int>(spec.nproc));  // refused before workers start
 }
 
 TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventSink& sink) {
@@ -343,14 +357,7 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
     if (denv.distributed()) {
         emit(Event::log("info", "rank " + std::to_string(rank) + " of " + std::to_string(world) + ": rendezvous at " +
                                     denv.masterAddr + ":" + std::to_string(denv.masterPort)));
-        // NCCL wants a GPU of its own per rank; Gloo takes anything (CUDA gradients through the CPU).
-        std::string backend = spec.backend;
-        const int gpus = device.is_cuda() ? cudaDeviceCount() : 0;
-        if (backend == "auto")
-            backend = device.is_cuda() && DistContext::ncclBuilt() && denv.localWorldSize <= gpus ? "nccl" : "gloo";
-        else if (backend == "nccl" && device.is_cuda() && denv.localWorldSize > gpus)
-            throw ConfigError("`backend` nccl needs a GPU per rank: " + std::to_string(denv.localWorldSize) +
-                              " ranks on this host, " + std::to_string(gpus) + " GPU(s); use backend = \"gloo\"");
+        const std::string backend = resolveBackend(spec, device, denv.localWorldSize);
         emit(Event::log("info", "collectives: " + backend + (device.is_cuda() ? " on " + device.str() : "")));
         dist = std::make_unique<DistContext>(denv, backend, backend == "nccl" ? device : torch::Device(torch::kCPU));
         auto p = model->parameters();

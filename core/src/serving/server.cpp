@@ -440,16 +440,8 @@ private:
         pv.queue->Observe(r.queueS);
         auto out = serving::inferResponse(model.name(), model.version(), id, model.signature().outputs[0], rows,
                                           r.output.data(), model.outputElems(), binary);
-        if (out.jsonLength < 0) {
-            send(200, std::move(out.body));
-        } else {
-            Response res{http::status::ok, m_request.version()};
-            res.set(http::field::server, "lathe");
-            res.set(http::field::content_type, "application/octet-stream");
-            res.set(serving::kInferHeaderLength, std::to_string(out.jsonLength));
-            res.body() = std::move(out.body);
-            write(std::move(res));
-        }
+        if (out.jsonLength < 0) send(200, std::move(out.body));
+        else send(200, std::move(out.body), "application/octet-stream", out.jsonLength);
         pv.latency->Observe(std::chrono::duration<double>(Clock::now() - m_started).count());
     }
 
@@ -498,10 +490,12 @@ private:
         });
     }
 
-    void send(int status, std::string body, const char* type = "application/json") {
+    // `jsonLength` >= 0: a binary tensor data body, whose JSON part is that long.
+    void send(int status, std::string body, const char* type = "application/json", int64_t jsonLength = -1) {
         Response res{static_cast<http::status>(status), m_request.version()};
         res.set(http::field::server, "lathe");
         res.set(http::field::content_type, type);
+        if (jsonLength >= 0) res.set(serving::kInferHeaderLength, std::to_string(jsonLength));
         res.body() = std::move(body);
         write(std::move(res));
     }
