@@ -43,6 +43,18 @@ void checkFollows(const lathe::core::Store& store, const json& one, const json& 
     CHECK(two.at("val/loss").get<double>() == Approx(one.at("val/loss").get<double>()).epsilon(1e-5));
 }
 
+// One rank with batch 64 and two with batch 32 each, both with `flags` (the two-rank run adds
+// `twoFlags`); their --json objects.
+std::pair<json, json> oneAndTwoRanks(const std::string& db, const std::string& flags, const std::string& twoFlags) {
+    const auto one = runShell(lathectl("train --epochs 1 --batch 64 --threads 1 -q --json" + flags + " --db " + db));
+    REQUIRE(one.exitCode == 0);
+    const auto two =
+        runShell(lathectl("train --epochs 1 --batch 32 --nproc 2 -q --json" + flags + twoFlags + " --db " + db));
+    INFO(two.err);
+    REQUIRE(two.exitCode == 0);
+    return {json::parse(one.out), json::parse(two.out)};
+}
+
 // Worker processes of a run, found by the config path only they have on their command line.
 std::vector<int> workerPids(const std::string& configPath) {
     // [w]orker: the pattern must not match the shell that runs pgrep.
@@ -60,15 +72,9 @@ std::vector<int> workerPids(const std::string& configPath) {
 TEST_CASE("2 ranks with batch 32 each follow 1 rank with batch 64 step by step, with every strategy", "[distributed]") {
     TempDir dir;
     const auto db = dir.file("l.db");
-    const auto one = runShell(lathectl("train --epochs 1 --batch 64 --threads 1 -q --json --db " + db));
-    REQUIRE(one.exitCode == 0);
     const std::string strategy = GENERATE(as<std::string>{}, "ring", "hierarchical --ranks-per-host 1", "ps");
     INFO("strategy " << strategy);
-    const auto two = runShell(lathectl("train --epochs 1 --batch 32 --nproc 2 -q --json --strategy " + strategy +
-                                       " --db " + db));
-    INFO(two.err);
-    REQUIRE(two.exitCode == 0);
-    const auto a = json::parse(one.out), b = json::parse(two.out);
+    const auto [a, b] = oneAndTwoRanks(db, "", " --strategy " + strategy);
     lathe::core::Store store(db);
     const auto rb = b.at("run_id").get<int64_t>();
     checkFollows(store, a, b);
@@ -226,13 +232,7 @@ TEST_CASE("ps sends only the touched rows of an embedding table and still follow
     TempDir dir;
     const auto db = dir.file("l.db");
     const std::string model = " --model embed --embedding-rows 16384 --hidden 64,64";
-    const auto one = runShell(lathectl("train --epochs 1 --batch 64 --threads 1 -q --json" + model + " --db " + db));
-    REQUIRE(one.exitCode == 0);
-    const auto two = runShell(lathectl("train --epochs 1 --batch 32 --nproc 2 -q --json --strategy ps" + model +
-                                       " --db " + db));
-    INFO(two.err);
-    REQUIRE(two.exitCode == 0);
-    const auto a = json::parse(one.out), b = json::parse(two.out);
+    const auto [a, b] = oneAndTwoRanks(db, model, " --strategy ps");
     lathe::core::Store store(db);
     const auto rb = b.at("run_id").get<int64_t>();
     checkFollows(store, a, b);

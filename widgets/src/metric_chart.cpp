@@ -36,12 +36,7 @@ MetricChart::MetricChart(const QString& title, const QStringList& keys, QWidget*
     m_plot->setPlottingHint(QCP::phFastPolylines, true);
     m_plot->xAxis->setLabel(tr("step"));
     m_plot->yAxis->setLabel(title);
-    m_plot->legend->setVisible(true);
-    QFont legendFont = font();
-    legendFont.setPointSizeF(std::max(7.0, legendFont.pointSizeF() - 1.0));
-    m_plot->legend->setFont(legendFont);
-    m_plot->legend->setBrush(QColor(255, 255, 255, 210));
-    m_plot->legend->setBorderPen(QPen(QColor(0xbb, 0xbb, 0xbb)));
+    styleLegend();
     m_plot->axisRect()->insetLayout()->setInsetAlignment(0, Qt::AlignTop | Qt::AlignRight);
 
     m_tracer = new QCPItemTracer(m_plot);
