@@ -24,7 +24,7 @@ bool hwAvx2() noexcept {
 bool hwAvx512() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f");
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
 #else
     return false;
 #endif

@@ -160,8 +160,15 @@ TEST_CASE("scalar quantization meets its definition", "[kernels][compress]") {
                             }
                             // A denormal scale is itself coarsely rounded, so only the code range holds.
                             if (scale < std::numeric_limits<float>::min()) continue;
+                            // The definition: v = x * fl(1 / scale) in fp32, rounded to nearest even.
+                            const float inv = 1.f / scale;
+                            REQUIRE(std::isfinite(inv));
+                            const float vf = std::clamp(x[i] * inv, -qmax, qmax);
+                            REQUIRE(code == static_cast<int>(std::nearbyint(vf)));
+                            // Against the exact quotient: half a step, plus the two fp32 roundings
+                            // of the reciprocal and the product (2^-23 relative).
                             const double v = std::clamp(double(x[i]) / scale, -double(qmax), double(qmax));
-                            REQUIRE(std::fabs(v - code) <= 0.5 + 1e-6);
+                            REQUIRE(std::fabs(v - code) <= 0.5 + qmax * 0x1p-23);
                             // Round-trip error within half a step (plus the final fp32 rounding).
                             REQUIRE(std::fabs(double(x[i]) - d[i]) <= 0.5 * scale * (1 + 1e-5) + 1e-6 * std::fabs(x[i]));
                         }
@@ -186,6 +193,26 @@ TEST_CASE("ties round to even, int4 packs low nibble first", "[kernels][compress
     REQUIRE(q4.codes[1] == 0xf1);  // 1, -1
     REQUIRE(q4.codes[2] == 0xc4);  // 4 (3.5 -> 4), -4 (0xc)
     REQUIRE(q4.codes[3] == 0x00);
+}
+
+TEST_CASE("a scale whose reciprocal overflows is coded by division on every path", "[kernels][compress]") {
+    // amax 1e-37: scale = amax / 127 is a denormal (~7.9e-40) and 1 / scale overflows to inf.
+    std::vector<float> x(100);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = 1e-37f * (static_cast<float>(i % 21) - 10.f) / 10.f;
+    QuantizeParams p;
+    p.chunk = 0;
+    const Quantized ref = runQuantize(x, nullptr, false, p, CpuIsa::Scalar);
+    const float scale = ref.scales[0];
+    REQUIRE(scale > 0.f);
+    REQUIRE(std::isinf(1.f / scale));
+    for (std::size_t i = 0; i < x.size(); ++i)
+        REQUIRE(codeAt(ref, i, false) == static_cast<int>(std::nearbyint(std::clamp(x[i] / scale, -127.f, 127.f))));
+    REQUIRE(codeAt(ref, 0, false) == -127);
+    for (CpuIsa isa : kSimd)
+        if (cpuIsaAvailable(isa)) {
+            INFO(cpuIsaName(isa));
+            REQUIRE(sameBytes(runQuantize(x, nullptr, false, p, isa).codes, ref.codes));
+        }
 }
 
 TEST_CASE("every SIMD quantize/dequantize path equals the scalar reference byte for byte", "[kernels][compress]") {

@@ -41,9 +41,10 @@ void dequantizeScalar(const DequantArgs& a) noexcept {
 
 void quantizeElementsScalar(const QuantArgs& a, std::size_t b, std::size_t e, float scale) noexcept {
     const float qmax = a.int4 ? 7.f : 127.f;
+    const float inv = reciprocal(scale);
     for (std::size_t i = b; i < e; ++i) {
         const float s = loadS(a, i);
-        const int q = quantOne(s, scale, qmax, a.stochastic, a.key, static_cast<std::uint32_t>(a.offset + i));
+        const int q = quantOne(s, scale, inv, qmax, a.stochastic, a.key, static_cast<std::uint32_t>(a.offset + i));
         if (a.int4) storeInt4(static_cast<std::uint8_t*>(a.codes), i, q);
         else static_cast<std::int8_t*>(a.codes)[i] = static_cast<std::int8_t>(q);
         if (a.residual) a.residual[i] = s - static_cast<float>(q) * scale;

@@ -60,6 +60,12 @@ LATHE_T256 std::uint32_t chunkAmax(const QuantArgs& a, std::size_t b, std::size_
 
 LATHE_T256 void quantizeChunk(const QuantArgs& a, std::size_t b, std::size_t e, float scale) noexcept {
     const float qmax = a.int4 ? 7.f : 127.f;
+    const float inv = reciprocal(scale);
+    if (nonFinite(inv)) {  // a denormal scale: coded by division (see reciprocal)
+        quantizeElementsScalar(a, b, e, scale);
+        return;
+    }
+    const __m256 vinv = _mm256_set1_ps(inv);
     const __m256 vs = _mm256_set1_ps(scale), lo = _mm256_set1_ps(-qmax), hi = _mm256_set1_ps(qmax);
     const __m256 two24 = _mm256_set1_ps(16777216.f);
     const __m256i key = _mm256_set1_epi32(static_cast<int>(a.key));
@@ -76,7 +82,7 @@ LATHE_T256 void quantizeChunk(const QuantArgs& a, std::size_t b, std::size_t e, 
     }
     for (; i + 8 <= e; i += 8) {
         const __m256 s = loadS(a.grad, a.residual, i);
-        const __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_div_ps(s, vs), lo), hi);
+        const __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(s, vinv), lo), hi);
         __m256i q;
         if (a.stochastic) {
             const __m256 fl = _mm256_round_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);

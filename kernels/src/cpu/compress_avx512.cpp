@@ -1,6 +1,6 @@
-// AVX-512 (AVX512F only) compression paths. Bit-identical to the scalar reference in
-// compress.cpp: the same IEEE operations in the same order, heads and tails handed to the
-// scalar element helpers, and only AVX512F instructions so every AVX-512 CPU runs it.
+// AVX-512 (F + BW: every AVX-512 CPU since Skylake-SP; CpuIsa::Avx512 requires both) compression
+// paths. Bit-identical to the scalar reference in compress.cpp: the same IEEE operations in the
+// same order, with heads and tails handed to the scalar element helpers.
 
 #include "compress_internal.hpp"
 
@@ -16,6 +16,7 @@ namespace lathe::kernels::detail {
 #ifdef LATHE_KERNELS_X86
 
 #define LATHE_T512 __attribute__((target("avx512f")))
+#define LATHE_T512BW __attribute__((target("avx512f,avx512bw")))
 
 namespace {
 
@@ -58,44 +59,122 @@ LATHE_T512 std::uint32_t chunkAmax(const QuantArgs& a, std::size_t b, std::size_
     return _mm512_reduce_max_epu32(_mm512_max_epu32(m0, m1));
 }
 
-LATHE_T512 void quantizeChunk(const QuantArgs& a, std::size_t b, std::size_t e, float scale) noexcept {
-    const float qmax = a.int4 ? 7.f : 127.f;
-    const __m512 vs = _mm512_set1_ps(scale), lo = _mm512_set1_ps(-qmax), hi = _mm512_set1_ps(qmax);
-    const __m512 two24 = _mm512_set1_ps(16777216.f);
+// Codes of the 16 elements at i as int32 lanes; with error feedback, also their new residuals.
+template <bool Stochastic, bool Feedback>
+LATHE_T512 inline __m512i quantVec(const float* __restrict g, float* __restrict r, std::size_t i, __m512 vs,
+                                   __m512 vinv, __m512 lo, __m512 hi, __m512i key, std::uint32_t ctr) noexcept {
+    __m512 s = _mm512_loadu_ps(g + i);
+    if (Feedback) s = _mm512_add_ps(s, _mm512_loadu_ps(r + i));
+    __m512i q;
+    if (Stochastic) {
+        const __m512 v = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(s, vinv), lo), hi);
+        const __m512 fl = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+        const __m512 frac = _mm512_sub_ps(v, fl);
+        const __m512 u = _mm512_cvtepi32_ps(_mm512_srli_epi32(streamBits16(key, ctr), 8));
+        const __mmask16 up = _mm512_cmp_ps_mask(u, _mm512_mul_ps(frac, _mm512_set1_ps(16777216.f)), _CMP_LT_OQ);
+        q = _mm512_cvttps_epi32(fl);
+        q = _mm512_mask_add_epi32(q, up, q, _mm512_set1_epi32(1));
+    } else {
+        // No clamp needed: |s| <= amax, so |s * inv| <= Q (1 + 2^-20) even with the roundings of
+        // scale, inv and the product (a scale this path sees has >= 21 significant bits), and
+        // rint of that is at most Q: the same code the reference gets after clamping.
+        q = _mm512_cvtps_epi32(_mm512_mul_ps(s, vinv));  // MXCSR rounding, like nearbyint
+    }
+    if (Feedback) _mm512_storeu_ps(r + i, _mm512_sub_ps(s, _mm512_mul_ps(_mm512_cvtepi32_ps(q), vs)));
+    return q;
+}
+
+// 64 int32 codes in [-127, 127] -> 64 bytes in element order. The packs work within 128-bit
+// lanes, leaving dword j of lane L holding elements of q_j's lane L; one permute restores order.
+LATHE_T512BW inline __m512i packCodes64(__m512i q0, __m512i q1, __m512i q2, __m512i q3) noexcept {
+    const __m512i bytes = _mm512_packs_epi16(_mm512_packs_epi32(q0, q1), _mm512_packs_epi32(q2, q3));
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_epi32(order, bytes);
+}
+
+// One chunk's codes (and residuals), specialised at compile time on the format, the rounding and
+// error feedback so the loop carries no per-element branches, with the arguments in registers
+// (stores through the int8 code pointer may alias anything, so reading them through `a` would
+// reload them on every iteration).
+//
+// It also returns max |x| (as bits) of the next chunk [nb, ne), read while this one is coded: this
+// chunk is in L1 since its own amax pass, so the loads of the next one from L2/L3 overlap with the
+// coding arithmetic instead of stalling a separate amax loop.
+template <bool Int4, bool Stochastic, bool Feedback>
+LATHE_T512BW std::uint32_t quantizeChunkT(const QuantArgs& a, std::size_t b, std::size_t e, float scale,
+                                          std::size_t nb, std::size_t ne) noexcept {
+    constexpr float qmax = Int4 ? 7.f : 127.f;
+    const float* __restrict g = a.grad;
+    float* __restrict r = a.residual;
+    const float inv = reciprocal(scale);
+    if (nonFinite(inv)) {  // a denormal scale: coded by division (see reciprocal)
+        quantizeElementsScalar(a, b, e, scale);
+        return chunkAmax(a, nb, ne);
+    }
+    const __m512 vs = _mm512_set1_ps(scale), vinv = _mm512_set1_ps(inv);
+    const __m512 lo = _mm512_set1_ps(-qmax), hi = _mm512_set1_ps(qmax);
     const __m512i key = _mm512_set1_epi32(static_cast<int>(a.key));
-    const __m512i one = _mm512_set1_epi32(1), nib = _mm512_set1_epi32(0xf);
+    const __m512i nib = _mm512_set1_epi32(0xf), absMask = _mm512_set1_epi32(static_cast<int>(kAbsMask));
+    const std::uint64_t offset = a.offset;
     auto* c8 = static_cast<std::int8_t*>(a.codes);
     auto* c4 = static_cast<std::uint8_t*>(a.codes);
+    __m512i nextMax = _mm512_setzero_si512();
+    std::size_t j = nb;  // next chunk: [nb, j) folded into nextMax
+    // (A lambda would not inherit the target attribute its intrinsics need.)
+#define LATHE_FOLD_NEXT()                                                                                  \
+    if (j + 16 <= ne) {                                                                                    \
+        nextMax = _mm512_max_epu32(nextMax, _mm512_and_si512(_mm512_castps_si512(loadS(g, Feedback ? r : nullptr, j)), \
+                                                             absMask));                                    \
+        j += 16;                                                                                           \
+    }
+    const auto ctr = [&](std::size_t k) { return static_cast<std::uint32_t>(offset + k); };
     std::size_t i = b;
-    if (a.int4 && (i & 1) && i < e) {  // finish the byte the previous chunk started
+    if (Int4 && (i & 1) && i < e) {  // finish the byte the previous chunk started
         quantizeElementsScalar(a, i, i + 1, scale);
         ++i;
     }
-    for (; i + 16 <= e; i += 16) {
-        const __m512 s = loadS(a.grad, a.residual, i);
-        const __m512 v = _mm512_min_ps(_mm512_max_ps(_mm512_div_ps(s, vs), lo), hi);
-        __m512i q;
-        if (a.stochastic) {
-            const __m512 fl = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-            const __m512 frac = _mm512_sub_ps(v, fl);
-            const __m512i h = streamBits16(key, static_cast<std::uint32_t>(a.offset + i));
-            const __m512 u = _mm512_cvtepi32_ps(_mm512_srli_epi32(h, 8));
-            const __mmask16 up = _mm512_cmp_ps_mask(u, _mm512_mul_ps(frac, two24), _CMP_LT_OQ);
-            q = _mm512_cvttps_epi32(fl);
-            q = _mm512_mask_add_epi32(q, up, q, one);
-        } else {
-            q = _mm512_cvtps_epi32(v);  // MXCSR rounding, like nearbyint in the reference
+    if (!Int4) {
+        for (; i + 64 <= e; i += 64) {
+            const __m512i q0 = quantVec<Stochastic, Feedback>(g, r, i, vs, vinv, lo, hi, key, ctr(i));
+            const __m512i q1 = quantVec<Stochastic, Feedback>(g, r, i + 16, vs, vinv, lo, hi, key, ctr(i + 16));
+            const __m512i q2 = quantVec<Stochastic, Feedback>(g, r, i + 32, vs, vinv, lo, hi, key, ctr(i + 32));
+            const __m512i q3 = quantVec<Stochastic, Feedback>(g, r, i + 48, vs, vinv, lo, hi, key, ctr(i + 48));
+            _mm512_storeu_si512(c8 + i, packCodes64(q0, q1, q2, q3));
+            LATHE_FOLD_NEXT()
+            LATHE_FOLD_NEXT()
+            LATHE_FOLD_NEXT()
+            LATHE_FOLD_NEXT()
         }
-        if (a.int4) {
+    }
+    for (; i + 16 <= e; i += 16) {
+        const __m512i q = quantVec<Stochastic, Feedback>(g, r, i, vs, vinv, lo, hi, key, ctr(i));
+        if (Int4) {
             const __m512i t = _mm512_and_si512(q, nib);
             const __m512i y = _mm512_or_si512(t, _mm512_srli_epi64(t, 28));  // pair -> low byte of each qword
             _mm_storel_epi64(reinterpret_cast<__m128i*>(c4 + i / 2), _mm512_cvtepi64_epi8(y));
         } else {
             _mm_storeu_si128(reinterpret_cast<__m128i*>(c8 + i), _mm512_cvtepi32_epi8(q));
         }
-        if (a.residual) _mm512_storeu_ps(a.residual + i, _mm512_sub_ps(s, _mm512_mul_ps(_mm512_cvtepi32_ps(q), vs)));
+        LATHE_FOLD_NEXT()
     }
+#undef LATHE_FOLD_NEXT
     quantizeElementsScalar(a, i, e, scale);
+    return std::max(_mm512_reduce_max_epu32(nextMax), j < ne ? chunkAmax(a, j, ne) : 0u);
+}
+
+LATHE_T512BW std::uint32_t quantizeChunk(const QuantArgs& a, std::size_t b, std::size_t e, float scale,
+                                         std::size_t nb, std::size_t ne) noexcept {
+    const int k = (a.int4 ? 4 : 0) | (a.stochastic ? 2 : 0) | (a.residual ? 1 : 0);
+    switch (k) {
+        case 0: return quantizeChunkT<false, false, false>(a, b, e, scale, nb, ne);
+        case 1: return quantizeChunkT<false, false, true>(a, b, e, scale, nb, ne);
+        case 2: return quantizeChunkT<false, true, false>(a, b, e, scale, nb, ne);
+        case 3: return quantizeChunkT<false, true, true>(a, b, e, scale, nb, ne);
+        case 4: return quantizeChunkT<true, false, false>(a, b, e, scale, nb, ne);
+        case 5: return quantizeChunkT<true, false, true>(a, b, e, scale, nb, ne);
+        case 6: return quantizeChunkT<true, true, false>(a, b, e, scale, nb, ne);
+        default: return quantizeChunkT<true, true, true>(a, b, e, scale, nb, ne);
+    }
 }
 
 LATHE_T512 inline __m512 canonicalizeNan(__m512 d) noexcept {
@@ -105,14 +184,20 @@ LATHE_T512 inline __m512 canonicalizeNan(__m512 d) noexcept {
 
 }  // namespace
 
-LATHE_T512 void quantizeAvx512(const QuantArgs& a) noexcept {
+LATHE_T512BW void quantizeAvx512(const QuantArgs& a) noexcept {
     const float qmax = a.int4 ? 7.f : 127.f;
+    std::uint32_t amax = chunkAmax(a, 0, std::min(a.n, a.chunk));
     for (std::size_t b = 0; b < a.n; b += a.chunk) {
         const std::size_t e = std::min(a.n, b + a.chunk);
-        const float scale = chunkScale(chunkAmax(a, b, e), qmax);
+        const std::size_t ne = std::min(a.n, e + a.chunk);
+        const float scale = chunkScale(amax, qmax);
         a.scales[b / a.chunk] = scale;
-        if (isNan(scale) || scale == 0.f) zeroCodes(a, b, e);
-        else quantizeChunk(a, b, e, scale);
+        if (isNan(scale) || scale == 0.f) {
+            zeroCodes(a, b, e);
+            amax = chunkAmax(a, e, ne);
+        } else {
+            amax = quantizeChunk(a, b, e, scale, e, ne);
+        }
     }
 }
 

@@ -38,9 +38,20 @@ inline float chunkScale(std::uint32_t amaxBits, float qmax) noexcept {
     return fromBits(amaxBits) / qmax;
 }
 
-// One code, for a finite scale > 0. Exact operations apart from the division and rint.
-inline int quantOne(float s, float scale, float qmax, bool stochastic, std::uint32_t key, std::uint32_t ctr) noexcept {
-    float v = s / scale;
+// 1 / scale, by which every SIMD lane multiplies instead of dividing (a division per element
+// costs more than the rest of the coding). Non-finite for a scale below about 2.9e-39 (a chunk
+// whose amax is a tiny denormal): such a chunk is coded by division, element by element.
+inline float reciprocal(float scale) noexcept { return 1.f / scale; }
+
+// x / scale as the definition computes it: s * (1 / scale), or s / scale where 1 / scale is not
+// finite. Both roundings are IEEE fp32, so every path gets the same bits.
+inline float scaledOne(float s, float scale, float inv) noexcept { return nonFinite(inv) ? s / scale : s * inv; }
+
+// One code, for a finite scale > 0 and inv = reciprocal(scale). Exact operations apart from the
+// reciprocal, the multiplication and rint.
+inline int quantOne(float s, float scale, float inv, float qmax, bool stochastic, std::uint32_t key,
+                    std::uint32_t ctr) noexcept {
+    float v = scaledOne(s, scale, inv);
     v = v < -qmax ? -qmax : (v > qmax ? qmax : v);
     if (!stochastic) return static_cast<int>(std::nearbyint(v));
     const float fl = std::floor(v);

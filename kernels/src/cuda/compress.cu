@@ -1,5 +1,5 @@
 // CUDA compression kernels with the definitions of compress.hpp. Explicitly rounded intrinsics
-// (__fdiv_rn, __fmul_rn, __fadd_rn, __fsub_rn) keep nvcc from contracting or approximating, so
+// (__fdiv_rn, __frcp_rn, __fmul_rn, __fadd_rn, __fsub_rn) keep nvcc from contracting or approximating, so
 // results match the CPU reference bit for bit except NaN payloads (GPUs use a canonical NaN).
 //
 // Quantization runs in two launches: one block per chunk finds max |x| and writes the scale;
@@ -76,7 +76,10 @@ __device__ __forceinline__ int quantElement(const float* g, float* r, std::size_
     if (isnan(scale)) return 0;  // non-finite chunk: residual kept
     int q = 0;
     if (scale != 0.f) {
-        const float v = fminf(fmaxf(__fdiv_rn(s, scale), -qmax), qmax);
+        // s * (1 / scale), by division only where the reciprocal is not finite (detail::scaledOne).
+        const float inv = __frcp_rn(scale);
+        const float x = isinf(inv) ? __fdiv_rn(s, scale) : __fmul_rn(s, inv);
+        const float v = fminf(fmaxf(x, -qmax), qmax);
         if (!stochastic) {
             q = __float2int_rn(v);
         } else {

@@ -8,6 +8,7 @@ namespace lathe::kernels {
 
 // CPU code paths. Every op has a Scalar reference; the SIMD paths must give bit-identical
 // results and are only chosen when the CPU (and OS) support them.
+// Avx512 means AVX512F + AVX512BW.
 enum class CpuIsa { Scalar, Avx2, Avx512 };
 
 // "scalar", "avx2", "avx512".
