@@ -116,6 +116,20 @@ int main(int argc, char** argv) {
     const double r8 = 4.0 * n / compressedBytes(n, chunk, CompressFormat::Int8);
     const double r4 = 4.0 * n / compressedBytes(n, chunk, CompressFormat::Int4);
     std::printf("targets: int8 >= 3.9x: %s, int4 >= 7.5x: %s\n", r8 >= 3.9 ? "met" : "MISSED", r4 >= 7.5 ? "met" : "MISSED");
+    std::string below;
+    std::size_t met = 0;
+    for (const Row& row : rows) {
+        if (row.share >= 0.5) {
+            ++met;
+            continue;
+        }
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%s%s at %.0f MB (%.0f%%)", below.empty() ? "" : ", ", row.op.c_str(), row.mb,
+                      100 * row.share);
+        below += buf;
+    }
+    std::printf("target: >= 50%% of memcpy: met by %zu of %zu ops x sizes%s%s\n", met, rows.size(),
+                below.empty() ? "" : "; below: ", below.c_str());
 
     if (!outDir.empty()) {
         const std::string path = outDir + "/bench_compression.json";
