@@ -58,43 +58,53 @@ LATHE_T256 std::uint32_t chunkAmax(const QuantArgs& a, std::size_t b, std::size_
     return amax;
 }
 
-LATHE_T256 void quantizeChunk(const QuantArgs& a, std::size_t b, std::size_t e, float scale) noexcept {
-    const float qmax = a.int4 ? 7.f : 127.f;
+// One chunk's codes, as in compress_avx512.cpp: specialised on format, rounding and error
+// feedback, arguments in registers, no clamp on the nearest path (the proof is there), and max |x|
+// of the next chunk [nb, ne) folded in while this one is coded; returned as bits.
+template <bool Int4, bool Stochastic, bool Feedback>
+LATHE_T256 std::uint32_t quantizeChunkT(const QuantArgs& a, std::size_t b, std::size_t e, float scale,
+                                        std::size_t nb, std::size_t ne) noexcept {
+    constexpr float qmax = Int4 ? 7.f : 127.f;
     const float inv = reciprocal(scale);
     if (nonFinite(inv)) {  // a denormal scale: coded by division (see reciprocal)
         quantizeElementsScalar(a, b, e, scale);
-        return;
+        return chunkAmax(a, nb, ne);
     }
+    const float* __restrict g = a.grad;
+    float* __restrict r = Feedback ? a.residual : nullptr;
+    const std::uint64_t offset = a.offset;
     const __m256 vinv = _mm256_set1_ps(inv);
     const __m256 vs = _mm256_set1_ps(scale), lo = _mm256_set1_ps(-qmax), hi = _mm256_set1_ps(qmax);
     const __m256 two24 = _mm256_set1_ps(16777216.f);
     const __m256i key = _mm256_set1_epi32(static_cast<int>(a.key));
-    const __m256i nib = _mm256_set1_epi32(0xf);
+    const __m256i nib = _mm256_set1_epi32(0xf), absMask = _mm256_set1_epi32(static_cast<int>(kAbsMask));
     // Byte 0 and byte 8 of each 128-bit lane: the packed pair at the bottom of each qword.
     const __m256i pick = _mm256_setr_epi8(0, 8, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,  //
                                           0, 8, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
     auto* c8 = static_cast<std::int8_t*>(a.codes);
     auto* c4 = static_cast<std::uint8_t*>(a.codes);
+    __m256i nextMax = _mm256_setzero_si256();
+    std::size_t j = nb;  // next chunk: [nb, j) folded into nextMax
     std::size_t i = b;
-    if (a.int4 && (i & 1) && i < e) {  // finish the byte the previous chunk started
+    if (Int4 && (i & 1) && i < e) {  // finish the byte the previous chunk started
         quantizeElementsScalar(a, i, i + 1, scale);
         ++i;
     }
     for (; i + 8 <= e; i += 8) {
-        const __m256 s = loadS(a.grad, a.residual, i);
-        const __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(s, vinv), lo), hi);
+        const __m256 s = loadS(g, r, i);
         __m256i q;
-        if (a.stochastic) {
+        if (Stochastic) {
+            const __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(s, vinv), lo), hi);
             const __m256 fl = _mm256_round_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
             const __m256 frac = _mm256_sub_ps(v, fl);
-            const __m256i h = streamBits8(key, static_cast<std::uint32_t>(a.offset + i));
+            const __m256i h = streamBits8(key, static_cast<std::uint32_t>(offset + i));
             const __m256 u = _mm256_cvtepi32_ps(_mm256_srli_epi32(h, 8));
             const __m256 up = _mm256_cmp_ps(u, _mm256_mul_ps(frac, two24), _CMP_LT_OQ);
             q = _mm256_sub_epi32(_mm256_cvttps_epi32(fl), _mm256_castps_si256(up));  // true lanes are -1
         } else {
-            q = _mm256_cvtps_epi32(v);  // MXCSR rounding, like nearbyint in the reference
+            q = _mm256_cvtps_epi32(_mm256_mul_ps(s, vinv));  // MXCSR rounding, like nearbyint; no clamp needed
         }
-        if (a.int4) {
+        if (Int4) {
             const __m256i t = _mm256_and_si256(q, nib);
             const __m256i y = _mm256_shuffle_epi8(_mm256_or_si256(t, _mm256_srli_epi64(t, 28)), pick);
             const __m128i packed = _mm_unpacklo_epi16(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
@@ -104,9 +114,32 @@ LATHE_T256 void quantizeChunk(const QuantArgs& a, std::size_t b, std::size_t e, 
             const __m128i p16 = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
             _mm_storel_epi64(reinterpret_cast<__m128i*>(c8 + i), _mm_packs_epi16(p16, p16));
         }
-        if (a.residual) _mm256_storeu_ps(a.residual + i, _mm256_sub_ps(s, _mm256_mul_ps(_mm256_cvtepi32_ps(q), vs)));
+        if (Feedback) _mm256_storeu_ps(r + i, _mm256_sub_ps(s, _mm256_mul_ps(_mm256_cvtepi32_ps(q), vs)));
+        if (j + 8 <= ne) {
+            nextMax = _mm256_max_epu32(nextMax, _mm256_and_si256(_mm256_castps_si256(loadS(g, r, j)), absMask));
+            j += 8;
+        }
     }
     quantizeElementsScalar(a, i, e, scale);
+    alignas(32) std::uint32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), nextMax);
+    const std::uint32_t folded = *std::max_element(lanes, lanes + 8);
+    return std::max(folded, j < ne ? chunkAmax(a, j, ne) : 0u);
+}
+
+LATHE_T256 std::uint32_t quantizeChunk(const QuantArgs& a, std::size_t b, std::size_t e, float scale, std::size_t nb,
+                                       std::size_t ne) noexcept {
+    const int k = (a.int4 ? 4 : 0) | (a.stochastic ? 2 : 0) | (a.residual ? 1 : 0);
+    switch (k) {
+        case 0: return quantizeChunkT<false, false, false>(a, b, e, scale, nb, ne);
+        case 1: return quantizeChunkT<false, false, true>(a, b, e, scale, nb, ne);
+        case 2: return quantizeChunkT<false, true, false>(a, b, e, scale, nb, ne);
+        case 3: return quantizeChunkT<false, true, true>(a, b, e, scale, nb, ne);
+        case 4: return quantizeChunkT<true, false, false>(a, b, e, scale, nb, ne);
+        case 5: return quantizeChunkT<true, false, true>(a, b, e, scale, nb, ne);
+        case 6: return quantizeChunkT<true, true, false>(a, b, e, scale, nb, ne);
+        default: return quantizeChunkT<true, true, true>(a, b, e, scale, nb, ne);
+    }
 }
 
 LATHE_T256 inline __m256 canonicalizeNan(__m256 d) noexcept {
@@ -118,12 +151,18 @@ LATHE_T256 inline __m256 canonicalizeNan(__m256 d) noexcept {
 
 LATHE_T256 void quantizeAvx2(const QuantArgs& a) noexcept {
     const float qmax = a.int4 ? 7.f : 127.f;
+    std::uint32_t amax = chunkAmax(a, 0, std::min(a.n, a.chunk));
     for (std::size_t b = 0; b < a.n; b += a.chunk) {
         const std::size_t e = std::min(a.n, b + a.chunk);
-        const float scale = chunkScale(chunkAmax(a, b, e), qmax);
+        const std::size_t ne = std::min(a.n, e + a.chunk);
+        const float scale = chunkScale(amax, qmax);
         a.scales[b / a.chunk] = scale;
-        if (isNan(scale) || scale == 0.f) zeroCodes(a, b, e);
-        else quantizeChunk(a, b, e, scale);
+        if (isNan(scale) || scale == 0.f) {
+            zeroCodes(a, b, e);
+            amax = chunkAmax(a, e, ne);
+        } else {
+            amax = quantizeChunk(a, b, e, scale, e, ne);
+        }
     }
 }
 
