@@ -9,6 +9,7 @@
 #include "test_inputs.hpp"
 
 #include <algorithm>
+#include <cfenv>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -21,25 +22,33 @@ namespace {
 
 const std::vector<CpuIsa> kSimd{CpuIsa::Avx2, CpuIsa::Avx512};
 const std::vector<std::size_t> kLengths{0, 1, 2, 7, 15, 16, 17, 31, 33, 100, 1000, 4099};
-const std::vector<std::size_t> kChunks{1, 3, 16, 100, 4096, 0};
+// Odd chunks of 17 and more: an int4 chunk that starts mid-byte and still has vector loops.
+const std::vector<std::size_t> kChunks{1, 3, 16, 33, 97, 100, 4096, 0};
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // Extra adversarial shapes on top of test_inputs.hpp's kinds.
 std::vector<std::vector<float>> inputsFor(std::size_t n, std::mt19937& rng) {
     std::vector<std::vector<float>> out;
     for (InputKind k : allKinds()) out.push_back(makeInput(k, n, rng));
-    std::vector<float> equal(n, -2.75f), wide(n), ties(n), tiny(n);
+    std::vector<float> equal(n, -2.75f), wide(n), ties(n), tiny(n), dscale8(n), dscale4(n);
+    // Denormal scales whose reciprocal is still finite, where x * (1 / scale) strays furthest
+    // from x / scale: amax 5e-37 for int8 (scale ~3.9e-39), 5e-38 for int4 (~7.1e-39).
+    std::uniform_real_distribution<float> unit(-1.f, 1.f);
     std::uniform_real_distribution<float> ex(-30.f, 30.f);
     for (std::size_t i = 0; i < n; ++i) {
         wide[i] = (i & 1 ? -1.f : 1.f) * std::pow(10.f, ex(rng));  // 1e-30 .. 1e30 in one chunk
         ties[i] = static_cast<float>(static_cast<int>(i % 15) - 7) + 0.5f;  // x/scale lands on .5
         tiny[i] = fromBits(1u + static_cast<std::uint32_t>(i % 3));  // amax/127 underflows to 0
+        dscale8[i] = 5e-37f * (i % 5 == 0 ? (i & 1 ? -1.f : 1.f) : unit(rng));
+        dscale4[i] = 5e-38f * (i % 5 == 0 ? (i & 1 ? -1.f : 1.f) : unit(rng));
     }
     if (n) ties[0] = 127.f;  // scale exactly 1 for int8, so the others are ties
     out.push_back(equal);
     out.push_back(wide);
     out.push_back(ties);
     out.push_back(tiny);
+    out.push_back(dscale8);
+    out.push_back(dscale4);
     return out;
 }
 
@@ -196,23 +205,83 @@ TEST_CASE("ties round to even, int4 packs low nibble first", "[kernels][compress
 }
 
 TEST_CASE("a scale whose reciprocal overflows is coded by division on every path", "[kernels][compress]") {
-    // amax 1e-37: scale = amax / 127 is a denormal (~7.9e-40) and 1 / scale overflows to inf.
-    std::vector<float> x(100);
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] = 1e-37f * (static_cast<float>(i % 21) - 10.f) / 10.f;
-    QuantizeParams p;
-    p.chunk = 0;
-    const Quantized ref = runQuantize(x, nullptr, false, p, CpuIsa::Scalar);
-    const float scale = ref.scales[0];
-    REQUIRE(scale > 0.f);
-    REQUIRE(std::isinf(1.f / scale));
-    for (std::size_t i = 0; i < x.size(); ++i)
-        REQUIRE(codeAt(ref, i, false) == static_cast<int>(std::nearbyint(std::clamp(x[i] / scale, -127.f, 127.f))));
-    REQUIRE(codeAt(ref, 0, false) == -127);
-    for (CpuIsa isa : kSimd)
-        if (cpuIsaAvailable(isa)) {
-            INFO(cpuIsaName(isa));
-            REQUIRE(sameBytes(runQuantize(x, nullptr, false, p, isa).codes, ref.codes));
+    // amax 1e-37: scale = amax / 127 (or / 7) is a denormal (~7.9e-40, ~1.4e-38 is normal for int4,
+    // so int4 uses amax 1e-39) and 1 / scale overflows to inf.
+    for (bool int4 : {false, true}) {
+        const float qmax = int4 ? 7.f : 127.f;
+        const float amax = int4 ? 1e-39f : 1e-37f;
+        std::vector<float> x(101);
+        for (std::size_t i = 0; i < x.size(); ++i) x[i] = amax * (static_cast<float>(i % 21) - 10.f) / 10.f;
+        QuantizeParams p;
+        p.chunk = 0;
+        const Quantized ref = runQuantize(x, nullptr, int4, p, CpuIsa::Scalar);
+        const float scale = ref.scales[0];
+        INFO((int4 ? "int4" : "int8"));
+        REQUIRE(scale > 0.f);
+        REQUIRE(std::isinf(1.f / scale));
+        for (std::size_t i = 0; i < x.size(); ++i)
+            REQUIRE(codeAt(ref, i, int4) == static_cast<int>(std::nearbyint(std::clamp(x[i] / scale, -qmax, qmax))));
+        REQUIRE(codeAt(ref, 0, int4) == -static_cast<int>(qmax));
+        std::vector<float> r0(x.size());
+        for (std::size_t i = 0; i < r0.size(); ++i) r0[i] = amax * 0.01f * static_cast<float>(i % 7);
+        for (int mode = 0; mode < 4; ++mode) {  // bit 0: stochastic, bit 1: error feedback
+            p.stochastic = mode & 1;
+            p.seed = 5;
+            const std::vector<float>* res = (mode & 2) ? &r0 : nullptr;
+            const Quantized want = runQuantize(x, res, int4, p, CpuIsa::Scalar);
+            for (CpuIsa isa : kSimd)
+                if (cpuIsaAvailable(isa)) {
+                    INFO(cpuIsaName(isa) << " mode=" << mode);
+                    const Quantized got = runQuantize(x, res, int4, p, isa);
+                    REQUIRE(sameBytes(got.codes, want.codes));
+                    REQUIRE(sameBytes(got.residual, want.residual));
+                }
         }
+    }
+}
+
+TEST_CASE("SIMD quantization equals the reference under directed rounding modes", "[kernels][compress]") {
+    // The code is rint(v) in the current rounding mode. Upward (or downward for negative values),
+    // x * (1 / scale) for x = amax can round to just above Q and then to Q + 1 unless clamped.
+    struct RoundingMode {
+        int mode;
+        const char* name;
+    };
+    std::mt19937 rng(23);
+    const int saved = std::fegetround();
+    for (const RoundingMode m : {RoundingMode{FE_UPWARD, "upward"}, RoundingMode{FE_DOWNWARD, "downward"},
+                                 RoundingMode{FE_TOWARDZERO, "toward zero"}}) {
+        std::vector<std::vector<float>> inputs = inputsFor(1000, rng);
+        // amax 381 gives scale 3 exactly; upward, 1/3 rounds up and 381 * inv to 127.00001.
+        std::vector<float> edge(1000);
+        for (std::size_t i = 0; i < edge.size(); ++i) edge[i] = (i % 2 ? -381.f : 381.f) * (i % 3 ? 1.f : 0.5f);
+        inputs.push_back(edge);
+        std::vector<float> edge4(edge);
+        for (float& v : edge4) v *= 21.f / 381.f;  // amax 21: scale 3 for int4
+        inputs.push_back(edge4);
+        for (CpuIsa isa : kSimd) {
+            if (!cpuIsaAvailable(isa)) continue;
+            for (bool int4 : {false, true})
+                for (int mode = 0; mode < 4; ++mode)
+                    for (const auto& x : inputs) {
+                        QuantizeParams p;
+                        p.chunk = 100;
+                        p.stochastic = mode & 1;
+                        p.seed = 77;
+                        std::vector<float> r0(x.size(), 0.f);
+                        const std::vector<float>* res = (mode & 2) ? &r0 : nullptr;
+                        std::fesetround(m.mode);
+                        const Quantized want = runQuantize(x, res, int4, p, CpuIsa::Scalar);
+                        const Quantized got = runQuantize(x, res, int4, p, isa);
+                        std::fesetround(saved);
+                        INFO(m.name << " " << cpuIsaName(isa) << (int4 ? " int4" : " int8") << " mode=" << mode);
+                        REQUIRE(sameBytes(got.codes, want.codes));
+                        REQUIRE(sameBytes(got.scales, want.scales));
+                        REQUIRE(sameBytes(got.residual, want.residual));
+                    }
+        }
+    }
+    std::fesetround(saved);
 }
 
 TEST_CASE("every SIMD quantize/dequantize path equals the scalar reference byte for byte", "[kernels][compress]") {

@@ -102,7 +102,10 @@ LATHE_T256 std::uint32_t quantizeChunkT(const QuantArgs& a, std::size_t b, std::
             const __m256 up = _mm256_cmp_ps(u, _mm256_mul_ps(frac, two24), _CMP_LT_OQ);
             q = _mm256_sub_epi32(_mm256_cvttps_epi32(fl), _mm256_castps_si256(up));  // true lanes are -1
         } else {
-            q = _mm256_cvtps_epi32(_mm256_mul_ps(s, vinv));  // MXCSR rounding, like nearbyint; no clamp needed
+            // Clamped as an integer after the conversion (see compress_avx512.cpp).
+            q = _mm256_cvtps_epi32(_mm256_mul_ps(s, vinv));
+            q = _mm256_min_epi32(_mm256_max_epi32(q, _mm256_set1_epi32(-static_cast<int>(qmax))),
+                                 _mm256_set1_epi32(static_cast<int>(qmax)));
         }
         if (Int4) {
             const __m256i t = _mm256_and_si256(q, nib);

@@ -60,7 +60,7 @@ LATHE_T512 std::uint32_t chunkAmax(const QuantArgs& a, std::size_t b, std::size_
 }
 
 // Codes of the 16 elements at i as int32 lanes; with error feedback, also their new residuals.
-template <bool Stochastic, bool Feedback>
+template <int Q, bool Stochastic, bool Feedback>
 LATHE_T512 inline __m512i quantVec(const float* __restrict g, float* __restrict r, std::size_t i, __m512 vs,
                                    __m512 vinv, __m512 lo, __m512 hi, __m512i key, std::uint32_t ctr) noexcept {
     __m512 s = _mm512_loadu_ps(g + i);
@@ -75,10 +75,12 @@ LATHE_T512 inline __m512i quantVec(const float* __restrict g, float* __restrict 
         q = _mm512_cvttps_epi32(fl);
         q = _mm512_mask_add_epi32(q, up, q, _mm512_set1_epi32(1));
     } else {
-        // No clamp needed: |s| <= amax, so |s * inv| <= Q (1 + 2^-20) even with the roundings of
-        // scale, inv and the product (a scale this path sees has >= 21 significant bits), and
-        // rint of that is at most Q: the same code the reference gets after clamping.
-        q = _mm512_cvtps_epi32(_mm512_mul_ps(s, vinv));  // MXCSR rounding, like nearbyint
+        // The clamp on the integer code, after the conversion (MXCSR rounding, like nearbyint):
+        // since +-Q are integers, clamp(rint(v)) == rint(clamp(v)) in every rounding mode, and
+        // integer min/max are cheaper here than float ones. (|s * inv| can exceed Q by a few ulps,
+        // and under a directed rounding mode that rounds to Q + 1.)
+        q = _mm512_cvtps_epi32(_mm512_mul_ps(s, vinv));
+        q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_set1_epi32(-static_cast<int>(Q))), _mm512_set1_epi32(Q));
     }
     if (Feedback) _mm512_storeu_ps(r + i, _mm512_sub_ps(s, _mm512_mul_ps(_mm512_cvtepi32_ps(q), vs)));
     return q;
@@ -103,7 +105,8 @@ LATHE_T512BW inline __m512i packCodes64(__m512i q0, __m512i q1, __m512i q2, __m5
 template <bool Int4, bool Stochastic, bool Feedback>
 LATHE_T512BW std::uint32_t quantizeChunkT(const QuantArgs& a, std::size_t b, std::size_t e, float scale,
                                           std::size_t nb, std::size_t ne) noexcept {
-    constexpr float qmax = Int4 ? 7.f : 127.f;
+    constexpr int kQ = Int4 ? 7 : 127;
+    constexpr float qmax = kQ;
     const float* __restrict g = a.grad;
     float* __restrict r = a.residual;
     const float inv = reciprocal(scale);
@@ -135,10 +138,10 @@ LATHE_T512BW std::uint32_t quantizeChunkT(const QuantArgs& a, std::size_t b, std
     }
     if (!Int4) {
         for (; i + 64 <= e; i += 64) {
-            const __m512i q0 = quantVec<Stochastic, Feedback>(g, r, i, vs, vinv, lo, hi, key, ctr(i));
-            const __m512i q1 = quantVec<Stochastic, Feedback>(g, r, i + 16, vs, vinv, lo, hi, key, ctr(i + 16));
-            const __m512i q2 = quantVec<Stochastic, Feedback>(g, r, i + 32, vs, vinv, lo, hi, key, ctr(i + 32));
-            const __m512i q3 = quantVec<Stochastic, Feedback>(g, r, i + 48, vs, vinv, lo, hi, key, ctr(i + 48));
+            const __m512i q0 = quantVec<kQ, Stochastic, Feedback>(g, r, i, vs, vinv, lo, hi, key, ctr(i));
+            const __m512i q1 = quantVec<kQ, Stochastic, Feedback>(g, r, i + 16, vs, vinv, lo, hi, key, ctr(i + 16));
+            const __m512i q2 = quantVec<kQ, Stochastic, Feedback>(g, r, i + 32, vs, vinv, lo, hi, key, ctr(i + 32));
+            const __m512i q3 = quantVec<kQ, Stochastic, Feedback>(g, r, i + 48, vs, vinv, lo, hi, key, ctr(i + 48));
             _mm512_storeu_si512(c8 + i, packCodes64(q0, q1, q2, q3));
             LATHE_FOLD_NEXT()
             LATHE_FOLD_NEXT()
@@ -147,7 +150,7 @@ LATHE_T512BW std::uint32_t quantizeChunkT(const QuantArgs& a, std::size_t b, std
         }
     }
     for (; i + 16 <= e; i += 16) {
-        const __m512i q = quantVec<Stochastic, Feedback>(g, r, i, vs, vinv, lo, hi, key, ctr(i));
+        const __m512i q = quantVec<kQ, Stochastic, Feedback>(g, r, i, vs, vinv, lo, hi, key, ctr(i));
         if (Int4) {
             const __m512i t = _mm512_and_si512(q, nib);
             const __m512i y = _mm512_or_si512(t, _mm512_srli_epi64(t, 28));  // pair -> low byte of each qword
