@@ -15,7 +15,8 @@
 //  * Code: v = clamp(x * inv, -Q, Q) (Q = 127 or 7) with inv = 1 / scale, both fp32 (a multiply
 //    per element instead of a division: 1.4x the throughput); where inv is not finite (scale
 //    under ~2.9e-39) v = clamp(x / scale, -Q, Q). nearest: q = rint(v) in the current
-//    rounding mode (round-to-nearest-even by default); stochastic: q = floor(v) + (u < frac)
+//    rounding mode (round-to-nearest-even by default; the CUDA kernels always round to nearest
+//    even, so they match the CPU in the default mode); stochastic: q = floor(v) + (u < frac)
 //    where frac = v - floor(v) and u = (hash(seed, indexOffset + i) >> 8) / 2^24 is a
 //    counter-based uniform in [0, 1). E[q] = v up to 2^-24, and the result depends only on
 //    (seed, element index): not on ISA, SIMD width or how the buffer is split across calls
