@@ -91,6 +91,8 @@ void runServe(ServeState& st, int& exitCode) {
     std::fprintf(stderr, "loading %s v%lld from %s\n", served.name.c_str(), static_cast<long long>(served.version),
                  served.path.c_str());
     server.load(served);
+    if (const auto note = server.optimization(served.name); !note.empty())
+        std::fprintf(stderr, "%s v%lld: %s\n", served.name.c_str(), static_cast<long long>(served.version), note.c_str());
     const auto port = server.start();
     const std::string url = "http://" + st.options.host + ":" + std::to_string(port);
     std::printf("serving %s v%lld at %s (max batch %lld, max delay %g ms, queue %lld rows, %d I/O threads, "
@@ -227,6 +229,12 @@ void registerServe(CLI::App& app, int& exitCode) {
     s->add_option("--device", st->options.device, "where batches run: auto (a CUDA GPU when there is one), cpu or cuda")
         ->capture_default_str()
         ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+    s->add_option("--optimize", st->options.optimize,
+                  "on a CPU, freeze the model and apply TorchScript's inference optimisations (oneDNN linear and "
+                  "conv with weights packed once): auto keeps them when the outputs agree and a max-batch forward "
+                  "is at least 5% faster, on keeps them whenever the outputs agree, off serves the model as loaded")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"auto", "on", "off"}));
     s->add_option("--compute-threads", st->options.computeThreads,
                   "LibTorch and OpenBLAS threads of each instance (0 = the cores the I/O threads leave, shared out "
                   "among the instances, at least 1)");

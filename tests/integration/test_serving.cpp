@@ -405,6 +405,57 @@ TEST_CASE("several model instances run batches at once and keep every answer to 
                       Catch::Contains("--instances"));
 }
 
+TEST_CASE("serve --optimize: the optimised graph answers as the model does, and auto keeps it only when faster",
+          "[serving]") {
+    // Wide layers in Lathe's export form (addmm with W.t(), like nn.Linear), which oneDNN's packed
+    // linear runs faster than LibTorch's default on a CPU.
+    test::ServingWorkspace ws(1, {1024, 1024});
+    auto answers = [](uint16_t port) {
+        std::vector<std::vector<double>> out;
+        for (int r = 0; r < 8; ++r) {
+            const auto a = httpRequest(port, "POST", "/v2/models/digits/infer", inferBody(1 + r % 3, 0.1f * r));
+            REQUIRE(a.status == 200);
+            out.push_back(json::parse(a.body)["outputs"][0]["data"].get<std::vector<double>>());
+        }
+        return out;
+    };
+    core::ServeOptions o;
+    o.optimize = "off";
+    const auto plain = ws.serve(o);
+    CHECK(plain->optimization("digits").empty());
+    const auto expected = answers(plain->port());
+    for (const char* mode : {"on", "auto"}) {
+        INFO(mode);
+        o.optimize = mode;
+        const auto server = ws.serve(o);
+        const auto note = server->optimization("digits");
+        if (std::string(mode) == "on") {
+            CHECK(note.rfind("optimized for inference: ", 0) == 0);
+        } else {
+            // Which one auto keeps depends on this machine's timing; it says which and why.
+            CHECK((note.rfind("optimized for inference: ", 0) == 0 ||
+                   note.rfind("kept as loaded: the optimised graph is not faster", 0) == 0));
+        }
+        CHECK(note.find(" per 32-row batch") != std::string::npos);
+        const auto got = answers(server->port());
+        REQUIRE(got.size() == expected.size());
+        for (size_t r = 0; r < got.size(); ++r) {
+            REQUIRE(got[r].size() == expected[r].size());
+            for (size_t k = 0; k < got[r].size(); ++k) CHECK(got[r][k] == Approx(expected[r][k]).margin(1e-4));
+        }
+        // A hot swap optimises the new version the same way.
+        server->load({"digits", ws.version().version, ws.version().path});
+        CHECK(!server->optimization("digits").empty());
+        CHECK(httpRequest(server->port(), "POST", "/v2/models/digits/infer", inferBody(2)).status == 200);
+    }
+    CHECK_THROWS_WITH(core::InferenceServer([] {
+                          core::ServeOptions bad;
+                          bad.optimize = "fast";
+                          return bad;
+                      }()),
+                      Catch::Contains("--optimize 'fast': use auto, on or off"));
+}
+
 TEST_CASE("an overloaded server answers 503 with Retry-After and stays up", "[serving]") {
     test::ServingWorkspace ws;
     core::ServeOptions o;

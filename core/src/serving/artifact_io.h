@@ -13,4 +13,10 @@ namespace lathe::core {
 /// Lathe metadata.
 torch::jit::Module loadArtifact(const std::string& path, const c10::Device& device, ArtifactInfo& info);
 
+/// A frozen copy of `module` (in eval mode) with TorchScript's inference optimisations applied, as
+/// `serve --optimize` runs it: addmm(b, x, W.t()) fused into aten::linear, then freeze and
+/// optimize_for_inference (constant folding, conv-bn folding, oneDNN linear and conv with weights
+/// packed once on a CPU). `module` is left as it was. Throws what TorchScript throws.
+torch::jit::Module optimizedForInference(const torch::jit::Module& module);
+
 }  // namespace lathe::core

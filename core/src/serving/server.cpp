@@ -209,7 +209,8 @@ struct InferenceServer::Impl {
 
     void load(const ServedModel& m, const std::string& sha) {
         std::lock_guard<std::mutex> loadLock(loadMutex);
-        auto fresh = LoadedModel::load(m, options.maxBatch, options.device, sha, options.instances);  // throws: the old one keeps serving
+        // Throws: the old one keeps serving.
+        auto fresh = LoadedModel::load(m, options.maxBatch, options.device, sha, options.instances, options.optimize);
         std::shared_ptr<ModelSlot> s;
         {
             std::unique_lock<std::shared_mutex> lk(modelsMutex);
@@ -585,6 +586,8 @@ InferenceServer::InferenceServer(ServeOptions options) : d(std::make_unique<Impl
     if (options.instances < 1 || options.instances > 64) throw ConfigError("--instances must be between 1 and 64");
     if (options.device != "auto" && options.device != "cpu" && options.device != "cuda")
         throw ConfigError("--device '" + options.device + "': use auto, cpu or cuda");
+    if (options.optimize != "auto" && options.optimize != "on" && options.optimize != "off")
+        throw ConfigError("--optimize '" + options.optimize + "': use auto, on or off");
     if (options.maxBodyBytes < 1024) throw ConfigError("the body limit must be at least 1 KiB");
     d->options = std::move(options);
     // The batcher runs one batch at a time beside the I/O threads: by default its BLAS and
@@ -649,6 +652,12 @@ int64_t InferenceServer::servedVersion(const std::string& name) const {
     auto s = d->slot(name);
     auto m = s ? s->get() : nullptr;
     return m ? m->version() : 0;
+}
+
+std::string InferenceServer::optimization(const std::string& name) const {
+    auto s = d->slot(name);
+    auto m = s ? s->get() : nullptr;
+    return m ? m->optimization() : std::string();
 }
 
 void InferenceServer::stop() {

@@ -24,6 +24,8 @@ struct ServeOptions {
     int instances = 1;             // batches run at once, each on its own worker and batch buffer (Triton's
                                    // instance_group count)
     std::string device = "auto";   // auto (a CUDA GPU when there is one) | cpu | cuda
+    std::string optimize = "auto"; // on a CPU: freeze + TorchScript inference optimisations (oneDNN linear/conv
+                                   // with packed weights); auto keeps them when faster, on always, off never
     int64_t maxBodyBytes = 8 << 20;
     double idleTimeoutS = 30;      // a client silent this long mid-request (or idle) is dropped
     std::string workspace;         // registry to load versions from (hot swap by version); optional
@@ -53,6 +55,8 @@ public:
     uint16_t port() const;
     /// The version now served under `name` (0 when none or from a file).
     int64_t servedVersion(const std::string& name) const;
+    /// What loading `name` did about optimisation (LoadedModel::optimization), for the log.
+    std::string optimization(const std::string& name) const;
     /// Stops accepting, answers what is queued, closes connections. Idempotent.
     void stop();
     /// Blocks until stop() (from another thread or a signal handler's flag via runUntil).
