@@ -130,20 +130,14 @@ LATHE_T256 std::uint32_t quantizeChunkT(const QuantArgs& a, std::size_t b, std::
     return std::max(folded, j < ne ? chunkAmax(a, j, ne) : 0u);
 }
 
-LATHE_T256 std::uint32_t quantizeChunk(const QuantArgs& a, std::size_t b, std::size_t e, float scale, std::size_t nb,
-                                       std::size_t ne) noexcept {
-    const int k = (a.int4 ? 4 : 0) | (a.stochastic ? 2 : 0) | (a.residual ? 1 : 0);
-    switch (k) {
-        case 0: return quantizeChunkT<false, false, false>(a, b, e, scale, nb, ne);
-        case 1: return quantizeChunkT<false, false, true>(a, b, e, scale, nb, ne);
-        case 2: return quantizeChunkT<false, true, false>(a, b, e, scale, nb, ne);
-        case 3: return quantizeChunkT<false, true, true>(a, b, e, scale, nb, ne);
-        case 4: return quantizeChunkT<true, false, false>(a, b, e, scale, nb, ne);
-        case 5: return quantizeChunkT<true, false, true>(a, b, e, scale, nb, ne);
-        case 6: return quantizeChunkT<true, true, false>(a, b, e, scale, nb, ne);
-        default: return quantizeChunkT<true, true, true>(a, b, e, scale, nb, ne);
+struct Avx2 {
+    static std::uint32_t amax(const QuantArgs& a, std::size_t b, std::size_t e) noexcept { return chunkAmax(a, b, e); }
+    template <bool Int4, bool Stochastic, bool Feedback>
+    static std::uint32_t code(const QuantArgs& a, std::size_t b, std::size_t e, float scale, std::size_t nb,
+                              std::size_t ne) noexcept {
+        return quantizeChunkT<Int4, Stochastic, Feedback>(a, b, e, scale, nb, ne);
     }
-}
+};
 
 LATHE_T256 inline __m256 canonicalizeNan(__m256 d) noexcept {
     const __m256 nan = _mm256_cmp_ps(d, d, _CMP_UNORD_Q);
@@ -152,22 +146,7 @@ LATHE_T256 inline __m256 canonicalizeNan(__m256 d) noexcept {
 
 }  // namespace
 
-LATHE_T256 void quantizeAvx2(const QuantArgs& a) noexcept {
-    const float qmax = a.int4 ? 7.f : 127.f;
-    std::uint32_t amax = chunkAmax(a, 0, std::min(a.n, a.chunk));
-    for (std::size_t b = 0; b < a.n; b += a.chunk) {
-        const std::size_t e = std::min(a.n, b + a.chunk);
-        const std::size_t ne = std::min(a.n, e + a.chunk);
-        const float scale = chunkScale(amax, qmax);
-        a.scales[b / a.chunk] = scale;
-        if (isNan(scale) || scale == 0.f) {
-            zeroCodes(a, b, e);
-            amax = chunkAmax(a, e, ne);
-        } else {
-            amax = quantizeChunk(a, b, e, scale, e, ne);
-        }
-    }
-}
+void quantizeAvx2(const QuantArgs& a) noexcept { quantizeChunks<Avx2>(a); }
 
 LATHE_T256 void dequantizeAvx2(const DequantArgs& a) noexcept {
     const auto* c8 = static_cast<const std::int8_t*>(a.codes);

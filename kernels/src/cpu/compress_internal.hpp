@@ -168,4 +168,41 @@ void to16Avx512(const To16Args& a) noexcept;
 void from16Avx2(const From16Args& a) noexcept;
 void from16Avx512(const From16Args& a) noexcept;
 
+// The chunk loop the SIMD quantizers share. Isa (one per SIMD file, in its anonymous namespace)
+// provides amax(a, b, e): max |x| of [b, e) as bits; and code<Int4, Stochastic, Feedback>(a, b,
+// e, scale, nb, ne): codes (and residuals) of chunk [b, e), returning max |x| of the next chunk
+// [nb, ne), read while this one is coded.
+template <class Isa>
+std::uint32_t codeChunk(const QuantArgs& a, std::size_t b, std::size_t e, float scale, std::size_t nb,
+                        std::size_t ne) noexcept {
+    switch ((a.int4 ? 4 : 0) | (a.stochastic ? 2 : 0) | (a.residual ? 1 : 0)) {
+        case 0: return Isa::template code<false, false, false>(a, b, e, scale, nb, ne);
+        case 1: return Isa::template code<false, false, true>(a, b, e, scale, nb, ne);
+        case 2: return Isa::template code<false, true, false>(a, b, e, scale, nb, ne);
+        case 3: return Isa::template code<false, true, true>(a, b, e, scale, nb, ne);
+        case 4: return Isa::template code<true, false, false>(a, b, e, scale, nb, ne);
+        case 5: return Isa::template code<true, false, true>(a, b, e, scale, nb, ne);
+        case 6: return Isa::template code<true, true, false>(a, b, e, scale, nb, ne);
+        default: return Isa::template code<true, true, true>(a, b, e, scale, nb, ne);
+    }
+}
+
+template <class Isa>
+void quantizeChunks(const QuantArgs& a) noexcept {
+    const float qmax = a.int4 ? 7.f : 127.f;
+    std::uint32_t amax = Isa::amax(a, 0, a.n < a.chunk ? a.n : a.chunk);
+    for (std::size_t b = 0; b < a.n; b += a.chunk) {
+        const std::size_t e = a.n - b < a.chunk ? a.n : b + a.chunk;
+        const std::size_t ne = a.n - e < a.chunk ? a.n : e + a.chunk;
+        const float scale = chunkScale(amax, qmax);
+        a.scales[b / a.chunk] = scale;
+        if (isNan(scale) || scale == 0.f) {
+            zeroCodes(a, b, e);
+            amax = Isa::amax(a, e, ne);
+        } else {
+            amax = codeChunk<Isa>(a, b, e, scale, e, ne);
+        }
+    }
+}
+
 }  // namespace lathe::kernels::detail
