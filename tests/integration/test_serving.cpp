@@ -454,6 +454,9 @@ TEST_CASE("serve --optimize: the optimised graph answers as the model does, and 
                           return bad;
                       }()),
                       Catch::Contains("--optimize 'fast': use auto, on or off"));
+    const auto r = test::runShell(test::binPath("lathectl") + " serve --model digits --optimize fast --db " + ws.db());
+    CHECK(r.exitCode == 2);
+    CHECK(r.err.find("--optimize") != std::string::npos);
 }
 
 TEST_CASE("an overloaded server answers 503 with Retry-After and stays up", "[serving]") {
