@@ -90,9 +90,7 @@ void runServe(ServeState& st, int& exitCode) {
     core::InferenceServer server(st.options);
     std::fprintf(stderr, "loading %s v%lld from %s\n", served.name.c_str(), static_cast<long long>(served.version),
                  served.path.c_str());
-    server.load(served);
-    if (const auto note = server.optimization(served.name); !note.empty())
-        std::fprintf(stderr, "%s v%lld: %s\n", served.name.c_str(), static_cast<long long>(served.version), note.c_str());
+    server.load(served);  // says on stderr which graph it runs (--optimize)
     const auto port = server.start();
     const std::string url = "http://" + st.options.host + ":" + std::to_string(port);
     std::printf("serving %s v%lld at %s (max batch %lld, max delay %g ms, queue %lld rows, %d I/O threads, "
@@ -230,9 +228,10 @@ void registerServe(CLI::App& app, int& exitCode) {
         ->capture_default_str()
         ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
     s->add_option("--optimize", st->options.optimize,
-                  "on a CPU, freeze the model and apply TorchScript's inference optimisations (oneDNN linear and "
-                  "conv with weights packed once): auto keeps them when the outputs agree and a max-batch forward "
-                  "is at least 5% faster, on keeps them whenever the outputs agree, off serves the model as loaded")
+                  "on a CPU, freeze the model and apply TorchScript's inference optimisations (linear layers fused "
+                  "and their weights transposed once, conv-bn folding): auto keeps them when the outputs agree, a "
+                  "max-batch forward is at least 5% faster and a 1-row one no more than 5% slower; on keeps them "
+                  "whenever the outputs agree; off serves the model as loaded")
         ->capture_default_str()
         ->check(CLI::IsMember({"auto", "on", "off"}));
     s->add_option("--compute-threads", st->options.computeThreads,

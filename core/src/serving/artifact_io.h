@@ -14,9 +14,10 @@ namespace lathe::core {
 torch::jit::Module loadArtifact(const std::string& path, const c10::Device& device, ArtifactInfo& info);
 
 /// A frozen copy of `module` (in eval mode) with TorchScript's inference optimisations applied, as
-/// `serve --optimize` runs it: addmm(b, x, W.t()) fused into aten::linear, then freeze and
-/// optimize_for_inference (constant folding, conv-bn folding, oneDNN linear and conv with weights
-/// packed once on a CPU). `module` is left as it was. Throws what TorchScript throws.
+/// `serve --optimize` runs it: submodules inlined, addmm(b, x, W.t()) fused into aten::linear,
+/// then freeze and optimize_for_inference (constant folding, conv-bn folding; linear layers become
+/// a matmul on weights transposed once at load in LibTorch 1.13, oneDNN ops where a build does
+/// that). `module` is left as it was. Throws what TorchScript throws.
 torch::jit::Module optimizedForInference(const torch::jit::Module& module);
 
 }  // namespace lathe::core

@@ -211,6 +211,10 @@ struct InferenceServer::Impl {
         std::lock_guard<std::mutex> loadLock(loadMutex);
         // Throws: the old one keeps serving.
         auto fresh = LoadedModel::load(m, options.maxBatch, options.device, sha, options.instances, options.optimize);
+        // In the server's log (a deployment's log file): which graph this version runs, and why.
+        if (!fresh->optimization().empty())
+            std::fprintf(stderr, "%s v%lld: %s\n", m.name.c_str(), static_cast<long long>(m.version),
+                         fresh->optimization().c_str());
         std::shared_ptr<ModelSlot> s;
         {
             std::unique_lock<std::shared_mutex> lk(modelsMutex);

@@ -24,8 +24,8 @@ struct ServeOptions {
     int instances = 1;             // batches run at once, each on its own worker and batch buffer (Triton's
                                    // instance_group count)
     std::string device = "auto";   // auto (a CUDA GPU when there is one) | cpu | cuda
-    std::string optimize = "auto"; // on a CPU: freeze + TorchScript inference optimisations (oneDNN linear/conv
-                                   // with packed weights); auto keeps them when faster, on always, off never
+    std::string optimize = "auto"; // on a CPU: freeze + TorchScript's inference optimisations (weights laid out once,
+                                   // conv-bn folded); auto keeps them when faster, on always, off never
     int64_t maxBodyBytes = 8 << 20;
     double idleTimeoutS = 30;      // a client silent this long mid-request (or idle) is dropped
     std::string workspace;         // registry to load versions from (hot swap by version); optional
