@@ -158,7 +158,6 @@ struct Run {
     double computeShare = 0;   // share of the run's wall time the batcher spent in forward
     double cores = 0;          // CPU time of the whole process (client + server) per second
     double clientCores = 0;    // CPU time of the load generator's I/O thread per second
-    std::string optimization;  // what the server's --optimize auto chose at load
 };
 
 // The sum of one Prometheus series family's `_sum` or `_count` over all label sets.
@@ -193,7 +192,6 @@ Run loadServer(const Model& model, int64_t maxBatch, double maxDelayMs, double r
     InferenceServer server(so);
     server.load({model.name, 0, model.path});
     const auto port = server.start();
-    const std::string optimization = server.optimization(model.name);
     LoadOptions lo;
     lo.url = "http://127.0.0.1:" + std::to_string(port);
     lo.model = model.name;
@@ -203,7 +201,6 @@ Run loadServer(const Model& model, int64_t maxBatch, double maxDelayMs, double r
     lo.timeoutS = 30;
     lo.binary = binary;
     Run r;
-    r.optimization = optimization;
     const double cpu0 = processCpuS();
     r.report = runLoad(lo);
     r.cores = (processCpuS() - cpu0) / r.report.elapsedS;
@@ -304,7 +301,6 @@ int main(int argc, char** argv) {
         const double parse = parseUs(m.inputElems, false), parseBin = parseUs(m.inputElems, true);
         const auto batched = loadServer(m, 32, maxDelayMs, 1e6, satUsers, satS);
         row(m, "server max-batch 32, 5 ms, saturated", batched, true);
-        std::printf("%-8s   (server --optimize auto: %s)\n", "", batched.optimization.c_str());
         const auto single = loadServer(m, 1, 0, 1e6, satUsers, satS);
         row(m, "server max-batch 1, saturated", single, true);
         const double halfRate = std::max(10.0, batched.rowsPerS / 2);
