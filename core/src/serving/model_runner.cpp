@@ -115,15 +115,16 @@ torch::jit::Module maybeOptimize(torch::jit::Module module, const std::string& m
         want = module.forward({x}).toTensor().to(torch::kFloat);  // the model itself: its errors are the load's
     }
     const auto one = x.narrow(0, 0, 1);
+    torch::Tensor got;
+    try {
+        c10::InferenceMode guard;
+        got = optimized.forward({x}).toTensor().to(torch::kFloat);
+    } catch (const std::exception& ex) {
+        return fail("the optimized graph failed to run (" + firstLine(ex) + ")");
+    }
+    if (std::string why; !agree(want, got, why)) return fail(why);
     double plain = 1e30, fast = 1e30, plain1 = 1e30, fast1 = 1e30;
     try {
-        torch::Tensor got;
-        {
-            c10::InferenceMode guard;
-            got = optimized.forward({x}).toTensor().to(torch::kFloat);
-        }
-        std::string why;
-        if (!agree(want, got, why)) return fail(why);
         // Alternated, so a noisy moment does not favour one side; at max-batch, where a loaded
         // server spends its time, and at one row, where a quiet one does.
         for (int round = 0; round < 2; ++round) {
