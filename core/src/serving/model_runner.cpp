@@ -156,8 +156,6 @@ std::shared_ptr<LoadedModel> LoadedModel::load(const ServedModel& model, int64_t
                                                const std::string& expectedSha256, int instances,
                                                const std::string& optimize) {
     if (instances < 1) throw ConfigError("--instances must be at least 1");
-    if (optimize != "auto" && optimize != "on" && optimize != "off")
-        throw ConfigError("--optimize '" + optimize + "': use auto, on or off");
     if (!expectedSha256.empty()) {
         const auto sha = sha256File(model.path);
         if (sha != expectedSha256)
