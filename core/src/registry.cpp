@@ -179,10 +179,11 @@ Deployment readDeployment(Stmt& s) {
     d.startedAt = s.f64(10);
     d.endedAt = s.isNull(11) ? 0 : s.f64(11);
     d.endReason = s.text(12);
+    d.instance = s.text(13);
     return d;
 }
 constexpr const char* kDeploymentColumns =
-    "id, model, version, target, url, pid, log_path, actor, action, reason, started_at, ended_at, end_reason";
+    "id, model, version, target, url, pid, log_path, actor, action, reason, started_at, ended_at, end_reason, instance";
 
 }  // namespace
 
@@ -346,11 +347,12 @@ int64_t Registry::recordDeployment(Deployment dep) {
         Stmt e(d->db, "UPDATE deployments SET ended_at = ?, end_reason = ? WHERE model = ? AND ended_at IS NULL");
         e.bind(1, now).bind(2, "replaced by v" + std::to_string(dep.version)).bind(3, dep.model).run();
         Stmt s(d->db,
-               "INSERT INTO deployments(model, version, target, url, pid, log_path, actor, action, reason, started_at) "
-               "VALUES(?,?,?,?,?,?,?,?,?,?)");
+               "INSERT INTO deployments(model, version, target, url, pid, log_path, actor, action, reason, started_at, "
+               "instance) VALUES(?,?,?,?,?,?,?,?,?,?,?)");
         s.bind(1, dep.model).bind(2, dep.version).bind(3, dep.target).bind(4, dep.url);
         if (dep.pid > 0) s.bind(5, dep.pid); else s.bindNull(5);
-        s.bind(6, dep.logPath).bind(7, dep.actor).bind(8, dep.action).bind(9, dep.reason).bind(10, now).run();
+        s.bind(6, dep.logPath).bind(7, dep.actor).bind(8, dep.action).bind(9, dep.reason).bind(10, now);
+        s.bind(11, dep.instance).run();
         return static_cast<int64_t>(sqlite3_last_insert_rowid(d->db));
     });
 }
@@ -367,7 +369,7 @@ std::vector<Deployment> Registry::deployments(const std::string& model) const {
     std::lock_guard<std::mutex> lk(d->mutex);
     std::vector<Deployment> out;
     Stmt s(d->db, (std::string("SELECT ") + kDeploymentColumns +
-                   " FROM deployments WHERE model = ? ORDER BY started_at DESC, id DESC").c_str());
+                   " FROM deployments WHERE model = ? ORDER BY id DESC").c_str());
     s.bind(1, model);
     while (s.step()) out.push_back(readDeployment(s));
     return out;
@@ -377,7 +379,7 @@ std::vector<Deployment> Registry::allDeployments() const {
     std::lock_guard<std::mutex> lk(d->mutex);
     std::vector<Deployment> out;
     Stmt s(d->db, (std::string("SELECT ") + kDeploymentColumns +
-                   " FROM deployments ORDER BY started_at DESC, id DESC").c_str());
+                   " FROM deployments ORDER BY id DESC").c_str());
     while (s.step()) out.push_back(readDeployment(s));
     return out;
 }

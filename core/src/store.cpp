@@ -152,6 +152,11 @@ CREATE TABLE alerts(
   resolved_at REAL);
 CREATE INDEX alerts_by_model ON alerts(model, fired_at);
 )sql",
+    // 3 -> 4: the nonce a local deployment's server was started with (`--instance-id`), so a
+    // recorded pid or URL is only trusted when the process behind it carries the same one.
+    R"sql(
+ALTER TABLE deployments ADD COLUMN instance TEXT NOT NULL DEFAULT '';
+)sql",
 };
 constexpr int kLatestSchema = static_cast<int>(sizeof(kMigrations) / sizeof(kMigrations[0]));
 static_assert(kLatestSchema == Store::kSchemaVersion, "add a migration when bumping the schema version");

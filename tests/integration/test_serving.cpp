@@ -3,6 +3,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -575,6 +576,13 @@ TEST_CASE("lathectl deploy, rollback and undeploy under steady load lose no requ
     const auto dep = json::parse(r.out);
     const std::string url = dep["url"].get<std::string>();
     CHECK(dep["started_server"] == true);
+    // Server flags cannot reach a live server (a version change hot-swaps it): refused, not ignored.
+    r = test::runShell(test::binPath("lathectl") + " deploy digits:2 --max-batch 8" + db);
+    CHECK(r.exitCode == 2);
+    CHECK(r.err.find("--max-batch would not apply") != std::string::npos);
+    r = test::runShell(test::binPath("lathectl") + " deploy digits:2 --ready-timeout nan" + db);
+    CHECK(r.exitCode == 2);
+    CHECK(r.err.find("--ready-timeout must be a positive number") != std::string::npos);
 
     core::LoadOptions lo;
     lo.url = url;
@@ -742,4 +750,41 @@ TEST_CASE("a deployment whose server died shows DOWN, and deploying again starts
     CHECK(hist[0]["up"] == true);
     CHECK(hist[1]["end_reason"] == "server not running");
     CHECK(test::runShell(test::binPath("lathectl") + " undeploy digits" + db).exitCode == 0);
+}
+
+TEST_CASE("undeploy signals only the deployment's own server, never a process that reused its pid",
+          "[serving][deploy]") {
+    test::ServingWorkspace ws;
+    core::Registry registry(ws.db());
+    // A process that looks like a server (`serve` in its arguments) but carries another instance id.
+    auto start = [](const char* instance) {
+        const pid_t pid = ::fork();
+        if (pid == 0) {
+            ::execl("/bin/sh", "sh", "-c", "sleep 30", "serve", "--instance-id", instance, static_cast<char*>(nullptr));
+            ::_exit(127);
+        }
+        return static_cast<int64_t>(pid);
+    };
+    core::Deployment d;
+    d.model = "digits";
+    d.version = 1;
+    d.url = "http://127.0.0.1:9";  // nothing answers there
+    d.instance = "mine";
+    d.pid = start("other");
+    REQUIRE(d.pid > 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    registry.recordDeployment(d);
+    core::undeploy(registry, "digits");
+    CHECK(running(d.pid));  // not ours: left alone
+    CHECK(registry.deployments("digits").front().endReason == "undeployed");
+    ::kill(static_cast<pid_t>(d.pid), SIGKILL);
+    ::waitpid(static_cast<pid_t>(d.pid), nullptr, 0);
+
+    d.instance = "other";  // now the record names the process's own id: it is stopped
+    d.pid = start("other");
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    registry.recordDeployment(d);
+    core::undeploy(registry, "digits");
+    CHECK_FALSE(running(d.pid));
+    ::waitpid(static_cast<pid_t>(d.pid), nullptr, 0);
 }

@@ -10,12 +10,18 @@
 #include <unistd.h>
 
 #include <arpa/inet.h>
+#include <sys/file.h>
+
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -27,6 +33,12 @@ using nlohmann::json;
 
 namespace lathe::core {
 namespace {
+
+std::string seconds(double s) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", s);
+    return buf;
+}
 
 void say(const DeployOptions& o, const std::string& text) {
     if (o.progress) o.progress(text);
@@ -66,14 +78,64 @@ bool alive(int64_t pid) {
     return close == std::string::npos || close + 2 >= stat.size() || stat[close + 2] != 'Z';
 }
 
-// Only a process that is really a Lathe server may be signalled: a recorded pid may have been
-// reused by something else since.
-bool isServer(int64_t pid) {
-    if (!alive(pid)) return false;
+std::vector<std::string> commandLine(int64_t pid) {
     std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
-    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    return cmd.find(std::string("serve") + '\0') != std::string::npos;
+    std::vector<std::string> args;
+    for (std::string a; std::getline(in, a, '\0');) args.push_back(a);
+    return args;
 }
+
+// Whether `pid` is the server a deployment started: a live `lathectl serve` with the deployment's
+// --instance-id. A recorded pid may have been reused since (after a reboot, by anything, even by
+// another model's server), and only our own server may be signalled or hot-swapped. Records from
+// before the nonce was stored are matched on `--model NAME:` instead.
+bool isServerOf(const Deployment& d) {
+    if (!alive(d.pid)) return false;
+    const auto args = commandLine(d.pid);
+    if (std::find(args.begin(), args.end(), "serve") == args.end()) return false;
+    for (size_t i = 0; i + 1 < args.size(); ++i) {
+        if (!d.instance.empty() && args[i] == "--instance-id" && args[i + 1] == d.instance) return true;
+        if (d.instance.empty() && args[i] == "--model" && args[i + 1].rfind(d.model + ":", 0) == 0) return true;
+    }
+    return false;
+}
+
+// SIGTERM to a server this deploy started, unless its pid has gone (and may be reused).
+void stopStarted(int64_t pid, const std::string& model, const std::string& token) {
+    Deployment d;
+    d.pid = pid;
+    d.model = model;
+    d.instance = token;
+    if (isServerOf(d)) ::kill(static_cast<pid_t>(pid), SIGTERM);
+}
+
+// One deploy, rollback or undeploy of a model at a time, across processes (the GUI and a
+// terminal): two deploys that both found no live server would each start one, and the record of
+// the first would be ended while its process kept running. Held until destruction.
+class ModelLock {
+public:
+    ModelLock(const Registry& registry, const std::string& model) {
+        checkModelName(model);
+        const auto dir = fs::path(registry.workspacePath()).parent_path() / "deployments";
+        std::error_code ec;
+        fs::create_directories(dir, ec);
+        const auto path = (dir / (model + ".lock")).string();
+        m_fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (m_fd < 0) throw Error("cannot open " + path + ": " + std::strerror(errno));
+        if (::flock(m_fd, LOCK_EX | LOCK_NB) == 0) return;
+        // Another deploy of this model is under way: wait for it (a start takes seconds).
+        if (::flock(m_fd, LOCK_EX) != 0) {
+            ::close(m_fd);
+            throw Error("cannot lock " + path + ": " + std::strerror(errno));
+        }
+    }
+    ~ModelLock() { ::close(m_fd); }
+    ModelLock(const ModelLock&) = delete;
+    ModelLock& operator=(const ModelLock&) = delete;
+
+private:
+    int m_fd = -1;
+};
 
 std::string logTail(const std::string& path, size_t lines = 8) {
     std::ifstream in(path);
@@ -93,10 +155,20 @@ int64_t spawnDetached(const std::vector<std::string>& args, const std::string& l
     int pipeFd[2];
     if (::pipe2(pipeFd, O_CLOEXEC) != 0) throw Error(std::string("pipe: ") + std::strerror(errno));
     const int logFd = ::open(logPath.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (logFd < 0) throw Error("cannot open server log " + logPath + ": " + std::strerror(errno));
+    if (logFd < 0) {
+        const int err = errno;
+        ::close(pipeFd[0]);
+        ::close(pipeFd[1]);
+        throw Error("cannot open server log " + logPath + ": " + std::strerror(err));
+    }
     const int nullFd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     const pid_t child = ::fork();
-    if (child < 0) throw Error(std::string("fork: ") + std::strerror(errno));
+    if (child < 0) {
+        const int err = errno;
+        for (int fd : {pipeFd[0], pipeFd[1], logFd, nullFd})
+            if (fd >= 0) ::close(fd);
+        throw Error(std::string("fork: ") + std::strerror(err));
+    }
     if (child == 0) {
         ::setsid();
         const pid_t grandchild = ::fork();
@@ -109,8 +181,12 @@ int64_t spawnDetached(const std::vector<std::string>& args, const std::string& l
         ::dup2(logFd, 1);
         ::dup2(logFd, 2);
         ::execv(argv[0], argv.data());
-        const std::string msg = std::string("cannot start ") + argv[0] + ": " + std::strerror(errno) + "\n";
-        (void)!::write(2, msg.data(), msg.size());
+        // Only async-signal-safe calls between fork and exit: the parent may be the multithreaded
+        // GUI, and an allocation here could wait forever on a malloc lock held by another thread.
+        static const char kPrefix[] = "cannot start ", kSuffix[] = ": exec failed\n";
+        (void)!::write(2, kPrefix, sizeof kPrefix - 1);
+        (void)!::write(2, argv[0], std::strlen(argv[0]));
+        (void)!::write(2, kSuffix, sizeof kSuffix - 1);
         ::_exit(127);
     }
     ::close(pipeFd[1]);
@@ -144,10 +220,11 @@ std::string serverInstance(const std::string& url) {
     }
 }
 
+// 0 when the server does not answer in time, or answers without the model.
 int64_t servedVersion(const std::string& url, const std::string& model, double timeoutS) {
-    const auto r = httpRequest("GET", url + "/v2/models/" + model, {}, timeoutS);
-    if (r.status != 200) return 0;
     try {
+        const auto r = httpRequest("GET", url + "/v2/models/" + model, {}, timeoutS);
+        if (r.status != 200) return 0;
         const auto j = json::parse(r.body);
         return std::stoll(j.at("versions").at(0).get<std::string>());
     } catch (...) {
@@ -155,47 +232,89 @@ int64_t servedVersion(const std::string& url, const std::string& model, double t
     }
 }
 
-}  // namespace
-
-bool deploymentUp(const Deployment& d, double timeoutS) {
-    try {
-        return httpRequest("GET", d.url + "/v2/health/ready", {}, timeoutS).status == 200;
-    } catch (const Error&) {
-        return false;
-    }
+// "127.0.0.1" of "http://127.0.0.1:8500".
+std::string hostOf(const std::string& url) {
+    const auto start = url.find("://");
+    const auto from = start == std::string::npos ? 0 : start + 3;
+    const auto colon = url.rfind(':');
+    return colon == std::string::npos || colon < from ? url.substr(from) : url.substr(from, colon - from);
 }
 
-DeployResult deploy(Registry& registry, const ModelRef& ref, const DeployOptions& o) {
-    const auto v = registry.resolve(ref);
+
+// The load of `v` into the live server at `live.url`. The answer to the load request may be lost
+// (a timeout, a dropped connection) while the server goes on and switches anyway, so what the
+// server serves afterwards decides, never the request alone.
+void hotSwap(const Deployment& live, const ModelVersion& v, const DeployOptions& o) {
+    const json body{{"parameters", {{"version", std::to_string(v.version)}}}};
+    std::string lost;
+    std::optional<HttpResult> r;
+    try {
+        r = httpRequest("POST", live.url + "/v2/repository/models/" + v.name + "/load", body.dump(), o.readyTimeoutS);
+    } catch (const Error& ex) {
+        lost = ex.what();
+    }
+    if (r && r->status != 200) {
+        std::string why = r->body;
+        try {
+            why = json::parse(r->body).at("error").get<std::string>();
+        } catch (...) {
+        }
+        throw Error("the server at " + live.url + " refused v" + std::to_string(v.version) + " (HTTP " +
+                    std::to_string(r->status) + "): " + why + "; v" + std::to_string(live.version) + " keeps serving");
+    }
+    // After a lost answer the load may still be running: give it as long again as we waited.
+    const double graceS = lost.empty() ? 5.0 : std::min(o.readyTimeoutS, 120.0);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(graceS);
+    int64_t served = 0;
+    for (;;) {
+        served = servedVersion(live.url, v.name, 2);
+        if (served == v.version || std::chrono::steady_clock::now() > deadline) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    if (served == v.version) return;
+    const std::string now = served > 0 ? "it serves v" + std::to_string(served) : "it does not answer";
+    if (lost.empty())
+        throw Error("the server at " + live.url + " answered the load but does not serve v" +
+                    std::to_string(v.version) + " (" + now + ")");
+    throw Error("loading v" + std::to_string(v.version) + " into the server at " + live.url + " failed (" + lost +
+                ") and after " + std::to_string(static_cast<int>(graceS)) + " s more " + now +
+                "; the deployment history still names v" + std::to_string(live.version) +
+                ". If the load finishes later, deploy v" + std::to_string(v.version) + " again to record it");
+}
+
+DeployResult deployLocked(Registry& registry, const ModelVersion& v, const ModelRef& ref, const DeployOptions& o) {
     say(o, ref.str() == v.name + ":" + std::to_string(v.version) ? "deploying " + ref.str()
                                                                    : "deploying " + ref.str() + " (v" + std::to_string(v.version) + ")");
     DeployResult result;
     auto live = registry.liveDeployment(v.name);
-    if (live && live->target == "local" && isServer(live->pid) && deploymentUp(*live)) {
+    if (live && live->target == "local" && isServerOf(*live)) {
+        // Our server's process is running: it is hot-swapped or nothing happens. It is never
+        // written off as dead while it runs, which would leave it serving with no record.
+        if (!deploymentUp(*live, 1.0) && !deploymentUp(*live, 10.0))
+            throw Error(v.name + "'s server (pid " + std::to_string(live->pid) + ", " + live->url +
+                        ") is running but does not answer /v2/health/ready; nothing was changed. Look at its log " +
+                        live->logPath + ", or stop it with `lathectl undeploy " + v.name + "` and deploy again");
+        if (!live->instance.empty() && serverInstance(live->url) != live->instance)
+            throw Error("the server answering at " + live->url + " is not the one recorded for " + v.name + " (pid " +
+                        std::to_string(live->pid) + "); nothing was changed");
         if (o.port != 0 && o.port != portOf(live->url))
             throw ConfigError(v.name + " is live at " + live->url + "; undeploy it first to move it to port " +
                               std::to_string(o.port));
+        if (o.host != hostOf(live->url))
+            throw ConfigError(v.name + " is live at " + live->url + "; undeploy it first to move it to host " + o.host);
+        if (!o.serverArgs.empty()) {
+            std::string flags;
+            for (const auto& a : o.serverArgs)
+                if (a.rfind("--", 0) == 0) flags += (flags.empty() ? "" : " ") + a;
+            throw ConfigError(v.name + " is live at " + live->url + " and a version change hot-swaps it, so " + flags +
+                              " would not apply; undeploy it first to start a server with them");
+        }
         result.previousVersion = live->version;
         if (live->version == v.version && o.action == "deploy")
             throw ConfigError(v.name + " v" + std::to_string(v.version) + " is already live at " + live->url);
         say(o, "hot-swapping " + v.name + " v" + std::to_string(live->version) + " -> v" + std::to_string(v.version) +
                    " at " + live->url);
-        const json body{{"parameters", {{"version", std::to_string(v.version)}}}};
-        const auto r = httpRequest("POST", live->url + "/v2/repository/models/" + v.name + "/load", body.dump(),
-                                   o.readyTimeoutS);
-        if (r.status != 200) {
-            std::string why = r.body;
-            try {
-                why = json::parse(r.body).at("error").get<std::string>();
-            } catch (...) {
-            }
-            throw Error("the server at " + live->url + " refused v" + std::to_string(v.version) + " (HTTP " +
-                        std::to_string(r.status) + "): " + why + "; v" + std::to_string(live->version) +
-                        " keeps serving");
-        }
-        if (servedVersion(live->url, v.name, 5) != v.version)
-            throw Error("the server at " + live->url + " answered the load but does not serve v" +
-                        std::to_string(v.version));
+        hotSwap(*live, v, o);
         Deployment d = *live;
         d.id = 0;
         d.version = v.version;
@@ -211,15 +330,15 @@ DeployResult deploy(Registry& registry, const ModelRef& ref, const DeployOptions
         return result;
     }
     if (live) {
-        // Recorded as live but not answering: its server died or the machine restarted.
+        // Recorded as live but its process is gone: it died, or the machine restarted.
         registry.endDeployment(live->id, "server not running");
         result.previousVersion = live->version;
     }
     if (o.serverProgram.empty()) throw ConfigError("deploy needs the path of lathectl to start a server");
     const bool pickPort = o.port == 0;
     const uint16_t preferred = live && portOf(live->url) ? portOf(live->url) : 8500;
-    auto freePort = [&](uint16_t from) -> uint16_t {
-        for (uint32_t p = from; p < uint32_t{from} + 100 && p <= 65535; ++p)
+    auto freePort = [&](uint32_t from) -> uint16_t {
+        for (uint32_t p = from; p < from + 100 && p <= 65535; ++p)
             if (portFree(o.host, static_cast<uint16_t>(p))) return static_cast<uint16_t>(p);
         throw Error("no free port from " + std::to_string(from) + " upwards; pass --port");
     };
@@ -238,6 +357,7 @@ DeployResult deploy(Registry& registry, const ModelRef& ref, const DeployOptions
     d.action = o.action;
     d.reason = o.reason;
     const std::string token = instanceToken();
+    d.instance = token;
     // Another program (or another deploy) may take a free port between our check and the
     // server's bind: then the server exits saying so, and a picked port moves on.
     for (int attempt = 0;; ++attempt) {
@@ -254,59 +374,93 @@ DeployResult deploy(Registry& registry, const ModelRef& ref, const DeployOptions
         d.url = "http://" + o.host + ":" + std::to_string(port);
         d.pid = pid;
         d.logPath = logPath;
-        const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.readyTimeoutS);
         bool retry = false;
-        for (;;) {
-            if (!alive(pid)) {
-                const auto tail = logTail(logPath);
-                if (pickPort && attempt < 5 && tail.find("in use") != std::string::npos) {
-                    port = freePort(static_cast<uint16_t>(port + 1));
-                    retry = true;
-                    break;
+        // Whatever goes wrong from here until the deployment is recorded (a timeout, a failed
+        // request, a busy workspace) stops the server: none runs without a record.
+        try {
+            const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.readyTimeoutS);
+            for (;;) {
+                if (!alive(pid)) {
+                    const auto tail = logTail(logPath);
+                    if (pickPort && attempt < 5 && port < 65535 && tail.find("in use") != std::string::npos) {
+                        port = freePort(uint32_t{port} + 1);
+                        retry = true;
+                        break;
+                    }
+                    throw Error("the server for " + v.name + " exited before it was ready; its log " + logPath +
+                                " ends:" + tail);
                 }
-                throw Error("the server for " + v.name + " exited before it was ready; its log " + logPath +
-                            " ends:" + tail);
+                // Ours (not another server that answers on this port), ready, and serving the version.
+                if (serverInstance(d.url) == token && deploymentUp(d, 1.0) &&
+                    servedVersion(d.url, v.name, 2) == v.version)
+                    break;
+                if (std::chrono::steady_clock::now() > deadline)
+                    throw Error("the server for " + v.name + " was not ready within " + seconds(o.readyTimeoutS) +
+                                " s; stopped it. Log " + logPath + ":" + logTail(logPath));
+                std::this_thread::sleep_for(std::chrono::milliseconds(100));
             }
-            // Ours (not another server that answers on this port), ready, and serving the version.
-            if (serverInstance(d.url) == token && deploymentUp(d, 1.0) && servedVersion(d.url, v.name, 2) == v.version)
-                break;
-            if (std::chrono::steady_clock::now() > deadline) {
-                ::kill(static_cast<pid_t>(pid), SIGTERM);
-                throw Error("the server for " + v.name + " was not ready within " +
-                            std::to_string(static_cast<int>(o.readyTimeoutS)) + " s; stopped it. Log " + logPath +
-                            ":" + logTail(logPath));
-            }
-            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            if (!retry) d.id = registry.recordDeployment(d);
+        } catch (...) {
+            stopStarted(pid, v.name, token);
+            throw;
         }
         if (!retry) break;
     }
-    d.id = registry.recordDeployment(d);
     result.deployment = d;
     result.started = true;
     say(o, v.name + " v" + std::to_string(v.version) + " is live at " + d.url + " (pid " + std::to_string(d.pid) + ")");
     return result;
 }
 
+void checkTimeout(const DeployOptions& o) {
+    if (!std::isfinite(o.readyTimeoutS) || !(o.readyTimeoutS > 0))
+        throw ConfigError("--ready-timeout must be a positive number of seconds, got " + seconds(o.readyTimeoutS));
+}
+
+}  // namespace
+
+bool deploymentUp(const Deployment& d, double timeoutS) {
+    try {
+        return httpRequest("GET", d.url + "/v2/health/ready", {}, timeoutS).status == 200;
+    } catch (const Error&) {
+        return false;
+    }
+}
+
+DeployResult deploy(Registry& registry, const ModelRef& ref, const DeployOptions& o) {
+    checkTimeout(o);
+    const auto v = registry.resolve(ref);
+    ModelLock lock(registry, v.name);
+    return deployLocked(registry, v, ref, o);
+}
+
 DeployResult rollback(Registry& registry, const std::string& model, const DeployOptions& options) {
-    const auto history = registry.deployments(model);
+    checkTimeout(options);
+    ModelLock lock(registry, model);
+    const auto history = registry.deployments(model);  // newest first
     if (history.empty() || !history.front().live())
         throw ConfigError(model + " is not deployed; nothing to roll back (see `lathectl deployments " + model + "`)");
     const auto current = history.front().version;
+    // Like `kubectl rollout undo`: the version that served before the live one, so a second
+    // rollback undoes the first.
     for (size_t i = 1; i < history.size(); ++i) {
-        if (history[i].version == current) continue;
+        const auto version = history[i].version;
+        if (version == current) continue;
         DeployOptions o = options;
         o.action = "rollback";
         if (o.reason.empty()) o.reason = "rollback from v" + std::to_string(current);
-        return deploy(registry, {model, history[i].version, {}}, o);
+        const ModelRef ref{model, version, {}};
+        return deployLocked(registry, registry.resolve(ref), ref, o);
     }
     throw ConfigError(model + " has no earlier version in its deployment history to roll back to (live: v" +
                       std::to_string(current) + ")");
 }
 
 void undeploy(Registry& registry, const std::string& model) {
+    ModelLock lock(registry, model);
     const auto live = registry.liveDeployment(model);
     if (!live) throw ConfigError(model + " is not deployed");
-    if (live->target == "local" && isServer(live->pid)) {
+    if (live->target == "local" && isServerOf(*live)) {
         const auto pid = static_cast<pid_t>(live->pid);
         ::kill(pid, SIGTERM);
         const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -315,6 +469,9 @@ void undeploy(Registry& registry, const std::string& model) {
         if (alive(pid)) ::kill(pid, SIGKILL);
     }
     registry.endDeployment(live->id, "undeployed");
+    // A server that stopped cleanly resolved its open alerts itself; one that was killed could not.
+    for (const auto& a : registry.alerts(model))
+        if (a.resolvedAt == 0) registry.resolveAlert(a.id, nowSeconds());
 }
 
 }  // namespace lathe::core

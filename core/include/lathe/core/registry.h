@@ -91,6 +91,7 @@ struct Deployment {
     double startedAt = 0;
     double endedAt = 0;            // 0 = live
     std::string endReason;         // "replaced by v3", "undeployed", "server exited"
+    std::string instance;          // the server's --instance-id nonce (local target; empty before schema 4)
     bool live() const { return endedAt == 0; }
 };
 
@@ -141,8 +142,8 @@ public:
     /// "replaced by vN". Returns the new id.
     int64_t recordDeployment(Deployment d);
     void endDeployment(int64_t id, const std::string& reason);
-    std::vector<Deployment> deployments(const std::string& model) const;  // newest first
-    std::vector<Deployment> allDeployments() const;                       // newest first
+    std::vector<Deployment> deployments(const std::string& model) const;  // newest (highest id) first
+    std::vector<Deployment> allDeployments() const;                       // newest (highest id) first
     std::optional<Deployment> liveDeployment(const std::string& model) const;
 
     // ---- serving metrics and alerts ----------------------------------------------------

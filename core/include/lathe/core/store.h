@@ -50,7 +50,7 @@ struct ArtifactRecord {
 
 class Store {
 public:
-    static constexpr int kSchemaVersion = 3;
+    static constexpr int kSchemaVersion = 4;
 
     /// Opens or creates a workspace (the path is made absolute). Throws StoreError (file untouched) when the file is not
     /// a Lathe workspace or has a newer schema than this build knows.
