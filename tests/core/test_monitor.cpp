@@ -317,10 +317,15 @@ TEST_CASE("interval figures from two scrapes, aggregated over versions of one mo
     CHECK(v.at("gpu_util") == Approx(50));
     CHECK(v.at("gpu_mem_mb") == Approx(2048));
 
-    // An idle interval: rates are zero, percentiles and the batch mean are absent.
+    CHECK(st.requests == 120);
+    CHECK(st.errors == 10);
+
+    // An idle interval: rates are zero; percentiles, the batch mean and the error rate (a share
+    // of no requests) are absent.
     const auto idle = intervalStats("m", s2, s2, 1.0, 103);
     CHECK(idle.values.at("qps") == 0);
-    CHECK(idle.values.at("error_rate") == 0);
+    CHECK(idle.values.count("error_rate") == 0);
+    CHECK(idle.requests == 0);
     CHECK(idle.values.at("batch_hist/8") == 0);
     CHECK(idle.values.at("cpu_percent") == 0);
     for (const char* k : {"p50_ms", "p90_ms", "p99_ms", "queue_ms_p99", "batch_mean"}) {
@@ -425,6 +430,54 @@ TEST_CASE("error-rate alert fires on a rise within the window and resolves when 
     CHECK(strict.add(sample(400, {{"error_rate", 0.015}})).size() == 1);
 }
 
+namespace {
+IntervalStats counted(double t, double requests, double errors) {
+    IntervalStats s{t, 1, {}};
+    s.requests = requests;
+    s.errors = errors;
+    if (requests > 0) s.values["error_rate"] = errors / requests;
+    return s;
+}
+}  // namespace
+
+TEST_CASE("error-rate alert: quiet intervals are pooled, idle ones neither fire nor resolve it", "[monitor][alerts]") {
+    AlertEvaluator ev;  // +5 points within 300 s, rates over >= 20 requests
+    double t = 0;
+    // 3 requests a second with a failure now and then (3 in 147): a second with one reads 33%
+    // alone, and must not fire it; pooled by 7 seconds (21 requests) the rate is 0% or 4.8%.
+    for (int i = 0; i < 49; ++i) {
+        const bool error = i % 17 == 0;
+        CHECK(ev.add(counted(t += 1, 3, error ? 1 : 0)).empty());
+        CHECK(ev.add(counted(t += 1, 0, 0)).empty());  // an idle second: no rate, no baseline of 0%
+    }
+    CHECK_FALSE(ev.firing("error_rate"));
+    // A real rise to 50% fires once 20 requests show it, and idle seconds do not resolve it.
+    std::vector<AlertEvent> fired;
+    for (int i = 0; i < 7 && fired.empty(); ++i) fired = ev.add(counted(t += 1, 4, 2));
+    REQUIRE(fired.size() == 1);
+    CHECK(fired[0].fired);
+    CHECK(fired[0].value == Approx(50));
+    for (int i = 0; i < 30; ++i) CHECK(ev.add(counted(t += 1, 0, 0)).empty());
+    CHECK(ev.firing("error_rate"));
+    // Back to no errors: resolved once a pooled 20 requests show it.
+    std::vector<AlertEvent> resolved;
+    int seconds = 0;
+    for (; seconds < 10 && resolved.empty(); ++seconds) resolved = ev.add(counted(t += 1, 4, 0));
+    REQUIRE(resolved.size() == 1);
+    CHECK_FALSE(resolved[0].fired);
+    CHECK(seconds == 5);  // 5 x 4 requests
+    // A pool never spans more than the window: 10 requests long ago and 10 now are not judged together.
+    AlertEvaluator sparse;
+    CHECK(sparse.add(counted(0, 10, 0)).empty());
+    CHECK(sparse.add(counted(1000, 10, 10)).empty());
+    CHECK_FALSE(sparse.firing("error_rate"));
+    AlertRules perSample;
+    perSample.errorRateMinRequests = 1;
+    AlertEvaluator eager(perSample);
+    CHECK(eager.add(counted(0, 10, 0)).empty());
+    CHECK(eager.add(counted(1, 10, 10)).size() == 1);
+}
+
 TEST_CASE("GPU-idle alert fires after a whole idle window and resolves on use", "[monitor][alerts]") {
     AlertEvaluator ev;  // under 20% for 600 s
     double firedAt = -1;
@@ -466,9 +519,10 @@ TEST_CASE("alert rules from TOML, bad keys and values refused as ConfigError", "
     CHECK(r.p99Samples == 5);
     CHECK(r.gpuIdleWindowS == 60.5);
     CHECK(r.errorRateRisePoints == AlertRules{}.errorRateRisePoints);  // untouched keys keep defaults
-    r = alertRulesFromToml("[alerts]\nerror_rate_rise_points = 2.5\nerror_rate_window_s = 60\n");
+    r = alertRulesFromToml("[alerts]\nerror_rate_rise_points = 2.5\nerror_rate_window_s = 60\nerror_rate_min_requests = 5\n");
     CHECK(r.errorRateRisePoints == 2.5);
     CHECK(r.errorRateWindowS == 60);
+    CHECK(r.errorRateMinRequests == 5);
     CHECK(alertRulesFromToml("").p99Samples == 3);
 
     auto err = [](const std::string& toml) {

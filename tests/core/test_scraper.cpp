@@ -192,8 +192,8 @@ struct FakeMetrics {
         std::lock_guard<std::mutex> lock(mutex);
         const int n = ++scrapes;
         if (n == failAt) return text(http::status::internal_server_error, "boom");
-        requests += 10;
-        if (n >= 3) errors += 2;
+        requests += 100;  // enough for an error rate of its own (error_rate_min_requests 20)
+        if (n >= 3) errors += 20;
         (n <= 5 ? slow : fast) += 10;
         const auto series = [](const char* name, const char* extra, double v) {
             return std::string(name) + "{model=\"m\",version=\"7\"" + extra + "} " + std::to_string(v) + "\n";
@@ -247,7 +247,7 @@ TEST_CASE("the scraper stores interval figures and alerts in the registry", "[mo
     const auto qps = reg.servingMetrics("m", "qps");
     REQUIRE(qps.size() == up.size() - 2);
     for (const auto& p : qps) CHECK(p.value > 0);
-    // error_rate per interval: scrape 2: 0/10; 3: 2/10; 5 (against 3, the 4th failed): 2/10; 6: 2/10.
+    // error_rate per interval: scrape 2: 0/100; 3: 20/100; 5 (against 3, the 4th failed): 20/100; 6: 20/100.
     const auto errors = reg.servingMetrics("m", "error_rate");
     REQUIRE(errors.size() >= 4);
     CHECK(errors[0].value == 0);

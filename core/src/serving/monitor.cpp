@@ -205,7 +205,11 @@ IntervalStats intervalStats(const std::string& model, const std::vector<PromSamp
         return it != s.labels.end() && parseInt(it->second, code) && code >= 500;
     });
     v["qps"] = std::max(0.0, requests) / dt;
-    v["error_rate"] = requests > 0 ? std::clamp(errors / requests, 0.0, 1.0) : 0.0;
+    // No requests, no error rate: a quiet second at 0% would drag the alert's baseline down and
+    // resolve a real rise.
+    st.requests = std::max(0.0, requests);
+    st.errors = std::clamp(errors, 0.0, st.requests);
+    if (requests > 0) v["error_rate"] = std::clamp(errors / requests, 0.0, 1.0);
 
     const auto latency = diff.bucketDeltas("lathe_request_duration_seconds");
     putQuantileMs(v, "p50_ms", 0.50, latency);
@@ -261,6 +265,7 @@ AlertRules alertRulesFromToml(const std::string& text) {
         {"p99_samples", nullptr, &r.p99Samples, 1, 1e6, "an integer >= 1"},
         {"error_rate_rise_points", &r.errorRateRisePoints, nullptr, 0, 100, "> 0 and <= 100"},
         {"error_rate_window_s", &r.errorRateWindowS, nullptr, 0, inf, "> 0"},
+        {"error_rate_min_requests", nullptr, &r.errorRateMinRequests, 1, 1e9, "an integer >= 1"},
         {"gpu_idle_percent", &r.gpuIdlePercent, nullptr, 0, 100, "> 0 and <= 100"},
         {"gpu_idle_window_s", &r.gpuIdleWindowS, nullptr, 0, inf, "> 0"},
     };
@@ -336,7 +341,22 @@ std::vector<AlertEvent> AlertEvaluator::add(const IntervalStats& s) {
     // Error rate, in percentage points, against the lowest rate seen within the window. While
     // firing, the baseline stays the one it fired against: a rate that jumped and stayed high
     // must not resolve just because the window has filled with high values.
-    if (double rate = 0; get("error_rate", rate)) {
+    // At low traffic one failed request in a second reads as tens of percent: intervals are pooled
+    // until they hold error_rate_min_requests requests (within one window), and judged as one.
+    double rate = 0;
+    bool judge = get("error_rate", rate);
+    if (judge && s.requests >= 0) {
+        if (m_poolRequests > 0 && s.t - m_poolStart > m_rules.errorRateWindowS) m_poolRequests = m_poolErrors = 0;
+        if (m_poolRequests == 0) m_poolStart = s.t;
+        m_poolRequests += s.requests;
+        m_poolErrors += s.errors;
+        judge = m_poolRequests >= m_rules.errorRateMinRequests;
+        if (judge) {
+            rate = m_poolErrors / m_poolRequests;
+            m_poolRequests = m_poolErrors = 0;
+        }
+    }
+    if (judge) {
         const double pct = rate * 100.0;
         const double cutoff = s.t - m_rules.errorRateWindowS;
         m_errorHistory.erase(std::remove_if(m_errorHistory.begin(), m_errorHistory.end(),

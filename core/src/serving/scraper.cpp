@@ -5,6 +5,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <deque>
 #include <mutex>
 #include <thread>
 
@@ -41,6 +42,7 @@ struct Scraper::Impl {
 void Scraper::Impl::run() {
     AlertEvaluator evaluator(rules);
     std::map<std::string, int64_t> openAlerts;  // rule -> registry alert id
+    std::deque<std::pair<AlertEvent, double>> pending;  // events (and their time) not yet recorded
     std::vector<PromSample> prev;
     double prevT = 0;
     int64_t lastVersion = 0;
@@ -75,20 +77,30 @@ void Scraper::Impl::run() {
             }
         }
         if (stopping.load()) break;  // do not record a scrape that stop() cut short
+        // The rules see every scrape even when the workspace is busy; alert writes that fail are
+        // kept in order and retried with the next scrape, so no fire or resolve is lost.
+        for (auto& e : evaluator.add(stats)) pending.push_back({std::move(e), stats.t});
         try {
             registry.appendServingMetrics(model, stats.version, stats.t, stats.values);
-            for (const AlertEvent& e : evaluator.add(stats)) {
-                if (e.fired) {
-                    openAlerts[e.rule] = registry.fireAlert(model, e.rule, e.message, e.value, stats.t);
-                } else if (const auto it = openAlerts.find(e.rule); it != openAlerts.end()) {
-                    registry.resolveAlert(it->second, stats.t);
-                    openAlerts.erase(it);
-                }
-            }
         } catch (const std::exception& ex) {
             // A busy or full workspace must not end monitoring; the next scrape tries again.
-            std::fprintf(stderr, "lathe: storing serving metrics of %s failed: %s\n", model.c_str(),
-                         ex.what());
+            std::fprintf(stderr, "lathe: storing serving metrics of %s failed: %s\n", model.c_str(), ex.what());
+        }
+        while (!pending.empty()) {
+            const auto& [e, at] = pending.front();
+            try {
+                if (e.fired) {
+                    openAlerts[e.rule] = registry.fireAlert(model, e.rule, e.message, e.value, at);
+                } else if (const auto it = openAlerts.find(e.rule); it != openAlerts.end()) {
+                    registry.resolveAlert(it->second, at);
+                    openAlerts.erase(it);
+                }
+            } catch (const std::exception& ex) {
+                std::fprintf(stderr, "lathe: recording the %s alert of %s failed (retried with the next scrape): %s\n",
+                             e.rule.c_str(), model.c_str(), ex.what());
+                break;
+            }
+            pending.pop_front();
         }
 
         // Fixed cadence, but never a burst of catch-up scrapes after a slow one.

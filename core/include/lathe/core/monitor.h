@@ -29,13 +29,16 @@ std::vector<PromSample> parsePrometheusText(const std::string& text);
 double histogramQuantile(double q, const std::vector<std::pair<double, double>>& buckets);
 
 /// One scrape interval's figures for one model. Keys stored in the workspace:
-///   up (1/0), qps, error_rate (share of answers with status >= 500, 0..1), p50_ms, p90_ms, p99_ms,
+///   up (1/0), qps, error_rate (share of answers with status >= 500, 0..1; absent for an interval
+///   without requests), p50_ms, p90_ms, p99_ms,
 ///   queue_ms_p99, compute_ms_p99, batch_mean, queue_depth, cpu_percent, rss_mb, gpu_util (0..100),
 ///   gpu_mem_mb, and batch_hist/<upper bound> (batches in the interval per batch-size bucket).
 struct IntervalStats {
     double t = 0;
     int64_t version = 0;
     std::map<std::string, double> values;
+    double requests = -1;  // answered in the interval (not stored); -1 = unknown
+    double errors = 0;     // of which status >= 500
 };
 
 /// Computes interval figures from two consecutive scrapes (`prev` may be empty: first scrape
@@ -48,7 +51,8 @@ struct AlertRules {
     double p99ThresholdMs = 100;     // P99 above this ...
     int p99Samples = 3;              // ... for this many consecutive samples
     double errorRateRisePoints = 5;  // error rate up by more than 5 percentage points ...
-    double errorRateWindowS = 300;   // ... within 5 minutes
+    double errorRateWindowS = 300;   // ... within 5 minutes, each rate taken over at least
+    int errorRateMinRequests = 20;   // ... this many requests (quiet intervals are pooled)
     double gpuIdlePercent = 20;      // GPU utilisation under 20% ...
     double gpuIdleWindowS = 600;     // ... for 10 minutes (only when a GPU reports)
 };
@@ -74,6 +78,7 @@ private:
     int m_p99Run = 0;
     std::vector<std::pair<double, double>> m_errorHistory;  // (t, error rate %)
     double m_errorBaseline = 0;                             // the low the error_rate alert fired against
+    double m_poolStart = 0, m_poolRequests = 0, m_poolErrors = 0;  // quiet intervals not yet judged
     std::vector<std::pair<double, double>> m_gpuHistory;    // (t, util %)
     std::map<std::string, bool> m_firing;
 };
