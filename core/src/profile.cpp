@@ -124,7 +124,9 @@ void writeChromeTrace(const std::vector<ProfileSpan>& spans, std::ostream& out, 
                           {"tid", s.thread},
                           {"args", args}});
     }
-    out << json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() << '\n';
+    // Run names are free text: invalid UTF-8 is replaced rather than failing the export.
+    out << json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump(-1, ' ', false, json::error_handler_t::replace)
+        << '\n';
 }
 
 }  // namespace lathe::core

@@ -19,8 +19,8 @@ std::atomic<Profiler*> g_active{nullptr};
 std::atomic<int> g_inflight{0};
 
 struct InflightGuard {
-    InflightGuard() { g_inflight.fetch_add(1, std::memory_order_acq_rel); }
-    ~InflightGuard() { g_inflight.fetch_sub(1, std::memory_order_acq_rel); }
+    InflightGuard() { g_inflight.fetch_add(1, std::memory_order_seq_cst); }
+    ~InflightGuard() { g_inflight.fetch_sub(1, std::memory_order_seq_cst); }
 };
 std::atomic<int64_t> g_nextThread{1};
 thread_local int64_t t_thread = -1;
@@ -87,7 +87,7 @@ std::string shapesOf(const at::RecordFunction& fn, bool& cuda) {
 
 std::unique_ptr<at::ObserverContext> onStart(const at::RecordFunction& fn) {
     InflightGuard inflight;
-    Profiler* p = g_active.load(std::memory_order_acquire);
+    Profiler* p = g_active.load(std::memory_order_seq_cst);
     if (!p || !p->recording()) return nullptr;
     auto ctx = std::make_unique<OpContext>();
     bool cuda = false;
@@ -99,7 +99,7 @@ std::unique_ptr<at::ObserverContext> onStart(const at::RecordFunction& fn) {
 
 void onEnd(const at::RecordFunction& fn, at::ObserverContext* raw) {
     InflightGuard inflight;
-    Profiler* p = g_active.load(std::memory_order_acquire);
+    Profiler* p = g_active.load(std::memory_order_seq_cst);
     if (!raw) return;
     auto* ctx = static_cast<OpContext*>(raw);
     if (!p) {  // the profiler went away mid-op: its pool is gone, the event goes with it
@@ -139,9 +139,11 @@ Profiler::Profiler(ProfileSchedule schedule)
 
 Profiler::~Profiler() {
     detach();
-    g_active.store(nullptr, std::memory_order_release);
+    // A store followed by a load of another variable: only seq_cst keeps them in order (x86
+    // lets a plain store pass a later load), so a callback either sees null or is counted.
+    g_active.store(nullptr, std::memory_order_seq_cst);
     // A callback that loaded the pointer before it was cleared may still be running.
-    while (g_inflight.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+    while (g_inflight.load(std::memory_order_seq_cst) != 0) std::this_thread::yield();
     for (const auto& d : m_deviceTimed) {
         kernels::cuda::eventDestroy(d.start);
         kernels::cuda::eventDestroy(d.end);

@@ -109,10 +109,12 @@ bool parseBool(const std::string& key, const std::string& text) {
 std::string checkLossScale(const std::string& text) {
     if (text == "auto" || text == "dynamic" || text == "off") return text;
     if (text.rfind("static:", 0) == 0) {
-        parseFloat("loss_scale", text.substr(7), 0, true, 1e38, false);
+        // Below 1e-30 the reciprocal the gradients are unscaled by is no longer a finite float
+        // (and 1e-46 is 0): every step would be skipped.
+        parseFloat("loss_scale", text.substr(7), 1e-30, false, 1e38, false);
         return text;
     }
-    throw ConfigError("`loss_scale` must be auto, dynamic, static:N (N > 0) or off (got '" + text + "')");
+    throw ConfigError("`loss_scale` must be auto, dynamic, static:N (1e-30 <= N <= 1e38) or off (got '" + text + "')");
 }
 
 const std::vector<KeyDef>& keyDefs() {
@@ -195,11 +197,11 @@ const std::vector<KeyDef>& keyDefs() {
         choice("precision", "fp32, or autocast to bf16 / fp16 with FP32 master weights (fp16 needs a GPU)",
                &RunSpec::precision, {"fp32", "bf16", "fp16"});
         d.push_back({{"loss_scale", "string",
-                      "auto (dynamic for fp16, else off), dynamic, static:N (N > 0) or off", {}},
+                      "auto (dynamic for fp16, else off), dynamic, static:N (1e-30 <= N <= 1e38) or off", {}},
                      [](const RunSpec& s) { return s.lossScale; },
                      [](RunSpec& s, const std::string& v) { s.lossScale = checkLossScale(v); }});
-        real("loss_scale_init", "initial dynamic loss scale, > 0 (default 65536 = 2^16)", &RunSpec::lossScaleInit, 0,
-             true, 1e38, false);
+        real("loss_scale_init", "initial dynamic loss scale, 1e-30..1e38 (default 65536 = 2^16)", &RunSpec::lossScaleInit,
+             1e-30, false, 1e38, false);
         real("loss_scale_growth", "factor applied after growth_interval clean steps, > 1", &RunSpec::lossScaleGrowth, 1,
              true, 1e6, false);
         real("loss_scale_backoff", "factor applied on a step with inf/NaN gradients, > 0 and < 1",
@@ -354,6 +356,11 @@ std::vector<std::string> validate(const RunSpec& spec) {
     }
     if (spec.precision == "fp16" && spec.device == "cpu")
         problems.push_back("`precision` fp16 needs a CUDA GPU (device = cpu); use bf16 on the CPU");
+    // Only the loss scaler checks gradients and skips a step: without it the injected inf would
+    // reach the weights and the run would fail later, blaming the learning rate.
+    if (!spec.injectNonfinite.empty() && lossScaleMode(spec).kind == LossScaleMode::Kind::Off)
+        problems.push_back("`inject_nonfinite` needs loss scaling, which skips the step it spoils: set `loss_scale` to "
+                           "dynamic or static:N (with precision " + spec.precision + ", auto means off)");
     if (spec.nproc > 1 && spec.strategy == "ps" && spec.psRanks >= spec.nproc)
         problems.push_back("`ps_ranks` must be below `nproc` (" + std::to_string(spec.psRanks) + " >= " +
                            std::to_string(spec.nproc) + ")");

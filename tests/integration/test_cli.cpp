@@ -230,4 +230,12 @@ TEST_CASE("mixed-precision flags: bf16 runs, fp16 without a GPU exits 2 suggesti
     const auto bad = runShell(lathectl("train --loss-scale static:-4" + db));
     CHECK(bad.exitCode == 2);
     CHECK_THAT(bad.err, Catch::Contains("`loss_scale`"));
+    // A scale whose reciprocal is not a finite float would skip every step.
+    const auto tiny = runShell(lathectl("train --loss-scale static:1e-40" + db));
+    CHECK(tiny.exitCode == 2);
+    CHECK_THAT(tiny.err, Catch::Contains("1e-30"));
+    // Without a loss scaler nothing would skip the spoiled step: refused before training.
+    const auto unscaled = runShell(lathectl("train --inject-nonfinite 3" + db));
+    CHECK(unscaled.exitCode == 2);
+    CHECK_THAT(unscaled.err, Catch::Contains("`inject_nonfinite` needs loss scaling"));
 }
