@@ -670,6 +670,15 @@ void Reducer::prepare(int64_t step) {
     for (size_t k : d.sparse) d.params[k].mutable_grad() = torch::Tensor();
 }
 
+void Reducer::rescaleResiduals(double factor) {
+    auto& d = *m_impl;
+    std::lock_guard<std::mutex> lk(d.mutex);
+    torch::NoGradGuard noGrad;
+    for (auto& b : d.buckets)
+        for (auto* t : {&b.residual, &b.shardResidual})
+            if (t->defined()) t->mul_(factor);
+}
+
 Reducer::Stats Reducer::finish() {
     auto& d = *m_impl;
     const auto backwardEnd = Clock::now();

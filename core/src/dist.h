@@ -90,6 +90,10 @@ public:
     };
     /// After backward: launches what is left, waits, and writes the averaged gradients back.
     Stats finish();
+    /// Error-feedback residuals are kept in the units of the gradients they came from: loss-scaled
+    /// ones under a loss scaler. When the scale changes (new = old * factor) they are multiplied
+    /// by `factor`, so the error carried into the next step keeps its true size.
+    void rescaleResiduals(double factor);
 
 private:
     struct Impl;

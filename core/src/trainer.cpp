@@ -552,6 +552,9 @@ TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventS
                     optimizer->step();
                 }
                 scaler.update(foundInf);
+                // Residuals of compressed exchanges hold scaled gradients: they follow the scale.
+                if (reducer && scaler.enabled() && scaler.scale() != usedScale)
+                    reducer->rescaleResiduals(scaler.scale() / usedScale);
             }
             correct += out.detach().argmax(1).eq(yb).sum().item<int64_t>();
             stepSeconds += std::chrono::duration<double>(Clock::now() - t0).count();

@@ -1,0 +1,64 @@
+// The reducer in-process on a one-rank Gloo group: what its compressed exchange keeps between
+// steps. Multi-rank behaviour is tested end to end through worker processes (test_distributed).
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <torch/torch.h>
+
+#include <catch2/catch.hpp>
+
+#include "dist.h"
+
+using namespace lathe::core;
+
+namespace {
+
+int freePort() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    socklen_t len = sizeof a;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    ::close(fd);
+    return ntohs(a.sin_port);
+}
+
+}  // namespace
+
+TEST_CASE("error-feedback residuals follow the loss scale when it changes", "[distributed][reducer]") {
+    DistEnv env;
+    env.masterPort = freePort();
+    env.timeoutSec = 30;
+    DistContext ctx(env);
+    torch::manual_seed(3);
+    const auto g1 = torch::randn({5000}), g2 = torch::randn({5000});
+    for (const char* format : {"int8", "int4"}) {
+        INFO(format);
+        CompressOptions c;
+        c.format = format;
+        c.errorFeedback = true;
+        // Step 1's gradient at loss scale s1, step 2's at scale 1; returns step 2's exchanged gradient.
+        auto run = [&](double s1, bool rescale) {
+            auto p = torch::zeros({5000}).requires_grad_(true);
+            Reducer reducer(ctx, {p}, 1, c);
+            reducer.prepare(1);
+            (p * (g1 * s1)).sum().backward();
+            reducer.finish();
+            if (rescale) reducer.rescaleResiduals(1.0 / s1);
+            p.mutable_grad() = torch::Tensor();
+            reducer.prepare(2);
+            (p * g2).sum().backward();
+            reducer.finish();
+            return p.grad().clone();
+        };
+        const auto steady = run(1, false);
+        // A power-of-two scale quantizes to exactly scaled codes and residuals, so once the
+        // residual is brought back to scale 1 the second step is bit for bit the steady one.
+        CHECK(torch::equal(run(4, true), steady));
+        // Left at scale 4, the residual carries four times the error into step 2.
+        CHECK_FALSE(torch::equal(run(4, false), steady));
+    }
+}
