@@ -270,6 +270,7 @@ int main(int argc, char** argv) {
     struct Ratios {
         std::string model;
         double batching, share, p99, shareBin, p99Bin, budget, parseUs, parseBinUs;
+        double rawRows, computeUsPerRow, httpUs, httpBinUs, halfForwardMs, halfForwardBinMs, halfBatch, halfBatchBin;
     };
     std::vector<Ratios> ratios;
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -279,6 +280,7 @@ int main(int argc, char** argv) {
         // runs and again after them (other tenants of a shared machine come and go); the fastest
         // of these sets both the throughput baseline and the one-batch compute time of (c).
         double raw = 0, batchMs = 1e9;
+        double computeUsPerRow = 1e30;  // the cheapest forward in CPU time: core-microseconds per row
         // Both forms of the model count: as loaded, and frozen and optimised for inference (what
         // the server's --optimize auto may choose), so the server is held to the faster.
         auto baseline = [&](const char* when) {
@@ -289,6 +291,7 @@ int main(int argc, char** argv) {
                     const double rows = rawRowsPerS(m, 32, rawS, threads, optimized, ms, rawCores);
                     raw = std::max(raw, rows);
                     batchMs = std::min(batchMs, ms);
+                    computeUsPerRow = std::min(computeUsPerRow, 1e6 * rawCores / rows);
                     char label[64];
                     std::snprintf(label, sizeof label, "LibTorch%s forward, %d thread%s (%s)",
                                   optimized ? " opt." : "", threads, threads > 1 ? "s" : "", when);
@@ -316,8 +319,14 @@ int main(int argc, char** argv) {
         row(m, label, halfBin, false);
         baseline("after");
         const double budget = maxDelayMs + batchMs;
+        // Everything but the forward, per request, in CPU time of the whole process (client and
+        // server): the saturated run's cores less the batch worker's busy share. Preemption makes
+        // that share read high, so this errs low, and the ceiling below errs high.
+        auto httpUs = [](const Run& r) { return 1e6 * std::max(0.0, r.cores - r.computeShare) / std::max(1.0, r.rowsPerS); };
         ratios.push_back({m.name, batched.rowsPerS / std::max(1e-9, single.rowsPerS), batched.rowsPerS / raw,
-                          half.report.p99Ms, batchedBin.rowsPerS / raw, halfBin.report.p99Ms, budget, parse, parseBin});
+                          half.report.p99Ms, batchedBin.rowsPerS / raw, halfBin.report.p99Ms, budget, parse, parseBin,
+                          raw, computeUsPerRow, httpUs(batched), httpUs(batchedBin), half.meanComputeMs,
+                          halfBin.meanComputeMs, half.meanBatch, halfBin.meanBatch});
         auto runJson = [](const Run& r) {
             return nlohmann::json{{"rows_per_s", r.rowsPerS},   {"p50_ms", r.report.p50Ms},
                                   {"p99_ms", r.report.p99Ms},   {"errors", r.report.errors},
@@ -350,6 +359,34 @@ int main(int argc, char** argv) {
         std::printf("  %-8s P99 at half load %.2f ms JSON, %.2f ms binary vs %.1f + %.2f = %.2f ms (%.2fx, %.2fx)\n",
                     "", r.p99, r.p99Bin, maxDelayMs, r.budget - maxDelayMs, r.budget, r.p99 / r.budget,
                     r.p99Bin / r.budget);
+    }
+    // What this machine allows at all, from the run's own measurements: with client, server and
+    // forward sharing `cores`, no server can answer more rows/s than cores / (request CPU +
+    // forward CPU per row); and under Triton's rule a batch closed by its delay answers its
+    // oldest request no sooner than max-delay + the batch's forward as the server runs it.
+    std::printf("\nwhat bounds (b) and (c) on this machine (%d cores shared by client, server and forward):\n", cores);
+    for (size_t i = 0; i < ratios.size(); ++i) {
+        const auto& r = ratios[i];
+        for (int bin = 0; bin < 2; ++bin) {
+            const double h = bin ? r.httpBinUs : r.httpUs;
+            const double ceiling = cores * 1e6 / (h + r.computeUsPerRow);
+            std::printf("  %-8s %-6s (b) <= %d cores / (%.0f us per request + %.0f us forward per row) = %.0f rows/s"
+                        " = %.0f%% of raw\n",
+                        r.model.c_str(), bin ? "binary" : "JSON", cores, h, r.computeUsPerRow, ceiling,
+                        100 * ceiling / r.rawRows);
+            results[i][bin ? "ceiling_share_of_raw_binary" : "ceiling_share_of_raw"] = ceiling / r.rawRows;
+        }
+        for (int bin = 0; bin < 2; ++bin) {
+            const double batch = bin ? r.halfBatchBin : r.halfBatch, fwd = bin ? r.halfForwardBinMs : r.halfForwardMs;
+            if (batch <= 0) continue;
+            if (batch < 0.95 * 32)  // batches closed by the delay: each one's oldest request (1 in ~batch) waited it
+                std::printf("  %-8s %-6s (c) 1 request in %.0f waits the %.0f ms delay, then its batch's forward (%.2f ms "
+                            "in the server at half load): P99 ~>= %.2f ms vs budget %.2f ms\n",
+                            r.model.c_str(), bin ? "binary" : "JSON", batch, maxDelayMs, fwd, maxDelayMs + fwd, r.budget);
+            else
+                std::printf("  %-8s %-6s (c) batches filled before the delay (mean %.1f rows)\n", r.model.c_str(),
+                            bin ? "binary" : "JSON", batch);
+        }
     }
     std::printf("\nload average before/after: %.2f / %.2f (other processes compete for the same cores)\n", loadBefore,
                 loadAverage());
