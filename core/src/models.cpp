@@ -1,6 +1,9 @@
 #include "models.h"
 
+#include <ATen/Context.h>
+
 #include <cmath>
+#include <mutex>
 
 #include "amp.h"
 #include "lathe/core/error.h"
@@ -116,41 +119,86 @@ torch::Tensor runRange(torch::nn::Sequential& model, int64_t begin, int64_t end,
     return x;
 }
 
+// The default generators a range's random ops (dropout) draw from: the CPU's, and the GPU's when
+// the model runs on one.
+std::vector<at::Generator> generators(c10::DeviceType device) {
+    std::vector<at::Generator> g{at::globalContext().defaultGenerator(c10::DeviceType::CPU)};
+    if (device == c10::DeviceType::CUDA) g.push_back(at::globalContext().defaultGenerator(c10::Device(device)));
+    return g;
+}
+
+std::vector<torch::Tensor> rngStates(c10::DeviceType device) {
+    std::vector<torch::Tensor> states;
+    for (auto& g : generators(device)) {
+        std::lock_guard<std::mutex> lk(g.mutex());
+        states.push_back(g.get_state());
+    }
+    return states;
+}
+
+void setRngStates(c10::DeviceType device, const std::vector<torch::Tensor>& states) {
+    auto g = generators(device);
+    for (size_t i = 0; i < g.size() && i < states.size(); ++i) {
+        std::lock_guard<std::mutex> lk(g[i].mutex());
+        g[i].set_state(states[i]);
+    }
+}
+
 // LibTorch's C++ API has no checkpoint(): this autograd function runs a range of the model
 // without recording a graph, keeps only the range's input, and in backward recomputes the
 // range with grad enabled and back-propagates through it (reentrant, as torch.utils.checkpoint
-// does with use_reentrant=True).
+// does with use_reentrant=True). As torch.utils.checkpoint's preserve_rng_state, the recompute
+// replays the random numbers the forward drew (a dropout draws the same mask) and then puts the
+// generators back where they were.
 struct CheckpointRange : torch::autograd::Function<CheckpointRange> {
     static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor input, int64_t modelPtr,
-                                 int64_t begin, int64_t end, int64_t autocastDtype, int64_t device) {
+                                 int64_t begin, int64_t end, int64_t autocastDtype, int64_t device,
+                                 bool inputGrad) {
         ctx->save_for_backward({input});
         ctx->saved_data["model"] = modelPtr;
         ctx->saved_data["begin"] = begin;
         ctx->saved_data["end"] = end;
         ctx->saved_data["autocast"] = autocastDtype;
         ctx->saved_data["device"] = device;
+        ctx->saved_data["input_grad"] = inputGrad;
+        ctx->saved_data["rng"] = c10::List<torch::Tensor>(rngStates(static_cast<c10::DeviceType>(device)));
         auto& model = *reinterpret_cast<torch::nn::Sequential*>(modelPtr);
         return runRange(model, begin, end, input);
     }
 
     static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                    torch::autograd::variable_list grads) {
-        auto input = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+        // The batch entering the first range requires grad only so that this function runs in
+        // backward; nobody uses its gradient, so it is not computed.
+        const bool inputGrad = ctx->saved_data["input_grad"].toBool();
+        auto input = ctx->get_saved_variables()[0].detach().requires_grad_(inputGrad);
         auto& model = *reinterpret_cast<torch::nn::Sequential*>(ctx->saved_data["model"].toInt());
         const auto begin = ctx->saved_data["begin"].toInt(), end = ctx->saved_data["end"].toInt();
         const auto dtype = ctx->saved_data["autocast"].toInt();
+        const auto device = static_cast<c10::DeviceType>(ctx->saved_data["device"].toInt());
+        std::vector<torch::Tensor> forwardRng;
+        for (const auto& t : ctx->saved_data["rng"].toTensorList()) forwardRng.push_back(t);
         torch::Tensor out;
         {
             torch::AutoGradMode enable(true);
             std::optional<AutocastGuard> cast;
-            if (dtype >= 0)
-                cast.emplace(static_cast<c10::DeviceType>(ctx->saved_data["device"].toInt()),
-                             static_cast<c10::ScalarType>(dtype));
-            out = runRange(model, begin, end, input);
+            if (dtype >= 0) cast.emplace(device, static_cast<c10::ScalarType>(dtype));
+            const auto now = rngStates(device);
+            setRngStates(device, forwardRng);
+            try {
+                out = runRange(model, begin, end, input);
+            } catch (...) {
+                setRngStates(device, now);
+                throw;
+            }
+            setRngStates(device, now);
         }
         sampleHeapPeak();
+        if (!out.requires_grad()) return {torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
+                                          torch::Tensor(), torch::Tensor(), torch::Tensor()};
         torch::autograd::backward({out}, {grads[0]});
-        return {input.grad(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+        return {inputGrad ? input.grad() : torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
+                torch::Tensor(), torch::Tensor(), torch::Tensor()};
     }
 };
 
@@ -181,14 +229,15 @@ torch::Tensor forwardModel(torch::nn::Sequential& model, const torch::Tensor& x,
     // A custom function whose inputs need no grad is never called in backward (its range's
     // parameters would get no gradients), so the data entering the first segment is marked as
     // requiring grad, as torch.utils.checkpoint asks of its users.
-    torch::Tensor h = x.requires_grad() ? x : x.detach().requires_grad_(true);
+    const bool inputGrad = x.requires_grad();
+    torch::Tensor h = inputGrad ? x : x.detach().requires_grad_(true);
     int64_t begin = 0;
     // The last segment runs normally, as checkpoint_sequential does: its activations are the
     // first ones backward needs, so recomputing them would cost time and save no peak memory.
     for (int64_t b = perSegment - 1; b < blocks - 1; b += perSegment) {
         const int64_t end = ends[static_cast<size_t>(b)];
         h = CheckpointRange::apply(h, reinterpret_cast<int64_t>(&model), begin, end, dtype,
-                                   static_cast<int64_t>(options.device));
+                                   static_cast<int64_t>(options.device), begin == 0 ? inputGrad : true);
         begin = end;
     }
     return runRange(model, begin, static_cast<int64_t>(model->size()), h);
