@@ -1,8 +1,15 @@
 // Ties a training run to the workspace: the store records every event of the stream.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <istream>
+#include <set>
 
 #include "lathe/core/checkpoint.h"
 #include "lathe/core/distributed.h"
@@ -68,6 +75,46 @@ TrainResult trainInWorkers(Store& store, int64_t runId, const RunSpec& spec, con
     return r;
 }
 
+// Settings a resume may change: how long, where and how it runs, what it records. Everything
+// else shapes the trajectory the checkpoint is a point of (model, data, optimizer, schedule, batch,
+// seed, precision, ranks, gradient exchange) and must stay as recorded.
+bool mayChangeOnResume(const std::string& key) {
+    static const std::set<std::string> keys{"epochs", "name", "experiment", "log_every", "checkpoint_every", "threads",
+                                            "device", "backend", "bucket_mb", "activation_checkpointing",
+                                            "inject_nonfinite", "profile", "profile_wait", "profile_warmup",
+                                            "profile_active", "profile_repeat"};
+    return keys.count(key) > 0;
+}
+
+// One process trains a run at a time: a second `--resume` of a run still training (the GUI and a
+// terminal) would drop the live run's points and write the same steps and checkpoint twice.
+class RunLock {
+public:
+    RunLock(const std::string& dir, int64_t runId) {
+        std::error_code ec;
+        std::filesystem::create_directories(dir, ec);
+        const auto path = dir + "/train.lock";
+        m_fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (m_fd < 0) throw Error("cannot open " + path + ": " + std::strerror(errno));
+        if (::flock(m_fd, LOCK_EX | LOCK_NB) != 0) {
+            char pid[32] = {};
+            (void)!::pread(m_fd, pid, sizeof pid - 1, 0);
+            ::close(m_fd);
+            throw ConfigError("run " + std::to_string(runId) + " is being trained by another process" +
+                              (pid[0] ? std::string(" (pid ") + pid + ")" : std::string()) +
+                              "; stop it first, or wait for it to end");
+        }
+        const auto text = std::to_string(::getpid());
+        if (::ftruncate(m_fd, 0) == 0) (void)!::pwrite(m_fd, text.data(), text.size(), 0);
+    }
+    ~RunLock() { ::close(m_fd); }
+    RunLock(const RunLock&) = delete;
+    RunLock& operator=(const RunLock&) = delete;
+
+private:
+    int m_fd = -1;
+};
+
 }  // namespace
 
 RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOptions& options, const EventSink& observer) {
@@ -76,10 +123,31 @@ RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOption
     TrainOptions topts;
     int64_t resumeStep = -1;
     std::string previousStatus, previousError;
+    std::optional<RunLock> lock;
     topts.stop = options.stop;
     if (options.resumeRunId > 0) {
         const auto run = store.run(options.resumeRunId);
         if (!run) throw ConfigError("cannot resume: no run " + std::to_string(options.resumeRunId) + " in " + store.path());
+        lock.emplace(store.artifactDir(run->id), run->id);
+        // Refused before anything is touched, naming each setting (and logged with the run).
+        {
+            const auto was = specParams(parseRunSpec(run->config, "run " + std::to_string(run->id) + " config"));
+            std::string changed;
+            for (const auto& [key, value] : specParams(spec)) {
+                const auto it = was.find(key);
+                if (mayChangeOnResume(key) || it == was.end() || it->second == value) continue;
+                changed += (changed.empty() ? "" : ", ") + ("`" + key + "` " + it->second + " -> " + value);
+            }
+            if (!changed.empty()) {
+                const std::string msg = "cannot resume run " + std::to_string(run->id) +
+                                        ": its checkpoint does not fit the changed settings (" + changed +
+                                        "); a resume may change epochs, device, logging, checkpointing and profiling. "
+                                        "Start a new run for other settings";
+                store.appendLog(run->id, nowSeconds(), "warn", "resume failed: " + msg);
+                store.flush();
+                throw ConfigError(msg);
+            }
+        }
         std::optional<ArtifactRecord> ckpt;
         for (const auto& a : store.artifacts(run->id))
             if (a.kind == "checkpoint") ckpt = a;
@@ -89,8 +157,13 @@ RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOption
         // Verify before touching the run: a corrupt checkpoint must not cost the recorded history.
         const auto info = readCheckpointInfo(ckpt->path);
         if (info.sha256 != ckpt->sha256)
-            throw CheckpointError("checkpoint " + ckpt->path + " is not the one run " + std::to_string(run->id) +
-                                  " recorded (checksum differs); was it overwritten?");
+            // The file checks out on its own but is not the recorded one: the run wrote a newer
+            // checkpoint and ended (killed) before the workspace recorded it. Its own checksum
+            // vouches for it, and it lies in the run's own directory: resume from it.
+            store.appendLog(run->id, nowSeconds(), "warn",
+                            "checkpoint " + ckpt->path + " is newer than the one recorded (epoch " +
+                                std::to_string(info.epoch) + ", step " + std::to_string(info.step) +
+                                "; the run ended before recording it): resuming from it");
         rec.runId = run->id;
         topts.resumeFrom = ckpt->path;
         resumeStep = info.step;
@@ -101,6 +174,7 @@ RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOption
     } else {
         rec.runId = store.createRun(spec.experiment, spec.name, spec.model, spec.data, toToml(spec), specParams(spec),
                                     options.host);
+        lock.emplace(store.artifactDir(rec.runId), rec.runId);
         store.setRunStatus(rec.runId, "running");
     }
     topts.checkpointDir = store.artifactDir(rec.runId);
@@ -115,6 +189,9 @@ RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOption
             store.updateRunConfig(rec.runId, toToml(spec), specParams(spec));  // e.g. a new --epochs
             resumeStep = -1;
         }
+        // Before "running" a resume has changed nothing: its failure (worker processes report
+        // one as an error event) must not be written over the run's recorded state.
+        if (resumeStep >= 0 && (e.type == Event::Type::Error || e.type == Event::Type::Status)) return;
         recordEvent(store, rec.runId, e);
         if (observer) observer(e);
     };
@@ -141,7 +218,18 @@ RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOption
     } catch (const std::exception& ex) {
         fail(std::string("internal error: ") + ex.what());
     }
-    store.setRunStatus(rec.runId, rec.result.status, rec.result.error);
+    if (resumeStep >= 0) {
+        // The resume never reached "running" (e.g. a worker could not load the checkpoint):
+        // the run keeps its recorded state, as an in-process failure above does.
+        store.setRunStatus(rec.runId, previousStatus, previousError);
+        if (rec.result.status == "failed") {
+            store.appendLog(rec.runId, nowSeconds(), "warn", "resume failed: " + rec.result.error);
+            store.flush();
+            throw Error(rec.result.error.empty() ? "the resume failed before training started" : rec.result.error);
+        }
+    } else {
+        store.setRunStatus(rec.runId, rec.result.status, rec.result.error);
+    }
     store.flush();
     // A resumed run's final metrics include those recorded before it was interrupted.
     for (const auto& [k, v] : store.lastMetrics(rec.runId)) rec.result.finalMetrics.emplace(k, v);

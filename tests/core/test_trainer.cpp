@@ -1,5 +1,6 @@
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <fstream>
 
 #include "lathe/core/checkpoint.h"
@@ -184,6 +185,15 @@ TEST_CASE("a resume that does not fit the checkpoint leaves the run as it was", 
     CHECK(store.run(rec.runId)->status == "completed");
     CHECK(store.metrics(rec.runId, "train/loss").size() == before);
     CHECK_THAT(store.logs(rec.runId).back().text, Catch::Contains("resume failed"));
+    // Settings that shape the trajectory are named and refused even where the tensors would fit.
+    other = spec;
+    other.epochs = 4;
+    other.lr = 0.5;
+    other.batch = 16;
+    CHECK_THROWS_WITH(trainAndRecord(store, other, again),
+                      Catch::Contains("`batch` 64 -> 16") && Catch::Contains("`lr`") && Catch::Contains("Start a new run"));
+    CHECK(store.run(rec.runId)->status == "completed");
+    CHECK(store.metrics(rec.runId, "train/loss").size() == before);
 
     // A resume with more epochs records the new config.
     spec.epochs = 3;
@@ -212,4 +222,46 @@ TEST_CASE("a checkpoint whose header was edited fails its checksum", "[trainer]"
     big.replace(sizePos, big.find('\n', sizePos + 1) - sizePos, "\nsize 99999999999");
     lathe::test::writeFile(ckpt, big);
     CHECK_THROWS_WITH(readCheckpointInfo(ckpt), Catch::Contains("truncated"));
+}
+
+TEST_CASE("a run is trained by one process at a time, and resumes from a checkpoint newer than its record",
+          "[trainer]") {
+    TempDir dir;
+    Store store(dir.file("lathe.db"));
+    RunSpec spec;
+    spec.epochs = 3;
+    // While the run trains, a second resume of it is refused before it changes anything.
+    std::atomic<bool> stop{false};
+    RecordOptions first;
+    first.stop = &stop;
+    std::string refused;
+    int64_t runId = 0;
+    first.onRunCreated = [&](int64_t id) { runId = id; };
+    const auto partial = trainAndRecord(store, spec, first, [&](const Event& e) {
+        if (e.type != Event::Type::Checkpoint || !refused.empty()) return;
+        RecordOptions second;
+        second.resumeRunId = runId;
+        try {
+            trainAndRecord(store, spec, second);
+        } catch (const ConfigError& ex) {
+            refused = ex.what();
+        }
+        stop = true;
+    });
+    CHECK_THAT(refused, Catch::Contains("is being trained by another process"));
+    REQUIRE(partial.result.status == "stopped");
+
+    // The process was killed after it wrote a newer checkpoint but before the workspace recorded
+    // it: here, the checkpoint of another run with the same settings, two epochs further.
+    const auto other = trainAndRecord(store, spec, {});
+    const auto ckpt = store.artifacts(partial.runId).back().path;
+    std::filesystem::copy_file(store.artifacts(other.runId).back().path, ckpt,
+                               std::filesystem::copy_options::overwrite_existing);
+    RecordOptions again;
+    again.resumeRunId = partial.runId;
+    const auto resumed = trainAndRecord(store, spec, again);
+    CHECK(resumed.result.status == "completed");
+    bool noted = false;
+    for (const auto& l : store.logs(partial.runId)) noted |= l.text.find("newer than the one recorded") != std::string::npos;
+    CHECK(noted);
 }
