@@ -1,5 +1,6 @@
 // lathectl hosts check: can Lathe reach this host over SSH, is its key the one we know, and
 // what does it offer (CPU cores, GPUs)?
+#include <algorithm>
 #include <iostream>
 #include <sstream>
 
@@ -41,9 +42,14 @@ int runCheck(const HostsState& st) {
         session.connect(st.trustOnFirstUse ? remote::HostKeyPolicy::TrustOnFirstUse : remote::HostKeyPolicy::Strict);
         j["host_key"] = session.hostKeyFingerprint();
         std::string out, err;
+        // A wedged nvidia-smi or a host gone quiet must not hang the check: the probe gets a
+        // deadline of its own.
+        const double probeTimeout = std::max(30, 3 * st.timeout);
         const auto res = session.exec(
-            kProbe, [&](std::string_view c) { out.append(c); }, [&](std::string_view c) { err.append(c); });
+            kProbe, [&](std::string_view c) { out.append(c); }, [&](std::string_view c) { err.append(c); }, nullptr,
+            probeTimeout);
         j["exit_status"] = res.exitStatus;
+        if (res.exitStatus != 0 && !err.empty()) j["stderr"] = err.substr(0, 2000);
         std::istringstream lines(out);
         std::string line;
         j["gpus"] = nlohmann::json::array();
@@ -76,6 +82,9 @@ int runCheck(const HostsState& st) {
             if (j.contains(k)) std::printf("  %-9s %s\n", k, j[k].get<std::string>().c_str());
         for (const auto& g : j["gpus"]) std::printf("  gpu       %s\n", g.get<std::string>().c_str());
         if (j["gpus"].empty()) std::printf("  gpu       none found (no nvidia-smi)\n");
+        if (j.contains("stderr"))
+            std::printf("  probe exited with status %d: %s\n", j["exit_status"].get<int>(),
+                        j["stderr"].get<std::string>().c_str());
     }
     return j["ok"].get<bool>() ? kOk : kRunFailed;
 }

@@ -7,10 +7,12 @@
 
 #include <libssh/callbacks.h>
 #include <libssh/libssh.h>
+#include <libssh/server.h>  // ssh_send_keepalive, which clients may send too
 
 #include <pwd.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <string>
 #include <utility>
@@ -33,6 +35,11 @@ std::string expandTilde(const std::string& path) {
 
 bool contains(const std::string& haystack, const char* needle) { return haystack.find(needle) != std::string::npos; }
 
+// Asked for a key's passphrase: refuse. Without a callback, libssh hands OpenSSL a null one, and
+// OpenSSL then prompts on the controlling terminal, blocking a command (or a GUI started from a
+// terminal) until someone types there.
+int refusePassphrase(const char*, char*, size_t, int, int, void*) { return -1; }
+
 struct KeyDeleter {
     void operator()(ssh_key k) const noexcept { ssh_key_free(k); }
 };
@@ -53,6 +60,7 @@ struct SshSession::Impl {
     ssh_session session = nullptr;
     bool connected = false;
     std::string fingerprint;
+    ssh_callbacks_struct sessionCallbacks{};  // lives as long as the session that points at it
 
     explicit Impl(HostSpec s) : spec(std::move(s)) {}
     ~Impl() { close(); }
@@ -93,6 +101,10 @@ struct SshSession::Impl {
         setOption(SSH_OPTIONS_SSH_DIR, sshDir.c_str(), "ssh directory");
         setOption(SSH_OPTIONS_KNOWNHOSTS, knownHosts.c_str(), "known_hosts path");
         if (!spec.user.empty()) setOption(SSH_OPTIONS_USER, spec.user.c_str(), "user name");
+        sessionCallbacks = {};
+        sessionCallbacks.auth_function = refusePassphrase;
+        ssh_callbacks_init(&sessionCallbacks);
+        ssh_set_callbacks(session, &sessionCallbacks);
     }
 
     void openConnection() {
@@ -102,7 +114,8 @@ struct SshSession::Impl {
             contains(err, "imeout") || contains(err, "timed out") ? SshError::Kind::Timeout : SshError::Kind::Connect;
         if (kind == SshError::Kind::Timeout)
             throw SshError(kind, label(),
-                           "no answer within " + std::to_string(spec.connectTimeoutSec) + " s (" + err + ")");
+                           "no answer within " + std::to_string(spec.connectTimeoutSec > 0 ? spec.connectTimeoutSec : 10) +
+                               " s (" + err + ")");
         throw SshError(kind, label(), "cannot connect: " + err);
     }
 
@@ -139,7 +152,9 @@ struct SshSession::Impl {
                                    "host key differs from the one in " + knownHosts + " (server offered " + keyType +
                                        " " + fingerprint +
                                        "); someone may be intercepting the connection, or the host was "
-                                       "reinstalled; if so, remove its old line from known_hosts");
+                                       "reinstalled; if so, remove its old line: ssh-keygen -R '" +
+                                       (spec.port == 22 ? spec.host : "[" + spec.host + "]:" + std::to_string(spec.port)) +
+                                       "' -f " + knownHosts);
             case SSH_KNOWN_HOSTS_OTHER:
                 throw HostKeyError(HostKeyError::Reason::Other, label(), fingerprint,
                                    "known_hosts " + knownHosts + " lists a different key type for this host (server "
@@ -148,7 +163,10 @@ struct SshSession::Impl {
             case SSH_KNOWN_HOSTS_UNKNOWN:
                 if (policy != HostKeyPolicy::TrustOnFirstUse)
                     throw HostKeyError(HostKeyError::Reason::Unknown, label(), fingerprint,
-                                       "host key not in known_hosts (" + fingerprint + ")");
+                                       "host key " + keyType + " " + fingerprint + " is not in " + knownHosts +
+                                           "; compare it with the host's own (ssh-keygen -lf on the host), then "
+                                           "connect once with trust on first use (lathectl hosts check "
+                                           "--trust-on-first-use) or add it with ssh-keyscan");
                 if (ssh_session_update_known_hosts(session) != SSH_OK)
                     throw HostKeyError(HostKeyError::Reason::Unusable, label(), fingerprint,
                                        "cannot add host key " + fingerprint + " to " + knownHosts + ": " +
@@ -179,7 +197,7 @@ struct SshSession::Impl {
             ssh_key raw = nullptr;
             // No passphrase and no prompt callback: an encrypted key fails here, by design; the
             // way to use one is through ssh-agent with identityFile left empty.
-            if (ssh_pki_import_privkey_file(path.c_str(), nullptr, nullptr, nullptr, &raw) != SSH_OK || !raw)
+            if (ssh_pki_import_privkey_file(path.c_str(), nullptr, refusePassphrase, nullptr, &raw) != SSH_OK || !raw)
                 throw SshError(SshError::Kind::Auth, label(),
                                "cannot load identity file " + path +
                                    " (missing, unreadable, not a private key, or passphrase-protected; for a "
@@ -227,8 +245,13 @@ SshSession::~SshSession() = default;
 SshSession::SshSession(SshSession&&) noexcept = default;
 SshSession& SshSession::operator=(SshSession&&) noexcept = default;
 
-void SshSession::connect(HostKeyPolicy policy) { m_impl->connect(policy); }
-bool SshSession::isConnected() const noexcept { return m_impl && m_impl->connected; }
+void SshSession::connect(HostKeyPolicy policy) {
+    if (!m_impl) throw SshError(SshError::Kind::Usage, "?", "connect() on a moved-from session");
+    m_impl->connect(policy);
+}
+bool SshSession::isConnected() const noexcept {
+    return m_impl && m_impl->connected && m_impl->session && ssh_is_connected(m_impl->session) != 0;
+}
 void SshSession::disconnect() noexcept {
     if (m_impl) m_impl->close();
 }
@@ -236,9 +259,11 @@ const std::string& SshSession::hostKeyFingerprint() const noexcept { return m_im
 const HostSpec& SshSession::spec() const noexcept { return m_impl->spec; }
 
 ExecResult SshSession::exec(const std::string& command, const OutputFn& onStdout, const OutputFn& onStderr,
-                            const std::atomic<bool>* cancel) {
+                            const std::atomic<bool>* cancel, double timeoutSec) {
+    if (!m_impl) throw SshError(SshError::Kind::Usage, "?", "exec() on a moved-from session");
     Impl& d = *m_impl;
-    if (!d.connected) throw SshError(SshError::Kind::Usage, d.label(), "exec() called before connect()");
+    if (!d.connected)
+        throw SshError(SshError::Kind::Usage, d.label(), "not connected: connect() first (again after a lost connection)");
 
     // Filled in by libssh callbacks while packets are processed on this thread.
     struct Status {
@@ -279,12 +304,25 @@ ExecResult SshSession::exec(const std::string& command, const OutputFn& onStdout
         throw SshError(SshError::Kind::Channel, d.label(), "cannot open a session channel: " + d.libsshError());
     if (ssh_channel_request_exec(channel.get(), command.c_str()) != SSH_OK)
         throw SshError(SshError::Kind::Channel, d.label(), "cannot start the command: " + d.libsshError());
+    // Whatever ends this call before the command has exited (an exception from a callback or a
+    // lost connection, a timeout) asks the remote side to stop it: a command must not run on
+    // unwatched. Declared after the callback guard, so it runs before the callbacks go.
+    struct StopGuard {
+        ssh_channel channel;
+        ssh_session session;
+        const Status& status;
+        ~StopGuard() {
+            if (!status.exited && ssh_is_connected(session) != 0 && ssh_channel_is_open(channel))
+                ssh_channel_request_send_signal(channel, "TERM");
+        }
+    } stopGuard{channel.get(), d.session, status};
     // There is no stdin to give: say so at once, so a command that reads it ends instead of hanging.
     ssh_channel_send_eof(channel.get());
 
     const auto broken = [&d](const char* when) {
-        return SshError(SshError::Kind::Protocol, d.label(),
-                        std::string("connection lost ") + when + ": " + d.libsshError());
+        const std::string why = d.libsshError();
+        d.connected = false;  // isConnected() says so; connect() starts afresh
+        return SshError(SshError::Kind::Protocol, d.label(), std::string("connection lost ") + when + ": " + why);
     };
 
     char buffer[16384];
@@ -310,8 +348,18 @@ ExecResult SshSession::exec(const std::string& command, const OutputFn& onStdout
     if (!event.ev || ssh_event_add_session(event.ev, d.session) != SSH_OK)
         throw SshError(SshError::Kind::Protocol, d.label(), "cannot watch the connection: " + d.libsshError());
 
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
+    auto lastKeepalive = start;
     bool outputEnded = false;
     while (true) {
+        // Output and completion first: a command that has finished reports its real result even
+        // when a cancel or the deadline arrives at the same moment.
+        drain(0, onStdout);
+        drain(1, onStderr);
+        if (!outputEnded && ssh_channel_is_eof(channel.get())) outputEnded = true;
+        if (outputEnded && (status.exited || ssh_channel_is_closed(channel.get()))) break;
+        if (!status.exited && ssh_is_connected(d.session) == 0) throw broken("while the command was running");
         if (cancel && cancel->load(std::memory_order_relaxed)) {
             // OpenSSH (>= 7.9) delivers this with killpg, so the shell's children stop too. It
             // refuses signals for root logins (no privilege separation there); then the command
@@ -322,11 +370,16 @@ ExecResult SshSession::exec(const std::string& command, const OutputFn& onStdout
             status.result.exitStatus = -1;
             return status.result;
         }
-        drain(0, onStdout);
-        drain(1, onStderr);
-        if (!outputEnded && ssh_channel_is_eof(channel.get())) outputEnded = true;
-        if (!status.exited && ssh_is_connected(d.session) == 0) throw broken("while the command was running");
-        if (outputEnded && (status.exited || ssh_channel_is_closed(channel.get()))) break;
+        const auto now = Clock::now();
+        if (timeoutSec > 0 && now - start > std::chrono::duration<double>(timeoutSec))
+            throw SshError(SshError::Kind::Timeout, d.label(),
+                           "the command did not finish within " + std::to_string(static_cast<int64_t>(timeoutSec)) +
+                               " s; it was sent SIGTERM");
+        // A host that vanished without a reset would otherwise look like a quiet command forever.
+        if (now - lastKeepalive > std::chrono::seconds(10)) {
+            ssh_send_keepalive(d.session);
+            lastKeepalive = now;
+        }
         if (ssh_event_dopoll(event.ev, 50) == SSH_ERROR) throw broken("while waiting for output");
     }
     return status.result;

@@ -25,7 +25,8 @@ TEST_CASE("lathectl hosts check verifies the host key and reports the host", "[r
     // Unknown key: refused, fingerprint shown, exit 1, nothing written to known_hosts.
     const auto strict = lathe::test::runShell(hostsCheck(sshd, ""));
     CHECK(strict.exitCode == 1);
-    CHECK_THAT(strict.err, Catch::Contains("not in known_hosts") && Catch::Contains(sshd.hostKeyFingerprint()));
+    CHECK_THAT(strict.err, Catch::Contains("is not in " + sshd.knownHosts()) &&
+                               Catch::Contains(sshd.hostKeyFingerprint()) && Catch::Contains("--trust-on-first-use"));
 
     const auto tofu = lathe::test::runShell(hostsCheck(sshd, "--trust-on-first-use --json"));
     REQUIRE(tofu.exitCode == 0);

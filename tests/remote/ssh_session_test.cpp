@@ -54,8 +54,12 @@ TEST_CASE("unknown host key is refused with the host and its SHA256 fingerprint"
         CHECK(e.kind() == SshError::Kind::HostKey);
         CHECK(e.host() == label);
         CHECK(e.fingerprint() == sshd.hostKeyFingerprint());
-        CHECK(std::string(e.what()) ==
-              "host " + label + ": host key not in known_hosts (" + sshd.hostKeyFingerprint() + ")");
+        // The key, the file it is missing from, and what to do about it.
+        CHECK(std::string(e.what()) == "host " + label + ": host key ssh-ed25519 " + sshd.hostKeyFingerprint() +
+                                           " is not in " + sshd.knownHosts() +
+                                           "; compare it with the host's own (ssh-keygen -lf on the host), then "
+                                           "connect once with trust on first use (lathectl hosts check "
+                                           "--trust-on-first-use) or add it with ssh-keyscan");
     }
     CHECK_FALSE(session.isConnected());
     // Strict mode must not have recorded anything.
@@ -323,4 +327,32 @@ TEST_CASE("exec is cancelled promptly and the remote command is stopped", "[remo
     }
     // The session survives a cancelled command.
     CHECK(session.exec("exit 7").exitStatus == 7);
+}
+
+TEST_CASE("exec gives up at its deadline, stops the command and keeps the session usable", "[remote][ssh][sshd]") {
+    REQUIRE_SSHD();
+    SshdServer sshd;
+    SshSession session = connected(sshd);
+    const std::string pattern = "slee[p] 42.3456";
+    const auto start = Clock::now();
+    try {
+        session.exec("sleep 42.3456", {}, {}, nullptr, 1.0);
+        FAIL("a 42 s command finished within a 1 s deadline");
+    } catch (const SshError& e) {
+        CHECK(e.kind() == SshError::Kind::Timeout);
+        CHECK_THAT(e.what(), Catch::Contains("did not finish within 1 s"));
+    }
+    CHECK(secondsSince(start) < 3.0);
+    if (currentUser() == "root") {  // OpenSSH ignores signal requests for root logins
+        runCommand("pkill -f '" + pattern + "' || true");
+    } else {
+        bool gone = false;
+        for (int i = 0; i < 100 && !gone; ++i) {
+            gone = runCommand("pgrep -f '" + pattern + "' >/dev/null") != 0;
+            if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        CHECK(gone);
+    }
+    CHECK(session.isConnected());
+    CHECK(session.exec("exit 3", {}, {}, nullptr, 10).exitStatus == 3);
 }

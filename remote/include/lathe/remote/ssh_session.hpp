@@ -59,9 +59,12 @@ public:
     // stops waiting within ~50 ms: the command's process group is sent SIGTERM, the channel is
     // closed and the result has cancelled = true. (OpenSSH ignores signal requests when logged
     // in as root; such a command only loses its output channel and dies when it next writes.)
-    // Throws SshError if the channel cannot be opened or the connection breaks.
+    // `timeoutSec` > 0 bounds the whole call: past it the command is sent SIGTERM and SshError
+    // (Kind::Timeout) is thrown. A keepalive goes out every 10 s without traffic. Throws SshError
+    // if the channel cannot be opened or the connection breaks; then isConnected() is false.
+    // Any exit before the command has ended sends it SIGTERM.
     ExecResult exec(const std::string& command, const OutputFn& onStdout = {}, const OutputFn& onStderr = {},
-                    const std::atomic<bool>* cancel = nullptr);
+                    const std::atomic<bool>* cancel = nullptr, double timeoutSec = 0);
 
 private:
     struct Impl;
