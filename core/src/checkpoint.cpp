@@ -144,6 +144,19 @@ CheckpointInfo saveCheckpoint(const std::string& path, torch::nn::Module& model,
         ::unlink(tmp.c_str());
         throw CheckpointError("cannot move checkpoint into place at " + path + ": " + err);
     }
+    // The rename itself is durable only once the directory is: without this a power cut may
+    // bring the previous checkpoint back.
+    const auto dir = fs::path(path).parent_path();
+    if (const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+        ::fsync(dfd);
+        ::close(dfd);
+    }
+    // Temporaries of writers that were killed mid-write (another pid) are of no use to anyone.
+    for (const auto& entry : fs::directory_iterator(dir.empty() ? fs::path(".") : dir, ec)) {
+        const auto name = entry.path().filename().string();
+        const auto base = fs::path(path).filename().string() + ".tmp-";
+        if (name.rfind(base, 0) == 0 && name != fs::path(tmp).filename().string()) fs::remove(entry.path(), ec);
+    }
     return info;
 }
 

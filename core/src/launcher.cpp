@@ -143,11 +143,24 @@ LaunchResult launchOnce(const LaunchOptions& options, const EventSink& sink, con
         for (auto& w : workers)
             if (w.pid > 0 && !w.exited) ::kill(w.pid, sig);
     };
+    // Starting the workers failed part-way: the ones already started are killed and reaped and
+    // every pipe is closed, so a long-lived caller (the GUI) keeps neither zombies nor fds.
+    auto abandon = [&](std::initializer_list<int> fds) {
+        for (int fd : fds)
+            if (fd >= 0) ::close(fd);
+        killAll(SIGKILL);
+        for (auto& w : workers) {
+            if (w.pid > 0 && !w.exited) ::waitpid(w.pid, nullptr, 0);
+            for (int fd : {w.outFd, w.errFd})
+                if (fd >= 0) ::close(fd);
+        }
+    };
     for (int r = 0; r < options.nproc; ++r) {
-        int out[2], err[2];
+        int out[2] = {-1, -1}, err[2] = {-1, -1};
         if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
-            killAll(SIGKILL);
-            throw Error(std::string("pipe: ") + std::strerror(errno));
+            const std::string why = std::strerror(errno);
+            abandon({out[0], out[1], err[0], err[1]});
+            throw Error("pipe: " + why);
         }
         std::vector<std::string> args{program, "worker", options.configPath};
         if (!options.checkpointDir.empty()) args.insert(args.end(), {"--checkpoint-dir", options.checkpointDir});
@@ -177,8 +190,9 @@ LaunchResult launchOnce(const LaunchOptions& options, const EventSink& sink, con
         const pid_t parent = ::getpid();
         const pid_t pid = ::fork();
         if (pid < 0) {
-            killAll(SIGKILL);
-            throw Error(std::string("fork: ") + std::strerror(errno));
+            const std::string why = std::strerror(errno);
+            abandon({out[0], out[1], err[0], err[1]});
+            throw Error("fork: " + why);
         }
         if (pid == 0) {
             // Child: never outlive the launcher, even if it is killed (and if it already died

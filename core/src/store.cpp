@@ -310,23 +310,24 @@ void Store::Impl::open() {
 void Store::Impl::migrate() {
     while (schema < kLatestSchema) {
         exec(writeDb, "BEGIN IMMEDIATE");
-        // Another process may have migrated while we waited for the write lock.
-        {
-            Stmt v(writeDb, "PRAGMA user_version");
-            if (v.step()) schema = static_cast<int>(v.i64(0));
-        }
-        if (schema >= kLatestSchema) {
-            exec(writeDb, "COMMIT");
-            break;
-        }
         try {
+            // Another process may have migrated while we waited for the write lock.
+            {
+                Stmt v(writeDb, "PRAGMA user_version");
+                if (v.step()) schema = static_cast<int>(v.i64(0));
+            }
+            if (schema >= kLatestSchema) {
+                exec(writeDb, "COMMIT");
+                break;
+            }
             exec(writeDb, kMigrations[schema]);
             const std::string set = "PRAGMA application_id=" + std::to_string(kApplicationId) +
                                     "; PRAGMA user_version=" + std::to_string(schema + 1);
             exec(writeDb, set.c_str());
             exec(writeDb, "COMMIT");
         } catch (const StoreError& ex) {
-            exec(writeDb, "ROLLBACK");
+            // A failed rollback must not hide why the migration failed.
+            sqlite3_exec(writeDb, "ROLLBACK", nullptr, nullptr, nullptr);
             throw StoreError("migrating workspace " + path + " to schema " + std::to_string(schema + 1) +
                              " failed: " + ex.what());
         }

@@ -84,6 +84,13 @@ struct SshSession::Impl {
     }
 
     void configure() {
+        // A HostSpec built in code (not by parseHostSpec) is checked the same way: libssh would
+        // read "alice@gpu" as a user and a host, changing the login and the known_hosts entry.
+        if (spec.host.empty() || spec.host.find_first_of(" \t/@") != std::string::npos)
+            throw SshError(SshError::Kind::Usage, label(),
+                           "invalid host name '" + spec.host + "' (no spaces, '/' or '@'; give the user separately)");
+        if (spec.port < 1 || spec.port > 65535)
+            throw SshError(SshError::Kind::Usage, label(), "invalid port " + std::to_string(spec.port));
         session = ssh_new();
         if (!session) throw SshError(SshError::Kind::Usage, label(), "cannot create an SSH session (out of memory)");
         const int verbosity = SSH_LOG_NOLOG;

@@ -356,3 +356,20 @@ TEST_CASE("exec gives up at its deadline, stops the command and keeps the sessio
     CHECK(session.isConnected());
     CHECK(session.exec("exit 3", {}, {}, nullptr, 10).exitStatus == 3);
 }
+
+TEST_CASE("a host spec built in code is checked like a parsed one", "[remote][ssh]") {
+    HostSpec spec;
+    spec.host = "alice@gpu-3";  // libssh would log in as alice, whatever spec.user says
+    SshSession session(spec);
+    try {
+        session.connect();
+        FAIL("connect() accepted a host name with '@'");
+    } catch (const SshError& e) {
+        CHECK(e.kind() == SshError::Kind::Usage);
+        CHECK_THAT(e.what(), Catch::Contains("invalid host name 'alice@gpu-3'"));
+    }
+    spec.host = "gpu-3";
+    spec.port = 70000;
+    SshSession badPort(spec);
+    CHECK_THROWS_WITH(badPort.connect(), Catch::Contains("invalid port 70000"));
+}
