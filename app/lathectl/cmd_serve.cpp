@@ -35,7 +35,7 @@ struct DeployState {
     CommonOptions common;
     std::string ref;
     uint16_t port = 0;
-    std::string host = "127.0.0.1";
+    std::string host;  // empty: 127.0.0.1 for a new server, a live one keeps its own
     std::string reason;
     int64_t maxBatch = 0;
     double maxDelayMs = -1;
@@ -161,7 +161,7 @@ core::DeployOptions deployOptions(const DeployState& st) {
 
 void addDeployFlags(CLI::App* c, DeployState& st) {
     c->add_option("--port", st.port, "port of a new server (default: the model's last port, else 8500 or the next free)");
-    c->add_option("--host", st.host, "address a new server listens on");
+    c->add_option("--host", st.host, "address a new server listens on (default 127.0.0.1)");
     c->add_option("--reason", st.reason, "why (recorded in the deployment history)");
     c->add_option("--max-batch", st.maxBatch, "a new server's --max-batch");
     c->add_option("--max-delay-ms", st.maxDelayMs, "a new server's --max-delay-ms");

@@ -96,7 +96,7 @@ int runTrain(const TrainState& st) {
         const auto run = store->run(st.resume);
         if (!run) throw UsageError("--resume: no run " + std::to_string(st.resume) + " in " + store->path());
         if (!st.spec.config.empty()) throw UsageError("--resume continues a recorded run; give no CONFIG file with it");
-        spec = buildSpec(st.spec, core::parseRunSpec(run->config, "run " + std::to_string(st.resume) + " config"));
+        spec = buildSpec(st.spec, core::parseRunSpec(run->config, "run " + std::to_string(st.resume) + " config", false));
     } else {
         spec = buildSpec(st.spec);
     }

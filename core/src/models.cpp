@@ -119,15 +119,16 @@ torch::Tensor runRange(torch::nn::Sequential& model, int64_t begin, int64_t end,
     return x;
 }
 
-// The default generators a range's random ops (dropout) draw from: the CPU's, and the GPU's when
-// the model runs on one.
-std::vector<at::Generator> generators(c10::DeviceType device) {
+// The default generators a range's random ops (dropout) draw from: the CPU's, and that of the
+// GPU the range's input is on (by index: backward runs on the autograd engine's thread for that
+// device, whose current device need not be the one forward ran on).
+std::vector<at::Generator> generators(c10::Device device) {
     std::vector<at::Generator> g{at::globalContext().defaultGenerator(c10::DeviceType::CPU)};
-    if (device == c10::DeviceType::CUDA) g.push_back(at::globalContext().defaultGenerator(c10::Device(device)));
+    if (device.is_cuda()) g.push_back(at::globalContext().defaultGenerator(device));
     return g;
 }
 
-std::vector<torch::Tensor> rngStates(c10::DeviceType device) {
+std::vector<torch::Tensor> rngStates(c10::Device device) {
     std::vector<torch::Tensor> states;
     for (auto& g : generators(device)) {
         std::lock_guard<std::mutex> lk(g.mutex());
@@ -136,7 +137,7 @@ std::vector<torch::Tensor> rngStates(c10::DeviceType device) {
     return states;
 }
 
-void setRngStates(c10::DeviceType device, const std::vector<torch::Tensor>& states) {
+void setRngStates(c10::Device device, const std::vector<torch::Tensor>& states) {
     auto g = generators(device);
     for (size_t i = 0; i < g.size() && i < states.size(); ++i) {
         std::lock_guard<std::mutex> lk(g[i].mutex());
@@ -161,7 +162,10 @@ struct CheckpointRange : torch::autograd::Function<CheckpointRange> {
         ctx->saved_data["autocast"] = autocastDtype;
         ctx->saved_data["device"] = device;
         ctx->saved_data["input_grad"] = inputGrad;
-        ctx->saved_data["rng"] = c10::List<torch::Tensor>(rngStates(static_cast<c10::DeviceType>(device)));
+        const auto where = input.device();
+        ctx->saved_data["rng_type"] = static_cast<int64_t>(where.type());
+        ctx->saved_data["rng_index"] = static_cast<int64_t>(where.index());
+        ctx->saved_data["rng"] = c10::List<torch::Tensor>(rngStates(where));
         auto& model = *reinterpret_cast<torch::nn::Sequential*>(modelPtr);
         return runRange(model, begin, end, input);
     }
@@ -176,6 +180,8 @@ struct CheckpointRange : torch::autograd::Function<CheckpointRange> {
         const auto begin = ctx->saved_data["begin"].toInt(), end = ctx->saved_data["end"].toInt();
         const auto dtype = ctx->saved_data["autocast"].toInt();
         const auto device = static_cast<c10::DeviceType>(ctx->saved_data["device"].toInt());
+        const c10::Device rngDevice(static_cast<c10::DeviceType>(ctx->saved_data["rng_type"].toInt()),
+                                    static_cast<c10::DeviceIndex>(ctx->saved_data["rng_index"].toInt()));
         std::vector<torch::Tensor> forwardRng;
         for (const auto& t : ctx->saved_data["rng"].toTensorList()) forwardRng.push_back(t);
         torch::Tensor out;
@@ -183,15 +189,15 @@ struct CheckpointRange : torch::autograd::Function<CheckpointRange> {
             torch::AutoGradMode enable(true);
             std::optional<AutocastGuard> cast;
             if (dtype >= 0) cast.emplace(device, static_cast<c10::ScalarType>(dtype));
-            const auto now = rngStates(device);
-            setRngStates(device, forwardRng);
+            const auto now = rngStates(rngDevice);
+            setRngStates(rngDevice, forwardRng);
             try {
                 out = runRange(model, begin, end, input);
             } catch (...) {
-                setRngStates(device, now);
+                setRngStates(rngDevice, now);
                 throw;
             }
-            setRngStates(device, now);
+            setRngStates(rngDevice, now);
         }
         sampleHeapPeak();
         if (!out.requires_grad()) return {torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),

@@ -75,14 +75,18 @@ TrainResult trainInWorkers(Store& store, int64_t runId, const RunSpec& spec, con
     return r;
 }
 
-// Settings a resume may change: how long, where and how it runs, what it records. Everything
-// else shapes the trajectory the checkpoint is a point of (model, data, optimizer, schedule, batch,
-// seed, precision, ranks, gradient exchange) and must stay as recorded.
+// Settings a resume may change: how long, where and how it runs, what it records, and the
+// stability levers one reaches for after a divergence (precision, loss scaling, gradient
+// clipping; the scaler's checkpointed state follows a change of mode). Everything else shapes
+// the trajectory the checkpoint is a point of (model, data, optimizer, learning rate and
+// schedule, batch, seed, ranks, gradient exchange) and must stay as recorded.
 bool mayChangeOnResume(const std::string& key) {
-    static const std::set<std::string> keys{"epochs", "name", "experiment", "log_every", "checkpoint_every", "threads",
-                                            "device", "backend", "bucket_mb", "activation_checkpointing",
-                                            "inject_nonfinite", "profile", "profile_wait", "profile_warmup",
-                                            "profile_active", "profile_repeat"};
+    static const std::set<std::string> keys{
+        "epochs",         "name",           "experiment",        "log_every",          "checkpoint_every",
+        "threads",        "device",         "backend",           "bucket_mb",          "activation_checkpointing",
+        "inject_nonfinite", "profile",      "profile_wait",      "profile_warmup",     "profile_active",
+        "profile_repeat", "precision",      "loss_scale",        "loss_scale_init",    "loss_scale_growth",
+        "loss_scale_backoff", "loss_scale_growth_interval", "clip_grad_norm"};
     return keys.count(key) > 0;
 }
 
@@ -131,7 +135,7 @@ RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOption
         lock.emplace(store.artifactDir(run->id), run->id);
         // Refused before anything is touched, naming each setting (and logged with the run).
         {
-            const auto was = specParams(parseRunSpec(run->config, "run " + std::to_string(run->id) + " config"));
+            const auto was = specParams(parseRunSpec(run->config, "run " + std::to_string(run->id) + " config", false));
             std::string changed;
             for (const auto& [key, value] : specParams(spec)) {
                 const auto it = was.find(key);
@@ -141,8 +145,9 @@ RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOption
             if (!changed.empty()) {
                 const std::string msg = "cannot resume run " + std::to_string(run->id) +
                                         ": its checkpoint does not fit the changed settings (" + changed +
-                                        "); a resume may change epochs, device, logging, checkpointing and profiling. "
-                                        "Start a new run for other settings";
+                                        "); a resume may change epochs, device, precision and loss scaling, "
+                                        "clipping, logging, checkpointing and profiling. Start a new run for "
+                                        "other settings";
                 store.appendLog(run->id, nowSeconds(), "warn", "resume failed: " + msg);
                 store.flush();
                 throw ConfigError(msg);
@@ -156,14 +161,22 @@ RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOption
                               ": it has no checkpoint (it stopped before its first epoch ended)");
         // Verify before touching the run: a corrupt checkpoint must not cost the recorded history.
         const auto info = readCheckpointInfo(ckpt->path);
-        if (info.sha256 != ckpt->sha256)
-            // The file checks out on its own but is not the recorded one: the run wrote a newer
-            // checkpoint and ended (killed) before the workspace recorded it. Its own checksum
-            // vouches for it, and it lies in the run's own directory: resume from it.
+        if (info.sha256 != ckpt->sha256) {
+            // The file checks out on its own but is not the recorded one. Only one cause is
+            // forgiven: the run wrote a newer checkpoint into its own directory and was killed
+            // before the workspace recorded it. A file elsewhere (a copied workspace pointing at
+            // the original's artifacts) is refused as before.
+            std::error_code ec;
+            const auto own = std::filesystem::weakly_canonical(store.artifactDir(run->id) + "/last.ckpt", ec);
+            if (ec || std::filesystem::weakly_canonical(ckpt->path, ec) != own)
+                throw CheckpointError("checkpoint " + ckpt->path + " is not the one run " + std::to_string(run->id) +
+                                      " recorded (checksum differs) and is not in the run's own directory " +
+                                      store.artifactDir(run->id) + "; was it overwritten?");
             store.appendLog(run->id, nowSeconds(), "warn",
                             "checkpoint " + ckpt->path + " is newer than the one recorded (epoch " +
                                 std::to_string(info.epoch) + ", step " + std::to_string(info.step) +
                                 "; the run ended before recording it): resuming from it");
+        }
         rec.runId = run->id;
         topts.resumeFrom = ckpt->path;
         resumeStep = info.step;

@@ -471,6 +471,17 @@ TEST_CASE("error-rate alert: quiet intervals are pooled, idle ones neither fire 
     CHECK(sparse.add(counted(0, 10, 0)).empty());
     CHECK(sparse.add(counted(1000, 10, 10)).empty());
     CHECK_FALSE(sparse.firing("error_rate"));
+    // At a trickle a firing alert still resolves: once the window has passed, the pool is judged
+    // on the few requests it holds.
+    AlertEvaluator trickle;
+    CHECK(trickle.add(counted(0, 40, 0)).empty());
+    REQUIRE(trickle.add(counted(1, 40, 20)).size() == 1);  // 50%
+    CHECK(trickle.add(counted(100, 5, 0)).empty());
+    CHECK(trickle.add(counted(200, 5, 0)).empty());
+    const auto back = trickle.add(counted(401, 1, 0));  // 301 s since the pool began: its 10 requests judged
+    REQUIRE(back.size() == 1);
+    CHECK_FALSE(back[0].fired);
+    CHECK_FALSE(trickle.firing("error_rate"));
     AlertRules perSample;
     perSample.errorRateMinRequests = 1;
     AlertEvaluator eager(perSample);

@@ -300,7 +300,7 @@ DeployResult deployLocked(Registry& registry, const ModelVersion& v, const Model
         if (o.port != 0 && o.port != portOf(live->url))
             throw ConfigError(v.name + " is live at " + live->url + "; undeploy it first to move it to port " +
                               std::to_string(o.port));
-        if (o.host != hostOf(live->url))
+        if (!o.host.empty() && o.host != hostOf(live->url))
             throw ConfigError(v.name + " is live at " + live->url + "; undeploy it first to move it to host " + o.host);
         if (!o.serverArgs.empty()) {
             std::string flags;
@@ -324,7 +324,21 @@ DeployResult deployLocked(Registry& registry, const ModelVersion& v, const Model
         d.startedAt = 0;
         d.endedAt = 0;
         d.endReason.clear();
-        d.id = registry.recordDeployment(d);
+        // The server already serves the new version: its record must follow (a busy workspace
+        // gets a few more chances), or the error says exactly what serves and how to record it.
+        for (int attempt = 0;; ++attempt) {
+            try {
+                d.id = registry.recordDeployment(d);
+                break;
+            } catch (const std::exception& ex) {
+                if (attempt >= 2)
+                    throw Error(live->url + " now serves " + v.name + " v" + std::to_string(v.version) +
+                                ", but the deployment history could not be updated (" + ex.what() +
+                                "); run `lathectl deploy " + v.name + ":" + std::to_string(v.version) +
+                                "` again to record it");
+                std::this_thread::sleep_for(std::chrono::seconds(1));
+            }
+        }
         result.deployment = d;
         say(o, v.name + " v" + std::to_string(v.version) + " is live at " + d.url);
         return result;
@@ -335,17 +349,18 @@ DeployResult deployLocked(Registry& registry, const ModelVersion& v, const Model
         result.previousVersion = live->version;
     }
     if (o.serverProgram.empty()) throw ConfigError("deploy needs the path of lathectl to start a server");
+    const std::string host = o.host.empty() ? "127.0.0.1" : o.host;
     const bool pickPort = o.port == 0;
     const uint16_t preferred = live && portOf(live->url) ? portOf(live->url) : 8500;
     auto freePort = [&](uint32_t from) -> uint16_t {
         for (uint32_t p = from; p < from + 100 && p <= 65535; ++p)
-            if (portFree(o.host, static_cast<uint16_t>(p))) return static_cast<uint16_t>(p);
+            if (portFree(host, static_cast<uint16_t>(p))) return static_cast<uint16_t>(p);
         throw Error("no free port from " + std::to_string(from) + " upwards; pass --port");
     };
     uint16_t port = o.port;
     if (pickPort) port = freePort(preferred);
-    else if (!portFree(o.host, port))
-        throw Error("port " + std::to_string(port) + " on " + o.host + " is in use; choose another with --port");
+    else if (!portFree(host, port))
+        throw Error("port " + std::to_string(port) + " on " + host + " is in use; choose another with --port");
     const auto dir = fs::path(registry.workspacePath()).parent_path() / "deployments";
     std::error_code ec;
     fs::create_directories(dir, ec);
@@ -366,12 +381,12 @@ DeployResult deployLocked(Registry& registry, const ModelVersion& v, const Model
                                  .string();
         std::vector<std::string> args{o.serverProgram, "serve",    "--db",   registry.workspacePath(),
                                       "--model",       v.name + ":" + std::to_string(v.version),
-                                      "--host",        o.host,     "--port", std::to_string(port),
+                                      "--host",        host,       "--port", std::to_string(port),
                                       "--instance-id", token,      "--watch"};
         args.insert(args.end(), o.serverArgs.begin(), o.serverArgs.end());
-        say(o, "starting a server on " + o.host + ":" + std::to_string(port) + " (log " + logPath + ")");
+        say(o, "starting a server on " + host + ":" + std::to_string(port) + " (log " + logPath + ")");
         const int64_t pid = spawnDetached(args, logPath);
-        d.url = "http://" + o.host + ":" + std::to_string(port);
+        d.url = "http://" + host + ":" + std::to_string(port);
         d.pid = pid;
         d.logPath = logPath;
         bool retry = false;

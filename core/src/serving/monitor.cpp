@@ -342,22 +342,11 @@ std::vector<AlertEvent> AlertEvaluator::add(const IntervalStats& s) {
     // firing, the baseline stays the one it fired against: a rate that jumped and stayed high
     // must not resolve just because the window has filled with high values.
     // At low traffic one failed request in a second reads as tens of percent: intervals are pooled
-    // until they hold error_rate_min_requests requests (within one window), and judged as one.
-    double rate = 0;
-    bool judge = get("error_rate", rate);
-    if (judge && s.requests >= 0) {
-        if (m_poolRequests > 0 && s.t - m_poolStart > m_rules.errorRateWindowS) m_poolRequests = m_poolErrors = 0;
-        if (m_poolRequests == 0) m_poolStart = s.t;
-        m_poolRequests += s.requests;
-        m_poolErrors += s.errors;
-        judge = m_poolRequests >= m_rules.errorRateMinRequests;
-        if (judge) {
-            rate = m_poolErrors / m_poolRequests;
-            m_poolRequests = m_poolErrors = 0;
-        }
-    }
-    if (judge) {
-        const double pct = rate * 100.0;
+    // until they hold error_rate_min_requests requests, and judged as one. A pool never spans more
+    // than the window: one still short of the minimum when the window has passed is judged on
+    // what it holds (so a firing alert resolves even at a trickle of traffic), and the new
+    // interval starts the next pool.
+    auto judgeErrorRate = [&](double pct) {
         const double cutoff = s.t - m_rules.errorRateWindowS;
         m_errorHistory.erase(std::remove_if(m_errorHistory.begin(), m_errorHistory.end(),
                                             [&](const auto& p) { return p.first < cutoff || p.first > s.t; }),
@@ -378,6 +367,23 @@ std::vector<AlertEvent> AlertEvaluator::add(const IntervalStats& s) {
                  format("Error rate %.1f%% back within %g points of %.1f%%", pct, m_rules.errorRateRisePoints,
                         m_errorBaseline),
                  pct);
+        }
+    };
+    if (double rate = 0; get("error_rate", rate)) {
+        if (s.requests < 0) {
+            judgeErrorRate(rate * 100.0);  // counts unknown: the interval's rate stands alone
+        } else {
+            if (m_poolRequests > 0 && s.t - m_poolStart > m_rules.errorRateWindowS) {
+                judgeErrorRate(100.0 * m_poolErrors / m_poolRequests);
+                m_poolRequests = m_poolErrors = 0;
+            }
+            if (m_poolRequests == 0) m_poolStart = s.t;
+            m_poolRequests += s.requests;
+            m_poolErrors += s.errors;
+            if (m_poolRequests >= m_rules.errorRateMinRequests) {
+                judgeErrorRate(100.0 * m_poolErrors / m_poolRequests);
+                m_poolRequests = m_poolErrors = 0;
+            }
         }
     }
 

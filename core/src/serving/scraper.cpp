@@ -80,6 +80,14 @@ void Scraper::Impl::run() {
         // The rules see every scrape even when the workspace is busy; alert writes that fail are
         // kept in order and retried with the next scrape, so no fire or resolve is lost.
         for (auto& e : evaluator.add(stats)) pending.push_back({std::move(e), stats.t});
+        // A workspace that stays unwritable must not grow this without bound (a flapping rule
+        // adds two events a few seconds): the oldest go first, said once.
+        constexpr size_t kMaxPending = 200;
+        if (pending.size() > kMaxPending) {
+            std::fprintf(stderr, "lathe: %zu alert events of %s could not be recorded and are dropped\n",
+                         pending.size() - kMaxPending, model.c_str());
+            pending.erase(pending.begin(), pending.end() - kMaxPending);
+        }
         try {
             registry.appendServingMetrics(model, stats.version, stats.t, stats.values);
         } catch (const std::exception& ex) {

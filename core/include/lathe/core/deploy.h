@@ -15,7 +15,7 @@ namespace lathe::core {
 
 struct DeployOptions {
     uint16_t port = 0;              // 0 = the model's current port, else 8500 (or the next free one)
-    std::string host = "127.0.0.1";
+    std::string host;               // a new server's address; empty = 127.0.0.1 (a live server keeps its own)
     std::string serverProgram;      // path of lathectl (required to start a server)
     std::vector<std::string> serverArgs;  // extra `lathectl serve` flags (--max-batch 16 ...)
     std::string actor = "user";

@@ -87,8 +87,10 @@ const std::vector<SpecKey>& specKeys();
 
 /// Parses a TOML file. Throws ConfigError "PATH line L: `key` must be ...".
 RunSpec loadRunSpec(const std::string& path);
-/// Parses TOML text; `source` names it in messages.
-RunSpec parseRunSpec(const std::string& tomlText, const std::string& source = "config");
+/// Parses TOML text; `source` names it in messages. `crossCheck` false skips validate(): for a
+/// recorded run's config, which flags may still amend and which a newer Lathe may check more
+/// strictly than the one that recorded it.
+RunSpec parseRunSpec(const std::string& tomlText, const std::string& source = "config", bool crossCheck = true);
 /// Applies `--key value` / a form field. Throws ConfigError "`key` must be ..." for a bad
 /// value or "unknown key `key`".
 void setSpecValue(RunSpec& spec, const std::string& key, const std::string& value);

@@ -60,7 +60,8 @@ public:
     // closed and the result has cancelled = true. (OpenSSH ignores signal requests when logged
     // in as root; such a command only loses its output channel and dies when it next writes.)
     // `timeoutSec` > 0 bounds the whole call: past it the command is sent SIGTERM and SshError
-    // (Kind::Timeout) is thrown. A keepalive goes out every 10 s without traffic. Throws SshError
+    // (Kind::Timeout) is thrown. TCP keepalive probes end a connection to a host that vanished
+    // (within about 35 s idle, 45 s with data unacknowledged). Throws SshError
     // if the channel cannot be opened or the connection breaks; then isConnected() is false.
     // Any exit before the command has ended sends it SIGTERM.
     ExecResult exec(const std::string& command, const OutputFn& onStdout = {}, const OutputFn& onStderr = {},
