@@ -272,6 +272,16 @@ IngestResult ingestEventStream(Store& store, std::istream& in, const EventSink& 
             store.flush();
             return res;
         }
+        if (res.runId != 0 && (e.type == Event::Type::Run || res.status == "completed" || res.status == "failed" ||
+                               res.status == "stopped")) {
+            // One stream, one run: a second run record, or anything after the final status, is
+            // another stream glued on (`cat a b`), which must not be merged into this run.
+            fail("event stream line " + std::to_string(lineNo) +
+                 (e.type == Event::Type::Run ? ": a second run record" : ": events after the run's final status '" + res.status + "'") +
+                 " (two streams concatenated?); the rest is not recorded");
+            store.flush();
+            return res;
+        }
         if (res.runId == 0) {
             if (e.type != Event::Type::Run)
                 throw EventStreamError("event stream line " + std::to_string(lineNo) +
@@ -297,6 +307,8 @@ IngestResult ingestEventStream(Store& store, std::istream& in, const EventSink& 
     if (res.status != "completed" && res.status != "failed" && res.status != "stopped")
         fail("event stream ended before the run finished (worker killed or connection lost) after line " +
              std::to_string(lineNo));
+    else  // the final status event carries no message: the error event's must stay with the run
+        store.setRunStatus(res.runId, res.status, res.status == "failed" ? res.error : std::string());
     store.flush();
     return res;
 }

@@ -92,6 +92,8 @@ TEST_CASE("malformed csv files give a clear error with line and column", "[data]
     expectError("a,b,y\n1,2,0\n1,2,0\n", "single class");
     expectError("a,b,y\n1,\"2,0\n", "unterminated quoted field");
     expectError("a,b,y\n1,inf,0\n2,3,1\n", "'inf' is not a number");
+    // Finite as a double, infinite as the float it is trained in.
+    expectError("a,b,y\n1,1e39,0\n2,3,1\n", "line 2 column 'b': '1e39' is out of the float range");
     CHECK_THROWS_WITH(describe("csv:" + dir.file("missing.csv")), Catch::Contains("does not exist"));
     writeFile(dir.file("trunc.csv.gz"), std::string("\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03", 10) + "garbage");
     CHECK_THROWS_AS(describe("csv:" + dir.file("trunc.csv.gz")), DataError);
@@ -130,6 +132,12 @@ TEST_CASE("malformed idx files give a clear error", "[data]") {
     expectError("ab", "too short");
     expectError(be32(0x803) + be32(0xFFFFFFFF) + be32(0xFFFFFF) + be32(0xFFFFFF), "implausibly large");
     expectError(idxImages(9, 4, 4), "9 images but 10 labels");
+    // One damaged label byte must not add 190 empty classes.
+    std::string damaged = idxLabels(10);
+    damaged[8 + 3] = char(200);
+    writeFile(labels, damaged);
+    expectError(good, "sample 3 has label 200, but no sample has label 10");
+    writeFile(labels, idxLabels(10));
     CHECK_THROWS_WITH(describe("idx:" + dir.file("nope")), Catch::Contains("not a directory"));
     TempDir empty;
     CHECK_THROWS_WITH(describe("idx:" + empty.path()), Catch::Contains("train-images-idx3-ubyte"));

@@ -179,12 +179,30 @@ TEST_CASE("lathectl worker writes the event stream and ingest records it", "[cli
     // run, status, log, then one train/grad_norm point per step: all three that arrived are kept.
     CHECK(store.metrics(runs.front().id, "train/grad_norm").size() == 3);
 
+    // A failed run keeps its error message (the final status event carries none).
+    const auto head = runShell(lathectl("worker --epochs 1 --data synthetic:spirals") + " | head -n 1");
+    REQUIRE(head.exitCode == 0);
+    lathe::test::writeFile(dir.file("failed.ndjson"), head.out + R"({"v":2,"type":"error","msg":"loss became nan"})" "\n"
+                                                      R"({"v":2,"type":"status","status":"failed"})" "\n");
+    const auto failed = runShell(lathectl("ingest " + dir.file("failed.ndjson") + " --json --db " + db));
+    CHECK(failed.exitCode == 1);
+    const auto failedRun = store.run(json::parse(failed.out).at("run_id").get<int64_t>());
+    CHECK(failedRun->status == "failed");
+    CHECK(failedRun->error == "loss became nan");
+    // Two streams glued together are not merged into one run: the second is refused by line.
+    const auto glued = runShell("(" + lathectl("worker --epochs 1 --data synthetic:spirals") + "; " +
+                                lathectl("worker --epochs 1 --data synthetic:spirals") + ") | " +
+                                lathectl("ingest - --db " + db));
+    CHECK(glued.exitCode == 1);
+    CHECK_THAT(glued.out + glued.err, Catch::Contains("a second run record"));
+    CHECK(store.listRuns().size() == 4);
+
     // A stream from a newer Lathe, or not a stream at all, is refused with exit code 2.
     lathe::test::writeFile(dir.file("future.ndjson"), R"({"v":3,"type":"run","config":""})" "\n");
     const auto future = runShell(lathectl("ingest " + dir.file("future.ndjson") + " --db " + db));
     CHECK(future.exitCode == 2);
     CHECK_THAT(future.err, Catch::Contains("version 3") && Catch::Contains("upgrade"));
-    CHECK(store.listRuns().size() == 2);
+    CHECK(store.listRuns().size() == 4);
 }
 
 TEST_CASE("lathectl profile prints top ops and phases, writes a Chrome trace, and refuses unprofiled runs", "[cli][profile]") {

@@ -2,6 +2,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <set>
 #include <string_view>
@@ -136,6 +137,10 @@ RawSet parseCsv(const std::string& text, const std::string& labelColumn, const s
             double v;
             if (!parseNumber(fields[i], v))
                 throw DataError(where + " column '" + header[i] + "': '" + fields[i] + "' is not a number");
+            // Features are float32: a larger value would become inf and turn its column into NaN.
+            if (std::fabs(v) > std::numeric_limits<float>::max())
+                throw DataError(where + " column '" + header[i] + "': '" + fields[i] +
+                                "' is out of the float range (|x| <= 3.4e38)");
             s.x.push_back(static_cast<float>(v));
         }
     });

@@ -1,3 +1,4 @@
+#include <vector>
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -70,10 +71,25 @@ RawSet parseIdx(const std::string& images, const std::string& labels, const std:
     for (size_t i = 0; i < s.x.size(); ++i) s.x[i] = static_cast<float>(px[i]) / 255.0f;
     const auto* lb = reinterpret_cast<const unsigned char*>(labels.data() + 8);
     int maxLabel = 0;
+    uint32_t maxAt = 0;
+    std::vector<int64_t> counts(256, 0);
     for (uint32_t i = 0; i < ldims[0]; ++i) {
         s.y.push_back(lb[i]);
-        maxLabel = std::max<int>(maxLabel, lb[i]);
+        ++counts[lb[i]];
+        if (lb[i] > maxLabel) {
+            maxLabel = lb[i];
+            maxAt = i;
+        }
     }
+    // Labels 0..9 are MNIST's classes, some of which a subset may lack. Beyond 9 every class up to
+    // the largest label must occur: one corrupt byte (a 200) would otherwise add 190 empty classes
+    // and a 201-wide output layer without a word.
+    if (maxLabel > 9)
+        for (int c = 10; c < maxLabel; ++c)
+            if (counts[static_cast<size_t>(c)] == 0)
+                throw DataError(source + " labels: sample " + std::to_string(maxAt) + " has label " +
+                                std::to_string(maxLabel) + ", but no sample has label " + std::to_string(c) +
+                                " (labels must number the classes 0..N-1; is the labels file damaged?)");
     for (int c = 0; c <= std::max(maxLabel, 9); ++c) s.classNames.push_back(std::to_string(c));
     return s;
 }

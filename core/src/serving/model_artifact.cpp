@@ -55,14 +55,52 @@ std::string metaJson(const ArtifactInfo& info) {
     return j.dump(2);
 }
 
+// A signature a server can size its buffers from: at least one input and one output, each with
+// the batch dimension first (-1), at most 8 dimensions, every other one fixed at 1..2^20 (an
+// output's may be -1), and at most 2^24 values per row. A hostile or damaged file could otherwise
+// make a server allocate max-batch x 2^40 floats when it loads the model.
+void checkSignature(const ModelSignature& sig, const std::string& path) {
+    if (sig.inputs.empty() || sig.outputs.empty())
+        throw ConfigError("model artifact " + path + ": its signature lists no " +
+                          (sig.inputs.empty() ? "input" : "output"));
+    constexpr int64_t kMaxDim = int64_t{1} << 20, kMaxRow = int64_t{1} << 24;
+    for (const auto* list : {&sig.inputs, &sig.outputs})
+        for (const auto& t : *list) {
+            const std::string what = "model artifact " + path + ": tensor '" + t.name + "' ";
+            if (t.shape.empty() || t.shape.size() > 8 || t.shape[0] != -1)
+                throw ConfigError(what + "must have 1 to 8 dimensions, the batch (-1) first");
+            int64_t row = 1;
+            for (size_t i = 1; i < t.shape.size(); ++i) {
+                const auto d = t.shape[i];
+                const bool dynamicOutput = list == &sig.outputs && d == -1;
+                if (!dynamicOutput && (d < 1 || d > kMaxDim))
+                    throw ConfigError(what + "has dimension " + std::to_string(d) + " (allowed: 1.." +
+                                      std::to_string(kMaxDim) + ")");
+                row *= dynamicOutput ? 1 : d;
+                if (row > kMaxRow)
+                    throw ConfigError(what + "holds more than " + std::to_string(kMaxRow) + " values per row");
+            }
+        }
+}
+
 void fillMeta(ArtifactInfo& info, const std::string& text, const std::string& path) {
+    // Lathe writes a few kilobytes; a larger or deeply nested block is not ours (and nlohmann's
+    // dump and copy recurse, so depth must be bounded before they run).
+    if (text.size() > (size_t{1} << 20))
+        throw ConfigError("model artifact " + path + " has " + std::to_string(text.size()) +
+                          " bytes of Lathe metadata (at most 1 MiB)");
     try {
-        const auto j = json::parse(text);
+        const auto j = json::parse(text, [&](int depth, json::parse_event_t, json&) {
+            if (depth > 16) throw ConfigError("model artifact " + path + " has Lathe metadata nested too deeply");
+            return true;
+        });
+        if (!j.is_object()) throw ConfigError("model artifact " + path + " has Lathe metadata that is not an object");
         const int format = j.at("format").get<int>();
         if (format > kArtifactFormat)
             throw ConfigError("model artifact " + path + " has format " + std::to_string(format) +
                               ", newer than this Lathe understands; upgrade Lathe");
         info.signature = signatureFromJson(j.at("signature").dump());
+        checkSignature(info.signature, path);
         const json metrics = j.value("metrics", json::object());  // kept alive: items() refers to it
         for (const auto& [k, v] : metrics.items())
             if (v.is_number()) info.metrics[k] = v.get<double>();
@@ -257,8 +295,12 @@ ArtifactInfo importTorchScript(const std::string& file, const std::vector<int64_
         if (inputShape.empty())
             throw ConfigError(file + " has no Lathe metadata: give one sample's input shape with --input-shape "
                                      "(e.g. --input-shape 64 or --input-shape 3,224,224)");
-        for (auto d : inputShape)
-            if (d <= 0 || d > (1 << 20)) throw ConfigError("--input-shape dimensions must be positive");
+        int64_t row = 1;
+        for (auto d : inputShape) {
+            if (d <= 0 || d > (1 << 20)) throw ConfigError("--input-shape dimensions must be 1..1048576");
+            row *= d;
+            if (row > (int64_t{1} << 24)) throw ConfigError("--input-shape holds more than 2^24 values per sample");
+        }
         std::vector<int64_t> shape{1};
         shape.insert(shape.end(), inputShape.begin(), inputShape.end());
         torch::Tensor out;
@@ -280,8 +322,14 @@ ArtifactInfo importTorchScript(const std::string& file, const std::vector<int64_
         for (int64_t i = 1; i < out.dim(); ++i) outShape.push_back(out.size(i));
         info.signature.inputs = {{"input", "FP32", in}};
         info.signature.outputs = {{"output", datatypeOf(out.scalar_type()), outShape}};
+        checkSignature(info.signature, file);
     }
-    info.source = "file " + fs::absolute(file).lexically_normal().string();
+    // The run that made a file belongs to the workspace it came from: here it would name another
+    // run with the same number, or none (a foreign-key failure). It is kept only in the source.
+    const int64_t fromRun = info.runId;
+    info.runId = 0;
+    info.source = "file " + fs::absolute(file).lexically_normal().string() +
+                  (fromRun > 0 ? " (exported from run " + std::to_string(fromRun) + " of another workspace)" : "");
     saveModule(m, outPath, metaJson(info));
     finish(info, outPath);
     return info;
@@ -309,7 +357,16 @@ ModelVersion registerModel(Registry& registry, const Store* store, const std::st
     checkModelName(name);
     if ((runId > 0) == !file.empty()) throw ConfigError("register a model from either --run or --file");
     if (runId > 0 && !store) throw ConfigError("registering a run's model needs its workspace");
+    if (parentVersion > 0) registry.resolve({name, parentVersion, {}});  // NotFoundError before any file is written
     const auto dir = fs::path(registry.modelDir(name));
+    // Temporaries of registrations that were killed (an hour old) are of no use to anyone.
+    {
+        std::error_code ec;
+        const auto hourAgo = fs::file_time_type::clock::now() - std::chrono::hours(1);
+        for (const auto& e : fs::directory_iterator(dir, ec))
+            if (e.path().filename().string().rfind(".incoming-", 0) == 0 && e.last_write_time(ec) < hourAgo)
+                fs::remove(e.path(), ec);
+    }
     // Written under a unique temporary name, then renamed to its content hash: two registrations
     // racing each other never overwrite one another's file.
     const auto tmp = (dir / (".incoming-" + std::to_string(::getpid()) + "-" +
@@ -318,6 +375,7 @@ ModelVersion registerModel(Registry& registry, const Store* store, const std::st
     ArtifactInfo info = runId > 0 ? exportRunModel(*store, runId, tmp) : importTorchScript(file, inputShape, tmp);
     const auto final = (dir / (info.sha256.substr(0, 16) + ".pt")).string();
     std::error_code ec;
+    const bool existed = fs::exists(final, ec);  // an earlier version with the same content
     fs::rename(tmp, final, ec);
     if (ec) {
         fs::remove(tmp, ec);
@@ -334,7 +392,12 @@ ModelVersion registerModel(Registry& registry, const Store* store, const std::st
     v.data = info.data;
     v.parentVersion = parentVersion;
     v.source = info.source;
-    return registry.addVersion(v);
+    try {
+        return registry.addVersion(v);
+    } catch (...) {
+        if (!existed) fs::remove(final, ec);  // no version refers to it
+        throw;
+    }
 }
 
 }  // namespace lathe::core

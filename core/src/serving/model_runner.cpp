@@ -198,6 +198,12 @@ std::shared_ptr<LoadedModel> LoadedModel::load(const ServedModel& model, int64_t
         d.inElems *= s;
     }
     for (size_t i = 1; i < sig.outputs[0].shape.size(); ++i) d.outElems *= std::max<int64_t>(1, sig.outputs[0].shape[i]);
+    // Buffers are allocated per instance before the first request: bounded, with a reason.
+    constexpr int64_t kMaxBatchValues = int64_t{1} << 30;
+    for (const auto elems : {d.inElems, d.outElems})
+        if (elems > kMaxBatchValues / std::max<int64_t>(1, maxBatch))
+            throw ConfigError("model " + model.name + ": --max-batch " + std::to_string(maxBatch) + " rows of " +
+                              std::to_string(elems) + " values exceed 2^30 values per batch buffer; lower --max-batch");
     try {
         d.module.eval();
         // On a GPU nothing of this has been measured: the module runs as loaded.
