@@ -1,5 +1,6 @@
 #include "cli_common.h"
 
+#include <sstream>
 #include <cmath>
 #include <csignal>
 #include <ctime>
@@ -121,5 +122,22 @@ nlohmann::json metricJson(double v) {
     if (std::isfinite(v)) return v;
     return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
 }
+
+std::vector<int64_t> parseShape(const std::string& text) {
+    std::vector<int64_t> out;
+    std::stringstream ss(text);
+    for (std::string part; std::getline(ss, part, ',');) {
+        try {
+            size_t used = 0;
+            const auto v = std::stoll(part, &used);
+            if (used != part.size() || v <= 0) throw std::invalid_argument("");
+            out.push_back(v);
+        } catch (const std::exception&) {
+            throw UsageError("--input-shape '" + text + "' must be positive integers separated by commas (e.g. 3,224,224)");
+        }
+    }
+    return out;
+}
+
 
 }  // namespace lathe::cli

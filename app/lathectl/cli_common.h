@@ -46,6 +46,9 @@ void addSpecFlags(CLI::App* cmd, SpecFlags& flags);
 /// UsageError / ConfigError naming the flag or the file line.
 core::RunSpec buildSpec(const SpecFlags& flags, core::RunSpec base = {});
 
+/// `--input-shape 3,224,224`: positive integers separated by commas. Throws UsageError.
+std::vector<int64_t> parseShape(const std::string& text);
+
 /// SIGINT/SIGTERM request a clean stop through this flag while a run is in progress.
 std::atomic<bool>& installStopHandler();
 void removeStopHandler();

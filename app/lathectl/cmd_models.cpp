@@ -37,22 +37,6 @@ std::string shapeText(const std::vector<int64_t>& s) {
     return t + "]";
 }
 
-std::vector<int64_t> parseShape(const std::string& text) {
-    std::vector<int64_t> out;
-    std::stringstream ss(text);
-    for (std::string part; std::getline(ss, part, ',');) {
-        try {
-            size_t used = 0;
-            const auto v = std::stoll(part, &used);
-            if (used != part.size() || v <= 0) throw std::invalid_argument("");
-            out.push_back(v);
-        } catch (const std::exception&) {
-            throw UsageError("--input-shape '" + text + "' must be positive integers separated by commas (e.g. 3,224,224)");
-        }
-    }
-    return out;
-}
-
 std::unique_ptr<core::Registry> openRegistry(const CommonOptions& c) {
     try {
         return std::make_unique<core::Registry>(core::Store::resolvePath(c.db));

@@ -62,6 +62,14 @@ std::string selfPath() {
 
 void runServe(ServeState& st, int& exitCode) {
     if (st.model.empty() == st.file.empty()) throw UsageError("give exactly one of --model NAME[:V|@ALIAS] and --file MODEL.pt");
+    std::string privateCopyDir;  // a --file's copy with metadata: removed however serving ends
+    struct RemoveDir {
+        const std::string& dir;
+        ~RemoveDir() {
+            std::error_code ec;
+            if (!dir.empty()) fs::remove_all(dir, ec);
+        }
+    } removeCopy{privateCopyDir};
     core::ServedModel served;
     std::unique_ptr<core::Registry> registry;
     if (!st.model.empty()) {
@@ -78,12 +86,14 @@ void runServe(ServeState& st, int& exitCode) {
         } catch (const core::ConfigError& ex) {
             if (st.inputShape.empty())
                 throw core::ConfigError(std::string(ex.what()) + "; or serve it as it is with --input-shape");
-            // A plain TorchScript file: give it Lathe metadata in a private copy.
-            std::vector<int64_t> shape;
-            std::stringstream ss(st.inputShape);
-            for (std::string p; std::getline(ss, p, ',');) shape.push_back(std::stoll(p));
-            const auto tmp = (fs::temp_directory_path() / ("lathe-serve-" + std::to_string(::getpid()) + ".pt")).string();
-            core::importTorchScript(st.file, shape, tmp);
+            // A plain TorchScript file: give it Lathe metadata in a private copy, in a directory
+            // of our own (mkdtemp: no other user can plant a link there), removed when serving ends.
+            std::string dir = (fs::temp_directory_path() / "lathe-serve-XXXXXX").string();
+            if (!::mkdtemp(dir.data())) throw core::Error("cannot create a temporary directory in " +
+                                                          fs::temp_directory_path().string());
+            privateCopyDir = dir;
+            const auto tmp = (fs::path(dir) / "model.pt").string();
+            core::importTorchScript(st.file, parseShape(st.inputShape), tmp);
             served.path = tmp;
         }
     }

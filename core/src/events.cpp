@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <istream>
 #include <nlohmann/json.hpp>
 
@@ -150,11 +151,27 @@ template <typename T>
 T field(const json& j, const char* name) {
     auto it = j.find(name);
     if (it == j.end()) throw EventStreamError(std::string("missing field \"") + name + "\"");
+    // nlohmann converts any number to an integer with a plain cast: 1.9 would read as 1, and
+    // 4294967298 as a version 2. Integers must be integers, and in range.
+    if constexpr (std::is_integral_v<T>) {
+        if (!it->is_number_integer())
+            throw EventStreamError(std::string("field \"") + name + "\" must be a whole number");
+        const bool fits = it->is_number_unsigned()
+                              ? it->get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
+                              : it->get<int64_t>() >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+                                    it->get<int64_t>() <= static_cast<int64_t>(std::numeric_limits<T>::max());
+        if (!fits) throw EventStreamError(std::string("field \"") + name + "\" is out of range");
+    }
     try {
         return it->get<T>();
     } catch (const json::exception&) {
         throw EventStreamError(std::string("field \"") + name + "\" has the wrong type");
     }
+}
+
+// An optional whole-number field: `fallback` when absent.
+int64_t optionalInt(const json& j, const char* name, int64_t fallback = 0) {
+    return j.contains(name) ? field<int64_t>(j, name) : fallback;
 }
 
 double numberOrSpecial(const json& v) {
@@ -200,7 +217,7 @@ Event decodeEventUnchecked(const std::string& line) {
     Event e;
     const auto type = field<std::string>(j, "type");
     e.wallTime = j.value("t", 0.0);
-    e.rank = j.value("rank", 0);
+    e.rank = j.contains("rank") ? field<int>(j, "rank") : 0;
     if (type == "run") {
         e.type = Event::Type::Run;
         e.text = field<std::string>(j, "config");
@@ -209,6 +226,7 @@ Event decodeEventUnchecked(const std::string& line) {
         e.type = Event::Type::Metric;
         e.key = field<std::string>(j, "key");
         e.step = field<int64_t>(j, "step");
+        if (e.step < 0) throw EventStreamError("field \"step\" must not be negative");
         if (!j.contains("value")) throw EventStreamError("missing field \"value\"");
         e.value = numberOrSpecial(j["value"]);
     } else if (type == "log") {
@@ -218,8 +236,8 @@ Event decodeEventUnchecked(const std::string& line) {
     } else if (type == "status") {
         e.type = Event::Type::Status;
         e.text = field<std::string>(j, "status");
-        e.step = j.value("step", int64_t{0});
-        e.value = static_cast<double>(j.value("total_steps", int64_t{0}));
+        e.step = optionalInt(j, "step");
+        e.value = static_cast<double>(optionalInt(j, "total_steps"));
     } else if (type == "error") {
         e.type = Event::Type::Error;
         e.text = field<std::string>(j, "msg");
@@ -227,8 +245,8 @@ Event decodeEventUnchecked(const std::string& line) {
         e.type = Event::Type::Checkpoint;
         e.text = field<std::string>(j, "path");
         e.sha256 = j.value("sha256", "");
-        e.step = j.value("step", int64_t{0});
-        e.value = static_cast<double>(j.value("epoch", int64_t{0}));
+        e.step = optionalInt(j, "step");
+        e.value = static_cast<double>(optionalInt(j, "epoch"));
     } else if (type == "span") {
         e.type = Event::Type::Span;
         const auto kind = field<std::string>(j, "kind");
@@ -237,7 +255,7 @@ Event decodeEventUnchecked(const std::string& line) {
         e.span.name = field<std::string>(j, "name");
         e.span.shapes = j.value("shapes", "");
         e.span.step = field<int64_t>(j, "step");
-        e.span.thread = j.value("thread", int64_t{0});
+        e.span.thread = optionalInt(j, "thread");
         e.span.startNs = field<int64_t>(j, "start_ns");
         e.span.durationNs = field<int64_t>(j, "dur_ns");
         e.span.cudaNs = j.value("cuda_ns", int64_t{-1});

@@ -56,4 +56,12 @@ TEST_CASE("fields of the wrong type are stream errors, not crashes", "[events]")
     CHECK_THROWS_AS(decodeEvent(R"({"v":1,"type":"status","status":"running","step":"5"})"), EventStreamError);
     CHECK_THROWS_AS(decodeEvent(R"({"v":1,"type":"log","msg":"x","t":null})"), EventStreamError);
     CHECK_THROWS_AS(decodeEvent(R"({"v":1,"type":"run","config":"","host":7})"), EventStreamError);
+    // Numbers are not bent into integers: 1.9 is not step 1, and 2^32 + 2 is not version 2.
+    CHECK_THROWS_WITH(decodeEvent(R"({"v":1,"type":"metric","key":"a","step":1.9,"value":1})"),
+                      Catch::Contains("\"step\" must be a whole number"));
+    CHECK_THROWS_WITH(decodeEvent(R"({"v":4294967298,"type":"log","msg":"x"})"), Catch::Contains("\"v\" is out of range"));
+    CHECK_THROWS_WITH(decodeEvent(R"({"v":1,"type":"metric","key":"a","step":-3,"value":1})"),
+                      Catch::Contains("must not be negative"));
+    CHECK_THROWS_WITH(decodeEvent(R"({"v":1,"type":"checkpoint","path":"p","epoch":1e300})"),
+                      Catch::Contains("\"epoch\" must be a whole number"));
 }
