@@ -272,10 +272,33 @@ Event decodeEventUnchecked(const std::string& line) {
 }
 }  // namespace
 
+bool readEventLine(std::istream& in, std::string& line) {
+    line.clear();
+    auto* buf = in.rdbuf();
+    if (!buf) return false;
+    for (;;) {
+        const int c = buf->sbumpc();
+        if (c == std::char_traits<char>::eof()) {
+            in.setstate(std::ios::eofbit);
+            return !line.empty();
+        }
+        if (c == '\n') return true;
+        if (line.size() >= kMaxEventLine)
+            throw EventStreamError("a line longer than " + std::to_string(kMaxEventLine >> 20) +
+                                   " MiB (not an event stream, or a worker gone wrong)");
+        line.push_back(static_cast<char>(c));
+    }
+}
+
 void readEventStream(std::istream& in, const EventSink& sink) {
     std::string line;
     int64_t lineNo = 0;
-    while (std::getline(in, line)) {
+    for (;;) {
+        try {
+            if (!readEventLine(in, line)) break;
+        } catch (const EventStreamError& ex) {
+            throw EventStreamError("event stream line " + std::to_string(lineNo + 1) + ": " + ex.what());
+        }
         ++lineNo;
         if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
         try {

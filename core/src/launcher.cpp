@@ -267,15 +267,27 @@ LaunchResult launchOnce(const LaunchOptions& options, const EventSink& sink, con
             return false;
         }
         std::string& acc = isErr ? w.errBuf : w.outBuf;
+        // Only the new bytes are searched, and the consumed lines are erased once: a long line
+        // arriving in many reads costs linear time, not a rescan per read.
+        const size_t from = acc.size();
         acc.append(buf, static_cast<size_t>(n));
-        size_t pos;
-        while ((pos = acc.find('\n')) != std::string::npos) {
-            std::string line = acc.substr(0, pos);
-            acc.erase(0, pos + 1);
+        size_t start = 0;
+        for (size_t pos = acc.find('\n', from); pos != std::string::npos; pos = acc.find('\n', start)) {
+            std::string line = acc.substr(start, pos - start);
+            start = pos + 1;
             if (isErr)
-                remember(w, line);
+                remember(w, std::move(line));
             else
                 handleLine(w, line);
+        }
+        acc.erase(0, start);
+        // A line that never ends (a progress bar drawn with \r, a runaway print) is bounded: of
+        // stderr the newest 4 KiB are kept; an unending stdout line is no event and is dropped.
+        if (acc.size() > kMaxEventLine) {
+            remember(w, "(rank " + std::to_string(w.rank) + " wrote a line of more than " +
+                            std::to_string(kMaxEventLine >> 20) + " MiB to std" + (isErr ? "err" : "out") +
+                            "; cut)");
+            acc.erase(0, isErr ? acc.size() - 4096 : acc.size());
         }
         return true;
     };

@@ -259,7 +259,16 @@ IngestResult ingestEventStream(Store& store, std::istream& in, const EventSink& 
         store.appendLog(res.runId, nowSeconds(), "error", why);
         store.setRunStatus(res.runId, "failed", why);
     };
-    while (std::getline(in, line)) {
+    for (;;) {
+        try {
+            if (!readEventLine(in, line)) break;
+        } catch (const EventStreamError& ex) {
+            const std::string why = "event stream line " + std::to_string(lineNo + 1) + ": " + ex.what();
+            if (res.runId == 0) throw EventStreamError(why);
+            fail(why);
+            store.flush();
+            return res;
+        }
         ++lineNo;
         if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
         Event e;

@@ -65,3 +65,18 @@ TEST_CASE("fields of the wrong type are stream errors, not crashes", "[events]")
     CHECK_THROWS_WITH(decodeEvent(R"({"v":1,"type":"checkpoint","path":"p","epoch":1e300})"),
                       Catch::Contains("\"epoch\" must be a whole number"));
 }
+
+TEST_CASE("a line longer than any record is refused without being read whole", "[events]") {
+    std::stringstream in;
+    in << encodeEvent(Event::status("running")) << "\n" << std::string(kMaxEventLine + 10, 'x') << "\n";
+    int seen = 0;
+    CHECK_THROWS_WITH(readEventStream(in, [&](const Event&) { ++seen; }),
+                      Catch::Contains("line 2") && Catch::Contains("longer than 16 MiB"));
+    CHECK(seen == 1);
+    // A last line without its newline is still a line.
+    std::stringstream tail(encodeEvent(Event::status("running")));
+    std::string line;
+    CHECK(readEventLine(tail, line));
+    CHECK_FALSE(line.empty());
+    CHECK_FALSE(readEventLine(tail, line));
+}

@@ -54,4 +54,11 @@ Event decodeEvent(const std::string& line);
 /// Reads a whole stream; blank lines are skipped. Errors name the line number.
 void readEventStream(std::istream& in, const EventSink& sink);
 
+/// The longest record a stream may hold. A longer line is not a record of ours (a remote worker
+/// gone wrong, a file that is not a stream), and reading it whole could take any amount of memory.
+constexpr size_t kMaxEventLine = size_t{16} << 20;
+/// std::getline for event streams: false at the end; throws EventStreamError for a line longer
+/// than kMaxEventLine, having read no more of it than that.
+bool readEventLine(std::istream& in, std::string& line);
+
 }  // namespace lathe::core
