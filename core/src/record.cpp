@@ -1,16 +1,11 @@
 // Ties a training run to the workspace: the store records every event of the stream.
-#include <fcntl.h>
-#include <sys/file.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <istream>
 #include <set>
 
+#include "file_lock.h"
 #include "lathe/core/checkpoint.h"
 #include "lathe/core/distributed.h"
 #include "lathe/core/error.h"
@@ -92,32 +87,13 @@ bool mayChangeOnResume(const std::string& key) {
 
 // One process trains a run at a time: a second `--resume` of a run still training (the GUI and a
 // terminal) would drop the live run's points and write the same steps and checkpoint twice.
-class RunLock {
-public:
-    RunLock(const std::string& dir, int64_t runId) {
-        std::error_code ec;
-        std::filesystem::create_directories(dir, ec);
-        const auto path = dir + "/train.lock";
-        m_fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-        if (m_fd < 0) throw Error("cannot open " + path + ": " + std::strerror(errno));
-        if (::flock(m_fd, LOCK_EX | LOCK_NB) != 0) {
-            char pid[32] = {};
-            (void)!::pread(m_fd, pid, sizeof pid - 1, 0);
-            ::close(m_fd);
-            throw ConfigError("run " + std::to_string(runId) + " is being trained by another process" +
-                              (pid[0] ? std::string(" (pid ") + pid + ")" : std::string()) +
-                              "; stop it first, or wait for it to end");
-        }
-        const auto text = std::to_string(::getpid());
-        if (::ftruncate(m_fd, 0) == 0) (void)!::pwrite(m_fd, text.data(), text.size(), 0);
-    }
-    ~RunLock() { ::close(m_fd); }
-    RunLock(const RunLock&) = delete;
-    RunLock& operator=(const RunLock&) = delete;
-
-private:
-    int m_fd = -1;
-};
+void lockRun(std::optional<FileLock>& lock, const std::string& dir, int64_t runId) {
+    lock.emplace(dir + "/train.lock", false);
+    if (!lock->held())
+        throw ConfigError("run " + std::to_string(runId) + " is being trained by another process" +
+                          (lock->holder().empty() ? std::string() : " (pid " + lock->holder() + ")") +
+                          "; stop it first, or wait for it to end");
+}
 
 }  // namespace
 
@@ -127,12 +103,12 @@ RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOption
     TrainOptions topts;
     int64_t resumeStep = -1;
     std::string previousStatus, previousError;
-    std::optional<RunLock> lock;
+    std::optional<FileLock> lock;
     topts.stop = options.stop;
     if (options.resumeRunId > 0) {
         const auto run = store.run(options.resumeRunId);
         if (!run) throw ConfigError("cannot resume: no run " + std::to_string(options.resumeRunId) + " in " + store.path());
-        lock.emplace(store.artifactDir(run->id), run->id);
+        lockRun(lock, store.artifactDir(run->id), run->id);
         // Refused before anything is touched, naming each setting (and logged with the run).
         {
             const auto was = specParams(parseRunSpec(run->config, "run " + std::to_string(run->id) + " config", false));
@@ -187,7 +163,7 @@ RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOption
     } else {
         rec.runId = store.createRun(spec.experiment, spec.name, spec.model, spec.data, toToml(spec), specParams(spec),
                                     options.host);
-        lock.emplace(store.artifactDir(rec.runId), rec.runId);
+        lockRun(lock, store.artifactDir(rec.runId), rec.runId);
         store.setRunStatus(rec.runId, "running");
     }
     topts.checkpointDir = store.artifactDir(rec.runId);

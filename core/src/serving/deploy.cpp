@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <arpa/inet.h>
-#include <sys/file.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -25,6 +24,7 @@
 #include <random>
 #include <thread>
 
+#include "../file_lock.h"
 #include "lathe/core/events.h"
 #include "lathe/core/monitor.h"
 
@@ -111,31 +111,13 @@ void stopStarted(int64_t pid, const std::string& model, const std::string& token
 
 // One deploy, rollback or undeploy of a model at a time, across processes (the GUI and a
 // terminal): two deploys that both found no live server would each start one, and the record of
-// the first would be ended while its process kept running. Held until destruction.
-class ModelLock {
-public:
-    ModelLock(const Registry& registry, const std::string& model) {
-        checkModelName(model);
-        const auto dir = fs::path(registry.workspacePath()).parent_path() / "deployments";
-        std::error_code ec;
-        fs::create_directories(dir, ec);
-        const auto path = (dir / (model + ".lock")).string();
-        m_fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-        if (m_fd < 0) throw Error("cannot open " + path + ": " + std::strerror(errno));
-        if (::flock(m_fd, LOCK_EX | LOCK_NB) == 0) return;
-        // Another deploy of this model is under way: wait for it (a start takes seconds).
-        if (::flock(m_fd, LOCK_EX) != 0) {
-            ::close(m_fd);
-            throw Error("cannot lock " + path + ": " + std::strerror(errno));
-        }
-    }
-    ~ModelLock() { ::close(m_fd); }
-    ModelLock(const ModelLock&) = delete;
-    ModelLock& operator=(const ModelLock&) = delete;
-
-private:
-    int m_fd = -1;
-};
+// the first would be ended while its process kept running. Another one under way is waited for
+// (a start takes seconds).
+FileLock modelLock(const Registry& registry, const std::string& model) {
+    checkModelName(model);
+    return FileLock((fs::path(registry.workspacePath()).parent_path() / "deployments" / (model + ".lock")).string(),
+                    true);
+}
 
 std::string logTail(const std::string& path, size_t lines = 8) {
     std::ifstream in(path);
@@ -445,13 +427,13 @@ bool deploymentUp(const Deployment& d, double timeoutS) {
 DeployResult deploy(Registry& registry, const ModelRef& ref, const DeployOptions& o) {
     checkTimeout(o);
     const auto v = registry.resolve(ref);
-    ModelLock lock(registry, v.name);
+    const auto lock = modelLock(registry, v.name);
     return deployLocked(registry, v, ref, o);
 }
 
 DeployResult rollback(Registry& registry, const std::string& model, const DeployOptions& options) {
     checkTimeout(options);
-    ModelLock lock(registry, model);
+    const auto lock = modelLock(registry, model);
     const auto history = registry.deployments(model);  // newest first
     if (history.empty() || !history.front().live())
         throw ConfigError(model + " is not deployed; nothing to roll back (see `lathectl deployments " + model + "`)");
@@ -472,7 +454,7 @@ DeployResult rollback(Registry& registry, const std::string& model, const Deploy
 }
 
 void undeploy(Registry& registry, const std::string& model) {
-    ModelLock lock(registry, model);
+    const auto lock = modelLock(registry, model);
     const auto live = registry.liveDeployment(model);
     if (!live) throw ConfigError(model + " is not deployed");
     if (live->target == "local" && isServerOf(*live)) {
