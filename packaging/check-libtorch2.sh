@@ -24,7 +24,7 @@ if [ ! -d "$scratch/root/usr/include/torch" ]; then
         { echo "SKIPPED: cannot download trixie's libtorch-dev"; exit 77; }
     dpkg -x "$scratch"/libtorch-dev_*.deb "$scratch/root.tmp" && mv "$scratch/root.tmp" "$scratch/root"
 fi
-# The NCCL path of dist.cpp is checked too, against the CUDA toolkit's headers; Debian's CPU-only
+# The NCCL path of the process group and reducer is checked too, against the CUDA toolkit's headers; Debian's CPU-only
 # LibTorch lacks one generated CUDA header, stood in for here.
 mkdir -p "$scratch/stub/c10/cuda/impl"
 echo '#define C10_CUDA_BUILD_SHARED_LIBS' >"$scratch/stub/c10/cuda/impl/cuda_cmake_macros.h"
@@ -40,7 +40,7 @@ for e in json.load(open(cc)):
     cmd = cmd.replace('-isystem /usr/include/torch/csrc/api/include',
                       f'-isystem {inc} -isystem {inc}/torch/csrc/api/include')
     jobs.append((f, re.sub(r' -o \S+ -c ', ' -fsyntax-only -w ', cmd), e['directory']))
-    if f.endswith('core/src/dist.cpp') and os.path.exists(cuda + '/nccl.h'):
+    if f.endswith(('core/src/distributed/process_group.cpp', 'core/src/distributed/reducer.cpp')) and os.path.exists(cuda + '/nccl.h'):
         nccl = cmd.replace(f'-isystem {inc} ', f'-isystem {inc} -isystem {stub} -isystem {cuda} ', 1)
         jobs.append((f + ' (USE_C10D_NCCL)', re.sub(r' -o \S+ -c ', ' -DUSE_C10D_NCCL -fsyntax-only -w ', nccl),
                      e['directory']))

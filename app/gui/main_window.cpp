@@ -46,10 +46,6 @@ namespace {
 // without a manual refresh; the read is a few milliseconds.
 constexpr int kRefreshMs = 3000;
 
-bool isFinal(const std::string& status) {
-    return status == "completed" || status == "failed" || status == "stopped";
-}
-
 }  // namespace
 
 MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
@@ -260,21 +256,16 @@ void MainWindow::updateTitle() {
 
 void MainWindow::refreshRuns() {
     std::vector<core::RunRecord> runs;
+    std::map<int64_t, double> valAccuracy;
     try {
         runs = m_store->listRuns();
-        for (const auto& r : runs) {
-            if (m_valAccuracyFinal.count(r.id)) continue;
-            const auto last = m_store->lastMetrics(r.id);
-            auto it = last.find("val/accuracy");
-            if (it != last.end()) m_valAccuracy[r.id] = it->second;
-            if (isFinal(r.status)) m_valAccuracyFinal.insert(r.id);
-        }
+        valAccuracy = m_store->lastMetricOfRuns("val/accuracy");  // one query for every run
     } catch (const std::exception& e) {
         statusBar()->showMessage(tr("Could not read the runs: %1").arg(QString::fromUtf8(e.what())));
         return;
     }
     const int before = m_runModel->rowCount();
-    m_runModel->setRuns(std::move(runs), m_valAccuracy);
+    m_runModel->setRuns(std::move(runs), std::move(valAccuracy));
     // Fit the columns to real content once rows arrive, not on every refresh: a user's
     // manual column widths survive the periodic refresh.
     if (m_runModel->rowCount() != before)
@@ -444,8 +435,6 @@ bool MainWindow::openWorkspace(const QString& path) {
         m_comm->forgetLive(m_liveRunId);
     }
     m_liveRunId = 0;
-    m_valAccuracy.clear();
-    m_valAccuracyFinal.clear();
     m_runModel->setRuns({});
     m_store = std::move(next);
     m_session = std::make_unique<TrainingSession>(*m_store);

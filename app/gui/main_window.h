@@ -115,9 +115,6 @@ private:
     QLabel* m_progress = nullptr;
     QProgressBar* m_progressBar = nullptr;
     QTimer* m_refreshTimer = nullptr;
-    // Final val/accuracy per run; runs in a final state are not asked again.
-    std::map<int64_t, double> m_valAccuracy;
-    std::set<int64_t> m_valAccuracyFinal;
     int64_t m_liveRunId = 0;
     QString m_lastError;
 };

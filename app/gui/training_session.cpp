@@ -27,7 +27,7 @@ bool TrainingSession::start(const core::RunSpec& spec) {
         m_staged.clear();
         m_drainPending = false;
         m_runId = 0;
-        m_status.clear();
+        m_status = core::RunStatus::Failed;
         m_error.clear();
     }
     m_thread = std::thread([this, spec, workerProgram = m_workerProgram] {
@@ -38,7 +38,8 @@ bool TrainingSession::start(const core::RunSpec& spec) {
             std::lock_guard<std::mutex> lock(m_mutex);
             m_runId = id;
         };
-        std::string status, error;
+        core::RunStatus status = core::RunStatus::Failed;
+        std::string error;
         int64_t id = 0;
         try {
             core::RecordedRun rec = core::trainAndRecord(m_store, spec, options,
@@ -47,19 +48,19 @@ bool TrainingSession::start(const core::RunSpec& spec) {
             status = rec.result.status;
             error = rec.result.error;
         } catch (const core::Error& e) {
-            status = "failed";
+            status = core::RunStatus::Failed;
             error = e.what();
         } catch (const std::exception& e) {
-            status = "failed";
+            status = core::RunStatus::Failed;
             error = std::string("unexpected error: ") + e.what();
         } catch (...) {
-            status = "failed";
+            status = core::RunStatus::Failed;
             error = "unexpected error of unknown type";
         }
         {
             std::lock_guard<std::mutex> lock(m_mutex);
             if (id != 0) m_runId = id;
-            m_status = status.empty() ? "failed" : status;
+            m_status = status;
             m_error = error;
         }
         QMetaObject::invokeMethod(this, &TrainingSession::onWorkerDone, Qt::QueuedConnection);
@@ -110,7 +111,7 @@ void TrainingSession::onWorkerDone() {
     {
         std::lock_guard<std::mutex> lock(m_mutex);
         id = m_runId;
-        status = QString::fromStdString(m_status);
+        status = QString::fromLatin1(core::toString(m_status));
         error = QString::fromStdString(m_error);
     }
     m_running = false;

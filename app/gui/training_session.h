@@ -16,7 +16,8 @@
 #include "lathe/core/events.h"
 #include "lathe/core/run_spec.h"
 #include "lathe/core/store.h"
-#include "lathe/core/training.h"
+#include "lathe/core/record.h"
+#include "lathe/core/trainer.h"
 
 namespace lathe::app {
 
@@ -68,7 +69,7 @@ private:
     std::vector<core::Event> m_staged;
     bool m_drainPending = false;
     int64_t m_runId = 0;  // set by trainAndRecord's onRunCreated
-    std::string m_status;
+    core::RunStatus m_status = core::RunStatus::Failed;
     std::string m_error;
 };
 

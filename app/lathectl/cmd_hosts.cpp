@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "cli_common.h"
-#include "lathe/remote/ssh_session.hpp"
+#include "lathe/remote/ssh_session.h"
 
 namespace lathe::cli {
 namespace {

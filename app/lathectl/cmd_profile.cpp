@@ -5,7 +5,7 @@
 #include <iostream>
 
 #include "cli_common.h"
-#include "lathe/core/profile.h"
+#include "lathe/core/profile_analysis.h"
 
 namespace lathe::cli {
 namespace {

@@ -6,19 +6,14 @@
 
 #include "cli_common.h"
 #include "lathe/core/datasets.h"
-#include "lathe/kernels/info.hpp"
+#include "lathe/kernels/info.h"
 
 namespace lathe::cli {
 namespace {
 
-double finalOf(const std::map<std::string, double>& m, const char* key) {
-    auto it = m.find(key);
-    return it == m.end() ? std::numeric_limits<double>::quiet_NaN() : it->second;
-}
-
 nlohmann::json runJson(const core::RunRecord& r) {
     nlohmann::json j{{"id", r.id},          {"name", r.name},          {"experiment", r.experiment},
-                     {"status", r.status},  {"model", r.model},        {"data", r.data},
+                     {"status", core::toString(r.status)},  {"model", r.model},        {"data", r.data},
                      {"host", r.host},      {"created_at", r.createdAt}};
     j["started_at"] = r.startedAt > 0 ? nlohmann::json(r.startedAt) : nlohmann::json();
     j["ended_at"] = r.endedAt > 0 ? nlohmann::json(r.endedAt) : nlohmann::json();
@@ -35,11 +30,16 @@ core::RunRecord requireRun(const core::Store& store, int64_t id) {
 void listRuns(const CommonOptions& opts) {
     auto store = openStore(opts);
     const auto runs = store->listRuns();
+    const auto valAccuracy = store->lastMetricOfRuns("val/accuracy");  // one query, not one per run
+    auto accuracyOf = [&](int64_t id) {
+        const auto it = valAccuracy.find(id);
+        return it == valAccuracy.end() ? std::numeric_limits<double>::quiet_NaN() : it->second;
+    };
     if (opts.json) {
         auto arr = nlohmann::json::array();
         for (const auto& r : runs) {
             auto j = runJson(r);
-            j["val/accuracy"] = metricJson(finalOf(store->lastMetrics(r.id), "val/accuracy"));
+            j["val/accuracy"] = metricJson(accuracyOf(r.id));
             arr.push_back(j);
         }
         std::cout << arr.dump(2) << std::endl;
@@ -52,13 +52,18 @@ void listRuns(const CommonOptions& opts) {
     std::printf("%-5s %-16s %-12s %-10s %-6s %-20s %-19s %-10s %s\n", "ID", "NAME", "EXPERIMENT", "STATUS", "MODEL",
                 "DATA", "STARTED", "DURATION", "VAL_ACC");
     for (const auto& r : runs) {
-        const double acc = finalOf(store->lastMetrics(r.id), "val/accuracy");
+        const double acc = accuracyOf(r.id);
         const double dur = r.endedAt > 0 && r.startedAt > 0 ? r.endedAt - r.startedAt : -1;
         std::printf("%-5lld %-16.16s %-12.12s %-10s %-6s %-20.20s %-19s %-10s %s\n", static_cast<long long>(r.id),
-                    r.name.c_str(), r.experiment.c_str(), r.status.c_str(), r.model.c_str(), r.data.c_str(),
+                    r.name.c_str(), r.experiment.c_str(), core::toString(r.status), r.model.c_str(), r.data.c_str(),
                     formatTime(r.startedAt).c_str(), formatDuration(dur).c_str(),
                     std::isnan(acc) ? "-" : formatValue(acc).c_str());
     }
+    std::string interrupted;
+    for (const auto& r : runs)
+        if (r.status == core::RunStatus::Interrupted) interrupted += (interrupted.empty() ? "" : ", ") + std::to_string(r.id);
+    if (!interrupted.empty())
+        std::printf("\ninterrupted: run %s: %s\n", interrupted.c_str(), core::kInterruptedHint);
 }
 
 void showRun(const CommonOptions& opts, int64_t id) {
@@ -86,7 +91,8 @@ void showRun(const CommonOptions& opts, int64_t id) {
         return;
     }
     std::printf("run %lld  %s  (experiment %s)\n", static_cast<long long>(r.id), r.name.c_str(), r.experiment.c_str());
-    std::printf("  status    %s%s%s\n", r.status.c_str(), r.error.empty() ? "" : ": ", r.error.c_str());
+    std::printf("  status    %s%s%s\n", core::toString(r.status), r.error.empty() ? "" : ": ", r.error.c_str());
+    if (r.status == core::RunStatus::Interrupted) std::printf("            %s\n", core::kInterruptedHint);
     std::printf("  model     %s on %s, host %s\n", r.model.c_str(), r.data.c_str(), r.host.c_str());
     std::printf("  started   %s   ended %s   duration %s\n", formatTime(r.startedAt).c_str(),
                 formatTime(r.endedAt).c_str(),

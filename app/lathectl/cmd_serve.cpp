@@ -11,9 +11,11 @@
 #include "cli_common.h"
 #include "lathe/core/deploy.h"
 #include "lathe/core/model_artifact.h"
+#include "lathe/core/http_client.h"
 #include "lathe/core/monitor.h"
+#include "lathe/core/scraper.h"
 #include "lathe/core/registry.h"
-#include "lathe/core/serving.h"
+#include "lathe/core/server.h"
 
 namespace fs = std::filesystem;
 

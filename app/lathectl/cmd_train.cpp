@@ -9,7 +9,8 @@
 
 #include "cli_common.h"
 #include "lathe/core/error.h"
-#include "lathe/core/training.h"
+#include "lathe/core/record.h"
+#include "lathe/core/trainer.h"
 
 namespace lathe::cli {
 namespace {
@@ -21,7 +22,7 @@ public:
 
     void operator()(const core::Event& e) {
         using T = core::Event::Type;
-        if (e.type == T::Status && e.text == "running") {
+        if (e.type == T::Status && e.text == core::toString(core::RunStatus::Running)) {
             m_total = static_cast<int64_t>(e.value);
             m_step = e.step;
         } else if (e.type == T::Log) {
@@ -122,7 +123,7 @@ int runTrain(const TrainState& st) {
     if (st.common.json) {
         nlohmann::json j;
         j["run_id"] = rec.runId;
-        j["status"] = rec.result.status;
+        j["status"] = core::toString(rec.result.status);
         if (!rec.result.error.empty()) j["error"] = rec.result.error;
         j["workspace"] = store->path();
         j["epochs"] = rec.result.epochsDone;
@@ -132,7 +133,7 @@ int runTrain(const TrainState& st) {
         std::cout << j.dump() << std::endl;
     } else {
         std::printf("run %lld %s after %s (%lld epochs, %lld steps)\n", static_cast<long long>(rec.runId),
-                    rec.result.status.c_str(), formatDuration(elapsed).c_str(),
+                    core::toString(rec.result.status), formatDuration(elapsed).c_str(),
                     static_cast<long long>(rec.result.epochsDone), static_cast<long long>(rec.result.steps));
         if (!rec.result.error.empty()) std::printf("error: %s\n", rec.result.error.c_str());
         std::printf("workspace: %s\n", store->path().c_str());
@@ -142,8 +143,8 @@ int runTrain(const TrainState& st) {
         std::printf("curves: lathectl metrics %lld --db %s    details: lathectl runs show %lld\n",
                     static_cast<long long>(rec.runId), store->path().c_str(), static_cast<long long>(rec.runId));
     }
-    if (rec.result.status == "completed") return kOk;
-    if (rec.result.status == "stopped") return kInterrupted;
+    if (rec.result.status == core::RunStatus::Completed) return kOk;
+    if (rec.result.status == core::RunStatus::Stopped) return kInterrupted;
     return kRunFailed;
 }
 

@@ -8,9 +8,10 @@
 #include <iostream>
 
 #include "cli_common.h"
-#include "lathe/core/distributed.h"
+#include "lathe/core/launcher.h"
 #include "lathe/core/error.h"
-#include "lathe/core/training.h"
+#include "lathe/core/record.h"
+#include "lathe/core/trainer.h"
 
 namespace lathe::cli {
 namespace {
@@ -19,7 +20,25 @@ struct WorkerState {
     SpecFlags spec;
     std::string checkpointDir;
     std::string resume;
+    std::string owner;  // WORKSPACE_ID:RUN, written into the checkpoints
 };
+
+// "WORKSPACE_ID:RUN" as the launcher passes it (lathe::core::LaunchOptions::owner).
+core::CheckpointOwner parseOwner(const std::string& text) {
+    const auto colon = text.rfind(':');
+    core::CheckpointOwner o;
+    if (colon == std::string::npos || colon == 0 || colon + 1 == text.size())
+        throw UsageError("--owner must be WORKSPACE_ID:RUN (got '" + text + "')");
+    o.workspaceId = text.substr(0, colon);
+    try {
+        size_t used = 0;
+        o.runId = std::stoll(text.substr(colon + 1), &used);
+        if (used != text.size() - colon - 1 || o.runId <= 0) throw std::invalid_argument("run");
+    } catch (const std::exception&) {
+        throw UsageError("--owner must be WORKSPACE_ID:RUN with a positive run id (got '" + text + "')");
+    }
+    return o;
+}
 
 int runWorker(const WorkerState& st) {
     const core::RunSpec spec = buildSpec(st.spec);
@@ -45,6 +64,7 @@ int runWorker(const WorkerState& st) {
     // Absolute, since the path travels in the event stream and is recorded as an artifact.
     opts.checkpointDir = st.checkpointDir.empty() ? std::string() : std::filesystem::absolute(st.checkpointDir).string();
     opts.resumeFrom = st.resume;
+    if (!st.owner.empty()) opts.owner = parseOwner(st.owner);
     opts.stop = &installStopHandler();
     opts.dist = dist;
     core::TrainResult result;
@@ -52,16 +72,16 @@ int runWorker(const WorkerState& st) {
         result = core::train(spec, opts, out);
     } catch (const core::Error& ex) {
         out(core::Event::error(ex.what()));
-        out(core::Event::status("failed"));
-        result.status = "failed";
+        out(core::Event::status(core::RunStatus::Failed));
+        result.status = core::RunStatus::Failed;
     } catch (const std::exception& ex) {
         out(core::Event::error(std::string("internal error: ") + ex.what()));
-        out(core::Event::status("failed"));
-        result.status = "failed";
+        out(core::Event::status(core::RunStatus::Failed));
+        result.status = core::RunStatus::Failed;
     }
     removeStopHandler();
-    if (result.status == "completed") return kOk;
-    if (result.status == "stopped") return kInterrupted;
+    if (result.status == core::RunStatus::Completed) return kOk;
+    if (result.status == core::RunStatus::Stopped) return kInterrupted;
     return kRunFailed;
 }
 
@@ -91,16 +111,16 @@ int runIngest(const IngestState& st) {
     }
     std::signal(SIGINT, SIG_DFL);
     if (st.common.json) {
-        nlohmann::json j{{"run_id", res.runId}, {"status", res.status}, {"workspace", store->path()}};
+        nlohmann::json j{{"run_id", res.runId}, {"status", core::toString(res.status)}, {"workspace", store->path()}};
         if (!res.error.empty()) j["error"] = res.error;
         for (const auto& [k, v] : store->lastMetrics(res.runId)) j[k] = metricJson(v);
         std::cout << j.dump() << std::endl;
     } else {
-        std::printf("recorded run %lld (%s)%s%s\n", static_cast<long long>(res.runId), res.status.c_str(),
+        std::printf("recorded run %lld (%s)%s%s\n", static_cast<long long>(res.runId), core::toString(res.status),
                     res.error.empty() ? "" : ": ", res.error.c_str());
     }
-    if (res.status == "completed") return kOk;
-    return res.status == "stopped" ? kInterrupted : kRunFailed;
+    if (res.status == core::RunStatus::Completed) return kOk;
+    return res.status == core::RunStatus::Stopped ? kInterrupted : kRunFailed;
 }
 
 }  // namespace
@@ -113,6 +133,7 @@ void registerWorker(CLI::App& app, int& exitCode) {
         addSpecFlags(cmd, st->spec);
         cmd->add_option("--checkpoint-dir", st->checkpointDir, "write checkpoints here (default: none)");
         cmd->add_option("--resume", st->resume, "continue from this checkpoint file");
+        cmd->add_option("--owner", st->owner, "WORKSPACE_ID:RUN written into checkpoints (set by lathectl train)");
         cmd->callback([st, &exitCode] { exitCode = runWorker(*st); });
     }
     {

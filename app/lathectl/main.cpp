@@ -1,7 +1,10 @@
 // lathectl: Lathe's capabilities without a display (also what runs on remote hosts).
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "cli_common.h"
+#include "command_tree.h"
 #include "lathe/core/error.h"
 
 int main(int argc, char** argv) {
@@ -18,6 +21,15 @@ int main(int argc, char** argv) {
     lathe::cli::registerInfo(app, exitCode);
     lathe::cli::registerModels(app, exitCode);
     lathe::cli::registerServe(app, exitCode);
+    lathe::cli::registerComplete(app);
+    const std::vector<std::string> args(argv + 1, argv + argc);
+    // Before CLI11 sees anything: the words to complete are data, `-h` among them included.
+    if (!args.empty() && args.front() == "__complete")
+        return lathe::cli::runComplete(app, std::vector<std::string>(args.begin() + 1, args.end()));
+    if (args.empty()) {  // `lathectl` alone: what it can do, not an error
+        std::cout << app.help();
+        return 0;
+    }
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp&) {
@@ -30,6 +42,11 @@ int main(int argc, char** argv) {
         std::cout << "lathectl 0.1.0\n";
         return 0;
     } catch (const CLI::ParseError& ex) {
+        // An unknown command or flag: name it and the nearest ones, as git does.
+        if (const auto message = lathe::cli::unknownArgumentMessage(lathe::cli::walkCommandLine(app, args))) {
+            std::cerr << *message;
+            return lathe::cli::kUsage;
+        }
         std::cerr << "lathectl: error: " << ex.what() << " (see lathectl --help)\n";
         return lathe::cli::kUsage;
     } catch (const lathe::cli::UsageError& ex) {

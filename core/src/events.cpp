@@ -41,11 +41,11 @@ Event Event::log(std::string level, std::string text) {
     return e;
 }
 
-Event Event::status(std::string status) {
+Event Event::status(RunStatus status) {
     Event e;
     e.type = Type::Status;
     e.wallTime = nowSeconds();
-    e.text = std::move(status);
+    e.text = toString(status);
     return e;
 }
 
@@ -236,6 +236,11 @@ Event decodeEventUnchecked(const std::string& line) {
     } else if (type == "status") {
         e.type = Event::Type::Status;
         e.text = field<std::string>(j, "status");
+        // A stream reports what a worker is doing; "interrupted" is only ever inferred by readers.
+        const auto st = runStatusFromString(e.text);
+        if (!st || *st == RunStatus::Interrupted || *st == RunStatus::Created)
+            throw EventStreamError("unknown run status \"" + e.text.substr(0, 40) +
+                                   "\" (running, completed, stopped or failed)");
         e.step = optionalInt(j, "step");
         e.value = static_cast<double>(optionalInt(j, "total_steps"));
     } else if (type == "error") {

@@ -1,5 +1,5 @@
 #pragma once
-// SHA-256 through OpenSSL's EVP interface (checkpoints, later model artifacts).
+// SHA-256 through OpenSSL's EVP interface (checkpoints and model artifacts).
 #include <cstddef>
 #include <string>
 

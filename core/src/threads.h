@@ -1,5 +1,5 @@
 #pragma once
-// Compute threads of this process (private; defined in trainer.cpp).
+// Compute threads of this process (private; forwarded by torch_runtime.cpp to trainer.cpp).
 
 namespace lathe::core {
 

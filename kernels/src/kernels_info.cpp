@@ -1,7 +1,7 @@
 // CPU feature detection for the dispatchers and the CUDA availability queries.
 
-#include "lathe/kernels/cuda_device.hpp"
-#include "lathe/kernels/info.hpp"
+#include "lathe/kernels/cuda_device.h"
+#include "lathe/kernels/info.h"
 
 #include <cstdlib>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "lathe/remote/host_spec.hpp"
+#include "lathe/remote/host_spec.h"
 
 #include <stdexcept>
 

@@ -3,7 +3,7 @@
 // not read (a HostSpec says everything), and libssh never logs (it could print key paths and
 // protocol details nobody asked for).
 
-#include "lathe/remote/ssh_session.hpp"
+#include "lathe/remote/ssh_session.h"
 
 #include <libssh/callbacks.h>
 #include <libssh/libssh.h>

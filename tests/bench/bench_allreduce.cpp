@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "bench_args.h"
-#include "dist.h"
+#include "distributed/reducer.h"
 
 using Clock = std::chrono::steady_clock;
 using namespace lathe::core;

@@ -5,7 +5,7 @@
 //
 //   bench_compression [--out DIR] [--reps N]
 
-#include "lathe/kernels/compress.hpp"
+#include "lathe/kernels/compress.h"
 
 #include <algorithm>
 #include <chrono>

@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "lathe/kernels/compress.hpp"
-#include "lathe/kernels/cuda_device.hpp"
-#include "lathe/kernels/info.hpp"
-#include "lathe/kernels/scale_and_check.hpp"
+#include "lathe/kernels/compress.h"
+#include "lathe/kernels/cuda_device.h"
+#include "lathe/kernels/info.h"
+#include "lathe/kernels/scale_and_check.h"
 #include "bench_args.h"
 
 using namespace lathe::kernels;

@@ -9,8 +9,9 @@
 #include <string>
 
 #include "lathe/core/store.h"
-#include "lathe/core/training.h"
-#include "profiler.h"
+#include "lathe/core/record.h"
+#include "lathe/core/trainer.h"
+#include "training/profiler.h"
 
 using Clock = std::chrono::steady_clock;
 
@@ -46,7 +47,7 @@ int main(int argc, char** argv) {
         spec.threads = 1;
         spec.checkpointEvery = 0;
         const auto rec = lathe::core::trainAndRecord(store, spec, {});
-        if (rec.result.status != "completed") return 1;
+        if (rec.result.status != lathe::core::RunStatus::Completed) return 1;
         stepMs = rec.result.finalMetrics.at("perf/step_ms");
     }
     std::string cleanup = std::string("rm -rf ") + tmpl;

@@ -27,7 +27,7 @@
 
 #include "lathe/core/loadgen.h"
 #include "lathe/core/model_artifact.h"
-#include "lathe/core/serving.h"
+#include "lathe/core/server.h"
 #include "bench_args.h"
 #include "serving/artifact_io.h"
 #include "serving/infer_protocol.h"

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "lathe/core/profile.h"
+#include "lathe/core/profile_analysis.h"
 #include "lathe/widgets/profile_timeline.h"
 
 using lathe::core::ProfileSpan;

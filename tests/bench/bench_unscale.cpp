@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "lathe/kernels/info.hpp"
-#include "lathe/kernels/scale_and_check.hpp"
+#include "lathe/kernels/info.h"
+#include "lathe/kernels/scale_and_check.h"
 
 using Clock = std::chrono::steady_clock;
 

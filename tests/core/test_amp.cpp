@@ -7,7 +7,8 @@
 
 #include "lathe/core/error.h"
 #include "lathe/core/store.h"
-#include "lathe/core/training.h"
+#include "lathe/core/record.h"
+#include "lathe/core/trainer.h"
 #include "temp_dir.h"
 
 using namespace lathe::core;
@@ -40,7 +41,7 @@ TEST_CASE("the dynamic loss scale follows GradScaler's rule step by step", "[amp
     spec.lossScaleGrowthInterval = 3;
     spec.injectNonfinite = {2, 5, 6, 12, 30};
     const auto rec = trainAndRecord(store, spec, {});
-    REQUIRE(rec.result.status == "completed");
+    REQUIRE(rec.result.status == lathe::core::RunStatus::Completed);
 
     const auto scales = values(store, rec.runId, "amp/loss_scale");
     const auto skipped = values(store, rec.runId, "amp/skipped");
@@ -76,7 +77,7 @@ TEST_CASE("a static loss scale stays put and still skips non-finite steps", "[am
     spec.lossScale = "static:128";
     spec.injectNonfinite = {4};
     const auto rec = trainAndRecord(store, spec, {});
-    REQUIRE(rec.result.status == "completed");
+    REQUIRE(rec.result.status == lathe::core::RunStatus::Completed);
     for (double s : values(store, rec.runId, "amp/loss_scale")) CHECK(s == 128);
     const auto skipped = values(store, rec.runId, "amp/skipped");
     CHECK(skipped[3] == 1.0);
@@ -141,10 +142,10 @@ TEST_CASE("the loss scaler's state survives a checkpoint and resume", "[amp]") {
     const auto partial = trainAndRecord(store, spec, first, [&](const Event& e) {
         if (e.type == Event::Type::Checkpoint && e.value == 1) stop = true;
     });
-    REQUIRE(partial.result.status == "stopped");
+    REQUIRE(partial.result.status == lathe::core::RunStatus::Stopped);
     RecordOptions again;
     again.resumeRunId = partial.runId;
-    REQUIRE(trainAndRecord(store, spec, again).result.status == "completed");
+    REQUIRE(trainAndRecord(store, spec, again).result.status == lathe::core::RunStatus::Completed);
     CHECK(values(store, partial.runId, "amp/loss_scale") == values(store, straight.runId, "amp/loss_scale"));
     CHECK(values(store, partial.runId, "amp/skipped") == values(store, straight.runId, "amp/skipped"));
 }
@@ -156,7 +157,7 @@ TEST_CASE("bf16 autocast trains on the CPU, fp16 without a GPU is refused with a
     spec.epochs = 5;
     spec.precision = "bf16";
     const auto rec = trainAndRecord(store, spec, {});
-    REQUIRE(rec.result.status == "completed");
+    REQUIRE(rec.result.status == lathe::core::RunStatus::Completed);
     CHECK(rec.result.finalMetrics.at("val/accuracy") > 0.85);
     CHECK(rec.result.finalMetrics.count("amp/loss_scale") == 0);  // auto: no scaling for bf16
     // bf16 rounds activations: close to fp32, not equal.
@@ -186,7 +187,7 @@ TEST_CASE("activation checkpointing gives the same gradients and saves activatio
         const auto plain = trainAndRecord(store, spec, {});
         spec.activationCheckpointing = true;
         const auto ckpt = trainAndRecord(store, spec, {});
-        REQUIRE(ckpt.result.status == "completed");
+        REQUIRE(ckpt.result.status == lathe::core::RunStatus::Completed);
         // Recomputation is the same arithmetic: identical gradient norms and losses.
         CHECK(values(store, ckpt.runId, "train/grad_norm") == values(store, plain.runId, "train/grad_norm"));
         CHECK(values(store, ckpt.runId, "val/loss") == values(store, plain.runId, "val/loss"));
@@ -216,7 +217,7 @@ TEST_CASE("a scale saved without dynamic scaling does not become a dynamic run's
     resumed.lossScale = "dynamic";
     RecordOptions again;
     again.resumeRunId = first.runId;
-    REQUIRE(trainAndRecord(store, resumed, again).result.status == "completed");
+    REQUIRE(trainAndRecord(store, resumed, again).result.status == lathe::core::RunStatus::Completed);
     const auto scales = values(store, first.runId, "amp/loss_scale");
     REQUIRE_FALSE(scales.empty());
     CHECK(scales.front() == 65536);
@@ -230,6 +231,6 @@ TEST_CASE("a static scale that overflows every step fails the run instead of ski
     spec.lossScale = "static:1024";
     for (int64_t step = 1; step <= 138; ++step) spec.injectNonfinite.push_back(step);  // every step overflows
     const auto rec = trainAndRecord(store, spec, {});
-    CHECK(rec.result.status == "failed");
+    CHECK(rec.result.status == lathe::core::RunStatus::Failed);
     CHECK_THAT(rec.result.error, Catch::Contains("100 steps in a row") && Catch::Contains("static"));
 }

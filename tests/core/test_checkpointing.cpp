@@ -4,7 +4,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "models.h"
+#include "training/zoo.h"
 
 using namespace lathe::core;
 

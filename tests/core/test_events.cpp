@@ -10,7 +10,7 @@ using namespace lathe::core;
 
 TEST_CASE("events round-trip through their JSON lines", "[events]") {
     for (const Event& e : {Event::metric("val/accuracy", 42, 0.97), Event::log("warn", "a \"quoted\"\nline"),
-                           Event::status("running"), Event::error("boom"),
+                           Event::status(lathe::core::RunStatus::Running), Event::error("boom"),
                            Event::checkpoint("/tmp/x.ckpt", std::string(64, 'a'), 230, 10)}) {
         const std::string line = encodeEvent(e);
         CHECK(line.find('\n') == std::string::npos);
@@ -46,7 +46,7 @@ TEST_CASE("bad records are rejected with a clear message", "[events]") {
 
 TEST_CASE("a stream reader names the line of a bad record", "[events]") {
     std::stringstream in;
-    in << encodeEvent(Event::status("running")) << "\n\n" << encodeEvent(Event::metric("a", 1, 2)) << "\n{oops\n";
+    in << encodeEvent(Event::status(lathe::core::RunStatus::Running)) << "\n\n" << encodeEvent(Event::metric("a", 1, 2)) << "\n{oops\n";
     int seen = 0;
     CHECK_THROWS_WITH(readEventStream(in, [&](const Event&) { ++seen; }), Catch::Contains("line 4"));
     CHECK(seen == 2);
@@ -68,15 +68,29 @@ TEST_CASE("fields of the wrong type are stream errors, not crashes", "[events]")
 
 TEST_CASE("a line longer than any record is refused without being read whole", "[events]") {
     std::stringstream in;
-    in << encodeEvent(Event::status("running")) << "\n" << std::string(kMaxEventLine + 10, 'x') << "\n";
+    in << encodeEvent(Event::status(lathe::core::RunStatus::Running)) << "\n" << std::string(kMaxEventLine + 10, 'x') << "\n";
     int seen = 0;
     CHECK_THROWS_WITH(readEventStream(in, [&](const Event&) { ++seen; }),
                       Catch::Contains("line 2") && Catch::Contains("longer than 16 MiB"));
     CHECK(seen == 1);
     // A last line without its newline is still a line.
-    std::stringstream tail(encodeEvent(Event::status("running")));
+    std::stringstream tail(encodeEvent(Event::status(lathe::core::RunStatus::Running)));
     std::string line;
     CHECK(readEventLine(tail, line));
     CHECK_FALSE(line.empty());
     CHECK_FALSE(readEventLine(tail, line));
+}
+
+TEST_CASE("run statuses have one name each, and a stream may report only a worker's", "[events]") {
+    using lathe::core::RunStatus;
+    for (auto s : {RunStatus::Created, RunStatus::Running, RunStatus::Completed, RunStatus::Stopped, RunStatus::Failed,
+                   RunStatus::Interrupted})
+        CHECK(lathe::core::runStatusFromString(lathe::core::toString(s)) == s);
+    CHECK_FALSE(lathe::core::runStatusFromString("paused").has_value());
+    CHECK_FALSE(lathe::core::runStatusFromString("").has_value());
+    CHECK(decodeEvent(encodeEvent(Event::status(RunStatus::Stopped))).text == "stopped");
+    CHECK_THROWS_WITH(decodeEvent(R"({"v":2,"type":"status","status":"paused"})"),
+                      Catch::Contains("unknown run status"));
+    // Interrupted is what readers infer from a dead recorder, never what a worker says.
+    CHECK_THROWS_AS(decodeEvent(R"({"v":2,"type":"status","status":"interrupted"})"), EventStreamError);
 }

@@ -7,7 +7,9 @@
 #include <random>
 
 #include "lathe/core/error.h"
+#include "lathe/core/http_client.h"
 #include "lathe/core/monitor.h"
+#include "lathe/core/scraper.h"
 
 using namespace lathe::core;
 

@@ -9,9 +9,10 @@
 #include <atomic>
 
 #include "lathe/core/error.h"
-#include "lathe/core/profile.h"
+#include "lathe/core/profile_analysis.h"
 #include "lathe/core/store.h"
-#include "lathe/core/training.h"
+#include "lathe/core/record.h"
+#include "lathe/core/trainer.h"
 #include "temp_dir.h"
 
 using namespace lathe::core;
@@ -125,7 +126,7 @@ TEST_CASE("a profiled run stores op spans and phases by schedule, and its trace 
     spec.profileActive = 4;
     spec.profileRepeat = 2;
     const auto rec = trainAndRecord(store, spec, {});
-    REQUIRE(rec.result.status == "completed");
+    REQUIRE(rec.result.status == lathe::core::RunStatus::Completed);
     const auto spans = store.profileSpans(rec.runId);
     REQUIRE(store.profileSpanCount(rec.runId) == static_cast<int64_t>(spans.size()));
     std::set<int64_t> steps;
@@ -211,10 +212,10 @@ TEST_CASE("a resumed profiled run replaces the replayed steps' spans instead of 
         if (e.type == Event::Type::Checkpoint) stop = true;  // after epoch 1 (23 steps)
         if (e.type == Event::Type::Metric && e.key == "train/grad_norm") seenSteps = e.step;
     });
-    REQUIRE(partial.result.status == "stopped");
+    REQUIRE(partial.result.status == lathe::core::RunStatus::Stopped);
     RecordOptions again;
     again.resumeRunId = partial.runId;
-    REQUIRE(trainAndRecord(store, spec, again).result.status == "completed");
+    REQUIRE(trainAndRecord(store, spec, again).result.status == lathe::core::RunStatus::Completed);
     const auto phases = phasesByStep(store.profileSpans(partial.runId));
     REQUIRE(phases.size() == 46);
     for (const auto& p : phases) {

@@ -11,7 +11,9 @@
 #include <thread>
 
 #include "lathe/core/error.h"
+#include "lathe/core/http_client.h"
 #include "lathe/core/monitor.h"
+#include "lathe/core/scraper.h"
 #include "lathe/core/registry.h"
 #include "temp_dir.h"
 

@@ -1,6 +1,11 @@
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <filesystem>
 #include <catch2/catch.hpp>
 #include <thread>
 
@@ -36,12 +41,12 @@ TEST_CASE("a new workspace gets the current schema and keeps what is written", "
         Store s(path);
         CHECK(s.schemaVersion() == Store::kSchemaVersion);
         id = newRun(s, "it's \"quoted\"; DROP TABLE runs; --");
-        s.setRunStatus(id, "running");
+        s.setRunStatus(id, lathe::core::RunStatus::Running);
         for (int i = 0; i < 1000; ++i) s.appendMetric(id, "train/loss", i, 1.0 * i, 1.0 / (i + 1));
         s.appendMetric(id, "val/accuracy", 999, 1.0, 0.97);
         s.appendLog(id, 1.0, "info", "hello");
         s.addArtifact(id, "checkpoint", "/x/last.ckpt", std::string(64, 'f'));
-        s.setRunStatus(id, "completed");
+        s.setRunStatus(id, lathe::core::RunStatus::Completed);
         s.flush();
     }
     Store s(path);  // reopen: everything is still there
@@ -49,7 +54,7 @@ TEST_CASE("a new workspace gets the current schema and keeps what is written", "
     REQUIRE(run);
     CHECK(run->name == "it's \"quoted\"; DROP TABLE runs; --");  // bound parameters, stored literally
     CHECK(run->experiment == "exp");
-    CHECK(run->status == "completed");
+    CHECK(run->status == lathe::core::RunStatus::Completed);
     CHECK(run->startedAt > 0);
     CHECK(run->endedAt >= run->startedAt);
     CHECK(s.params(id).at("lr") == "0.001");
@@ -70,8 +75,8 @@ TEST_CASE("an empty run name is generated and failures keep their error", "[stor
     TempDir dir;
     Store s(dir.file("lathe.db"));
     const auto id = newRun(s, "");
-    s.setRunStatus(id, "running");
-    s.setRunStatus(id, "failed", "data file missing");
+    s.setRunStatus(id, lathe::core::RunStatus::Running);
+    s.setRunStatus(id, lathe::core::RunStatus::Failed, "data file missing");
     s.flush();
     CHECK(s.run(id)->name == "run-" + std::to_string(id));
     CHECK(s.run(id)->error == "data file missing");
@@ -96,7 +101,7 @@ TEST_CASE("a write for a missing run is reported by flush and loses nothing else
     Store s(dir.file("lathe.db"));
     const auto id = newRun(s);
     s.appendMetric(id, "k", 1, 0, 1);
-    s.setRunStatus(id + 100, "completed");
+    s.setRunStatus(id + 100, lathe::core::RunStatus::Completed);
     s.appendMetric(id, "k", 2, 0, 2);
     CHECK_THROWS_AS(s.flush(), StoreError);
     CHECK(s.metrics(id, "k").size() == 2);
@@ -204,7 +209,8 @@ TEST_CASE("a schema-1 workspace is migrated forward and keeps its runs", "[store
     // Turn it back into what Lathe 0.1 with schema 1 wrote.
     sqlExec(path,
             "DROP TABLE profile_spans; DROP TABLE models; DROP TABLE model_versions; DROP TABLE model_aliases; "
-            "DROP TABLE deployments; DROP TABLE serving_metrics; DROP TABLE alerts; PRAGMA user_version = 1;");
+            "DROP TABLE deployments; DROP TABLE serving_metrics; DROP TABLE alerts; DROP TABLE workspace; "
+            "PRAGMA user_version = 1;");
     Store s(path);
     CHECK(s.schemaVersion() == Store::kSchemaVersion);
     CHECK(s.run(id)->name == "from-v1");
@@ -215,4 +221,69 @@ TEST_CASE("a schema-1 workspace is migrated forward and keeps its runs", "[store
     s.appendSpan(id, span);
     s.flush();
     CHECK(s.profileSpanCount(id) == 1);
+}
+
+TEST_CASE("a running run whose recorder is gone reads as interrupted", "[store]") {
+    TempDir dir;
+    Store s(dir.file("lathe.db"));
+    const auto id = newRun(s);
+    s.setRunStatus(id, lathe::core::RunStatus::Running);
+    s.flush();
+    // Nobody holds the run's lock (its process was killed): interrupted, in run() and listRuns().
+    CHECK(s.run(id)->status == lathe::core::RunStatus::Interrupted);
+    CHECK(s.listRuns().front().status == lathe::core::RunStatus::Interrupted);
+    // A live recorder holds an exclusive flock on runLockPath (training/record.cpp).
+    std::filesystem::create_directories(std::filesystem::path(s.runLockPath(id)).parent_path());
+    const int fd = ::open(s.runLockPath(id).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    REQUIRE(fd >= 0);
+    REQUIRE(::flock(fd, LOCK_EX | LOCK_NB) == 0);
+    CHECK(s.run(id)->status == lathe::core::RunStatus::Running);
+    CHECK(s.listRuns().front().status == lathe::core::RunStatus::Running);
+    ::close(fd);
+    CHECK(s.run(id)->status == lathe::core::RunStatus::Interrupted);
+    // Only "running" is ever reinterpreted.
+    s.setRunStatus(id, lathe::core::RunStatus::Completed);
+    s.flush();
+    CHECK(s.run(id)->status == lathe::core::RunStatus::Completed);
+}
+
+TEST_CASE("a full disk fails the writes loudly after retries and loses nothing committed", "[store]") {
+    TempDir dir;
+    const auto path = dir.file("lathe.db");
+    Store s(path);
+    const auto id = newRun(s);
+    s.appendMetric(id, "k", 0, 0, 0);
+    s.flush();
+    int64_t pages = 0;
+    {
+        sqlite3* db = nullptr;
+        REQUIRE(sqlite3_open(path.c_str(), &db) == SQLITE_OK);
+        sqlite3_stmt* st = nullptr;
+        REQUIRE(sqlite3_prepare_v2(db, "PRAGMA page_count", -1, &st, nullptr) == SQLITE_OK);
+        REQUIRE(sqlite3_step(st) == SQLITE_ROW);
+        pages = sqlite3_column_int64(st, 0);
+        sqlite3_finalize(st);
+        sqlite3_close(db);
+    }
+    REQUIRE(pages > 0);
+    s.setMaxPages(pages);  // the disk is "full": nothing may grow the file
+    // A record that needs many new pages, and points after it.
+    s.appendLog(id, 0, "info", std::string(1 << 20, 'x'));
+    for (int i = 1; i <= 1000; ++i) s.appendMetric(id, "k", i, 0, i);
+    // The writer retries the batch, then gives it up and says so before anyone flushes.
+    for (int i = 0; i < 200 && !s.writeFailed(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CHECK(s.writeFailed());
+    CHECK_THROWS_WITH(s.flush(), Catch::Contains("could not be written after 5 attempts") &&
+                                     Catch::Contains("full") && Catch::Contains(path));
+    CHECK_FALSE(s.writeFailed());
+    // What was committed stays, and the batch that failed left nothing of itself behind (it was
+    // not continued record by record once SQLite had rolled it back).
+    CHECK(s.logs(id).empty());
+    const auto kept = s.metrics(id, "k").size();
+    CHECK(kept >= 1);
+    // Space again: the same store writes on.
+    s.setMaxPages(1 << 30);
+    s.appendMetric(id, "k", 5000, 0, 1);
+    s.flush();
+    CHECK(s.metrics(id, "k").size() == kept + 1);
 }

@@ -1,3 +1,5 @@
+#include <sqlite3.h>
+
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <filesystem>
@@ -6,13 +8,27 @@
 #include "lathe/core/checkpoint.h"
 #include "lathe/core/error.h"
 #include "lathe/core/store.h"
-#include "lathe/core/training.h"
+#include "lathe/core/record.h"
+#include "lathe/core/trainer.h"
 #include "temp_dir.h"
 
 using namespace lathe::core;
 using lathe::test::TempDir;
 
 namespace {
+
+// The workspace's size in pages as another connection sees it (WAL included).
+int64_t pageCount(const std::string& path) {
+    sqlite3* db = nullptr;
+    REQUIRE(sqlite3_open(path.c_str(), &db) == SQLITE_OK);
+    sqlite3_stmt* st = nullptr;
+    REQUIRE(sqlite3_prepare_v2(db, "PRAGMA page_count", -1, &st, nullptr) == SQLITE_OK);
+    REQUIRE(sqlite3_step(st) == SQLITE_ROW);
+    const int64_t pages = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return pages;
+}
 
 std::vector<double> values(const Store& s, int64_t run, const std::string& key) {
     std::vector<double> out;
@@ -27,7 +43,7 @@ TEST_CASE("the default MLP learns digits to at least 95% validation accuracy", "
     Store store(dir.file("lathe.db"));
     std::vector<Event> events;
     const auto rec = trainAndRecord(store, RunSpec{}, {}, [&](const Event& e) { events.push_back(e); });
-    REQUIRE(rec.result.status == "completed");
+    REQUIRE(rec.result.status == lathe::core::RunStatus::Completed);
     CHECK(rec.result.epochsDone == 20);
     CHECK(rec.result.finalMetrics.at("val/accuracy") >= 0.95);
     for (const char* key : {"train/loss", "train/accuracy", "val/loss", "val/accuracy", "perf/samples_per_s", "perf/step_ms"})
@@ -35,7 +51,7 @@ TEST_CASE("the default MLP learns digits to at least 95% validation accuracy", "
     const auto loss = values(store, rec.runId, "val/loss");
     CHECK(loss.back() < loss.front() / 5);
     const auto run = store.run(rec.runId);
-    CHECK(run->status == "completed");
+    CHECK(run->status == lathe::core::RunStatus::Completed);
     // The observer saw the same stream the store recorded, starting with "running".
     REQUIRE_FALSE(events.empty());
     CHECK(events.front().type == Event::Type::Status);
@@ -68,7 +84,7 @@ TEST_CASE("the cnn and the other optimizers and schedules train", "[trainer]") {
         spec.minLr = 1e-5;
     }
     const auto rec = trainAndRecord(store, spec, {});
-    REQUIRE(rec.result.status == "completed");
+    REQUIRE(rec.result.status == lathe::core::RunStatus::Completed);
     const auto loss = values(store, rec.runId, "val/loss");
     REQUIRE(loss.size() == 3);
     CHECK(loss.back() < loss.front());
@@ -99,7 +115,7 @@ TEST_CASE("resuming from a checkpoint continues exactly where the run stopped", 
     spec.epochs = 6;
     spec.threads = 1;
     const auto straight = trainAndRecord(store, spec, {});
-    REQUIRE(straight.result.status == "completed");
+    REQUIRE(straight.result.status == lathe::core::RunStatus::Completed);
 
     // Stop after the third epoch's checkpoint, then resume the same run.
     std::atomic<bool> stop{false};
@@ -108,13 +124,13 @@ TEST_CASE("resuming from a checkpoint continues exactly where the run stopped", 
     const auto partial = trainAndRecord(store, spec, first, [&](const Event& e) {
         if (e.type == Event::Type::Checkpoint && e.value == 3) stop = true;
     });
-    REQUIRE(partial.result.status == "stopped");
-    CHECK(store.run(partial.runId)->status == "stopped");
+    REQUIRE(partial.result.status == lathe::core::RunStatus::Stopped);
+    CHECK(store.run(partial.runId)->status == lathe::core::RunStatus::Stopped);
     RecordOptions again;
     again.resumeRunId = partial.runId;
     const auto resumed = trainAndRecord(store, spec, again);
     REQUIRE(resumed.runId == partial.runId);
-    REQUIRE(resumed.result.status == "completed");
+    REQUIRE(resumed.result.status == lathe::core::RunStatus::Completed);
     CHECK(resumed.result.epochsDone == 6);
 
     for (const char* key : {"train/loss", "val/loss", "val/accuracy", "train/accuracy"}) {
@@ -143,7 +159,7 @@ TEST_CASE("a corrupt checkpoint is refused and the run's history is kept", "[tra
     again.resumeRunId = rec.runId;
     CHECK_THROWS_AS(trainAndRecord(store, spec, again), CheckpointError);
     CHECK(store.metrics(rec.runId, "train/loss").size() == pointsBefore);
-    CHECK(store.run(rec.runId)->status == "completed");  // the failed resume changed nothing
+    CHECK(store.run(rec.runId)->status == lathe::core::RunStatus::Completed);  // the failed resume changed nothing
     // Truncation is named as such.
     std::filesystem::resize_file(ckpt, std::filesystem::file_size(ckpt) / 2);
     CHECK_THROWS_WITH(readCheckpointInfo(ckpt), Catch::Contains("truncated"));
@@ -157,10 +173,10 @@ TEST_CASE("a run that cannot start is recorded as failed with its error", "[trai
     RunSpec spec;
     spec.data = "csv:" + dir.file("missing.csv");
     const auto rec = trainAndRecord(store, spec, {});
-    CHECK(rec.result.status == "failed");
+    CHECK(rec.result.status == lathe::core::RunStatus::Failed);
     CHECK_THAT(rec.result.error, Catch::Contains("does not exist"));
     const auto run = store.run(rec.runId);
-    CHECK(run->status == "failed");
+    CHECK(run->status == lathe::core::RunStatus::Failed);
     CHECK_THAT(run->error, Catch::Contains("missing.csv"));
     // An invalid spec is refused before any run is created.
     spec = RunSpec{};
@@ -182,7 +198,7 @@ TEST_CASE("a resume that does not fit the checkpoint leaves the run as it was", 
     RecordOptions again;
     again.resumeRunId = rec.runId;
     CHECK_THROWS_WITH(trainAndRecord(store, other, again), Catch::Contains("does not fit"));
-    CHECK(store.run(rec.runId)->status == "completed");
+    CHECK(store.run(rec.runId)->status == lathe::core::RunStatus::Completed);
     CHECK(store.metrics(rec.runId, "train/loss").size() == before);
     CHECK_THAT(store.logs(rec.runId).back().text, Catch::Contains("resume failed"));
     // Settings that shape the trajectory are named and refused even where the tensors would fit.
@@ -192,13 +208,13 @@ TEST_CASE("a resume that does not fit the checkpoint leaves the run as it was", 
     other.batch = 16;
     CHECK_THROWS_WITH(trainAndRecord(store, other, again),
                       Catch::Contains("`batch` 64 -> 16") && Catch::Contains("`lr`") && Catch::Contains("Start a new run"));
-    CHECK(store.run(rec.runId)->status == "completed");
+    CHECK(store.run(rec.runId)->status == lathe::core::RunStatus::Completed);
     CHECK(store.metrics(rec.runId, "train/loss").size() == before);
 
     // A resume with more epochs records the new config.
     spec.epochs = 3;
     const auto resumed = trainAndRecord(store, spec, again);
-    CHECK(resumed.result.status == "completed");
+    CHECK(resumed.result.status == lathe::core::RunStatus::Completed);
     CHECK(store.params(rec.runId).at("epochs") == "3");
     CHECK(parseRunSpec(store.run(rec.runId)->config).epochs == 3);
 }
@@ -249,19 +265,72 @@ TEST_CASE("a run is trained by one process at a time, and resumes from a checkpo
         stop = true;
     });
     CHECK_THAT(refused, Catch::Contains("is being trained by another process"));
-    REQUIRE(partial.result.status == "stopped");
+    REQUIRE(partial.result.status == lathe::core::RunStatus::Stopped);
 
-    // The process was killed after it wrote a newer checkpoint but before the workspace recorded
-    // it: here, the checkpoint of another run with the same settings, two epochs further.
+    // Another run's checkpoint with the same settings in its place is not one of its own: refused.
     const auto other = trainAndRecord(store, spec, {});
     const auto ckpt = store.artifacts(partial.runId).back().path;
+    const auto saved = lathe::test::readFile(ckpt);
     std::filesystem::copy_file(store.artifacts(other.runId).back().path, ckpt,
                                std::filesystem::copy_options::overwrite_existing);
+    {
+        RecordOptions again;
+        again.resumeRunId = partial.runId;
+        CHECK_THROWS_WITH(trainAndRecord(store, spec, again), Catch::Contains("belongs to run " + std::to_string(other.runId)));
+    }
+    lathe::test::writeFile(ckpt, saved);
+    // The process was killed after it wrote a newer checkpoint but before the workspace recorded
+    // it: the run trained on from its checkpoint, its events recorded nowhere.
+    {
+        TrainOptions unrecorded;
+        unrecorded.checkpointDir = store.artifactDir(partial.runId);
+        unrecorded.resumeFrom = ckpt;
+        unrecorded.owner = {store.workspaceId(), partial.runId};
+        REQUIRE(train(spec, unrecorded, {}).status == lathe::core::RunStatus::Completed);
+        REQUIRE(readCheckpointInfo(ckpt).epoch == 3);
+    }
     RecordOptions again;
     again.resumeRunId = partial.runId;
     const auto resumed = trainAndRecord(store, spec, again);
-    CHECK(resumed.result.status == "completed");
+    CHECK(resumed.result.status == lathe::core::RunStatus::Completed);
     bool noted = false;
     for (const auto& l : store.logs(partial.runId)) noted |= l.text.find("newer than the one recorded") != std::string::npos;
     CHECK(noted);
+}
+
+TEST_CASE("a workspace that cannot be written stops the run with the store's error", "[trainer]") {
+    TempDir dir;
+    const auto path = dir.file("lathe.db");
+    Store store(path);
+    RunSpec spec;
+    spec.epochs = 400;
+    RecordOptions options;
+    // Once the run exists, the disk is "full": the file may not grow by a single page.
+    options.onRunCreated = [&](int64_t) {
+        store.flush();
+        store.setMaxPages(pageCount(path));
+    };
+    int64_t epochsSeen = 0;
+    // Either the run is failed with the store's error (when the few records saying so still fit),
+    // or, when not even those can be written, trainAndRecord throws it: never "completed".
+    RunStatus status = RunStatus::Completed;
+    std::string error;
+    try {
+        const auto rec = trainAndRecord(store, spec, options, [&](const Event& e) {
+            if (e.type == Event::Type::Metric && e.key == "train/epoch") ++epochsSeen;
+        });
+        status = rec.result.status;
+        error = rec.result.error;
+    } catch (const StoreError& ex) {
+        status = RunStatus::Failed;
+        error = ex.what();
+    }
+    CHECK(status == RunStatus::Failed);
+    CHECK_THAT(error, Catch::Contains("could not be written") && Catch::Contains("full"));
+    // Training stopped soon after the writer gave up, instead of running all 400 epochs unrecorded.
+    CHECK(epochsSeen < 400);
+    store.setMaxPages(1 << 30);
+    const auto runs = store.listRuns();
+    REQUIRE(runs.size() == 1);
+    CHECK(runs.front().status != lathe::core::RunStatus::Completed);
 }

@@ -8,7 +8,7 @@
 #include "lathe/core/error.h"
 #include "lathe/core/model_artifact.h"
 #include "lathe/core/registry.h"
-#include "lathe/core/serving.h"
+#include "lathe/core/server.h"
 #include "temp_dir.h"
 
 using namespace lathe;

@@ -3,7 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lathe/core/store.h"
-#include "lathe/core/training.h"
+#include "lathe/core/trainer.h"
 #include "run_process.h"
 
 using lathe::test::binPath;
@@ -106,7 +106,7 @@ TEST_CASE("a run that fails exits with 1 and is recorded as failed", "[cli]") {
     CHECK(j.at("status") == "failed");
     CHECK_THAT(j.at("error").get<std::string>(), Catch::Contains("does not exist"));
     lathe::core::Store store(db);
-    CHECK(store.run(j.at("run_id").get<int64_t>())->status == "failed");
+    CHECK(store.run(j.at("run_id").get<int64_t>())->status == lathe::core::RunStatus::Failed);
 }
 
 TEST_CASE("a foreign --db file is refused with exit code 2 and left untouched", "[cli]") {
@@ -152,7 +152,7 @@ TEST_CASE("Ctrl+C stops the run cleanly and records it as stopped", "[cli]") {
     CHECK(r.exitCode == 130);
     CHECK(json::parse(r.out).at("status") == "stopped");
     lathe::core::Store store(db);
-    CHECK(store.run(1)->status == "stopped");
+    CHECK(store.run(1)->status == lathe::core::RunStatus::Stopped);
 }
 
 TEST_CASE("lathectl worker writes the event stream and ingest records it", "[cli][events]") {
@@ -175,7 +175,7 @@ TEST_CASE("lathectl worker writes the event stream and ingest records it", "[cli
     CHECK_THAT(cut.out, Catch::Contains("ended before the run finished"));
     const auto runs = store.listRuns();
     REQUIRE(runs.size() == 2);
-    CHECK(runs.front().status == "failed");
+    CHECK(runs.front().status == lathe::core::RunStatus::Failed);
     // run, status, log, then one train/grad_norm point per step: all three that arrived are kept.
     CHECK(store.metrics(runs.front().id, "train/grad_norm").size() == 3);
 
@@ -187,7 +187,7 @@ TEST_CASE("lathectl worker writes the event stream and ingest records it", "[cli
     const auto failed = runShell(lathectl("ingest " + dir.file("failed.ndjson") + " --json --db " + db));
     CHECK(failed.exitCode == 1);
     const auto failedRun = store.run(json::parse(failed.out).at("run_id").get<int64_t>());
-    CHECK(failedRun->status == "failed");
+    CHECK(failedRun->status == lathe::core::RunStatus::Failed);
     CHECK(failedRun->error == "loss became nan");
     // Two streams glued together are not merged into one run: the second is refused by line.
     const auto glued = runShell("(" + lathectl("worker --epochs 1 --data synthetic:spirals") + "; " +
@@ -256,4 +256,108 @@ TEST_CASE("mixed-precision flags: bf16 runs, fp16 without a GPU exits 2 suggesti
     const auto unscaled = runShell(lathectl("train --inject-nonfinite 3" + db));
     CHECK(unscaled.exitCode == 2);
     CHECK_THAT(unscaled.err, Catch::Contains("`inject_nonfinite` needs loss scaling"));
+}
+
+// ---- command-line manners: help, "did you mean", completion ---------------------------------
+
+namespace {
+
+std::string completions(const std::string& words) {
+    const auto r = runShell(lathectl("__complete " + words));
+    CHECK(r.exitCode == 0);
+    CHECK(r.err.empty());
+    return r.out;
+}
+
+}  // namespace
+
+TEST_CASE("lathectl alone prints its help and exits 0", "[cli][manners]") {
+    const auto r = runShell(binPath("lathectl"));
+    CHECK(r.exitCode == 0);
+    CHECK(r.err.empty());
+    CHECK_THAT(r.out, Catch::Contains("Usage:") && Catch::Contains("train") && Catch::Contains("models"));
+    CHECK_THAT(r.out, !Catch::Contains("__complete"));  // the completion helper is hidden
+}
+
+TEST_CASE("an unknown command or flag names the nearest ones and exits 2", "[cli][manners]") {
+    auto usage = [](const std::string& args) {
+        const auto r = runShell(lathectl(args));
+        CHECK(r.exitCode == 2);
+        CHECK(r.out.empty());
+        return r.err;
+    };
+    const auto command = usage("trian");
+    CHECK_THAT(command, Catch::StartsWith("lathectl: error: unknown command 'trian'") &&
+                            Catch::Contains("\nThe most similar command is\n    train\n"));
+    CHECK_THAT(usage("train --epohcs 3"), Catch::Contains("unknown option '--epohcs' for 'lathectl train'") &&
+                                              Catch::Contains("The most similar option is\n    --epochs\n"));
+    CHECK_THAT(usage("train --epohcs=3"), Catch::Contains("    --epochs\n"));
+    // Nested commands and their flags.
+    CHECK_THAT(usage("runs lst"), Catch::Contains("unknown command 'lst' for 'lathectl runs'") &&
+                                      Catch::Contains("The most similar command is\n    list\n"));
+    CHECK_THAT(usage("models register x --rn 3"), Catch::Contains("The most similar option is\n    --run\n"));
+    // Equally near ones are all named.
+    CHECK_THAT(usage("deplo"), Catch::Contains("The most similar commands are\n    deploy\n    deployments\n"));
+    // Nothing near: the one line.
+    const auto far = usage("xyzzy");
+    CHECK_THAT(far, Catch::Contains("unknown command 'xyzzy'"));
+    CHECK(std::count(far.begin(), far.end(), '\n') == 1);
+}
+
+TEST_CASE("lathectl __complete prints commands, flags, run ids and model names", "[cli][completion]") {
+    TempDir dir;
+    const auto db = dir.file("l.db");
+
+    const auto commands = completions("''");
+    CHECK_THAT(commands, Catch::StartsWith("train\n") && Catch::Contains("\nruns\n") && Catch::Contains("\nmodels\n") &&
+                             Catch::Contains("\ndeploy\n"));
+    CHECK_THAT(commands, !Catch::Contains("__complete") && !Catch::Contains("--"));
+    CHECK(completions("tr") == "train\n");
+    CHECK(completions("runs ''") == "list\nshow\n");
+    const auto flags = completions("train --ep");
+    CHECK_THAT(flags, Catch::Contains("--epochs\n"));
+    CHECK_THAT(flags, !Catch::Contains("--db") && !Catch::Contains("train"));
+    CHECK_THAT(completions("runs show -"), Catch::Contains("--db\n") && Catch::Contains("--json\n") && Catch::Contains("-h\n"));
+    CHECK(completions("train --optimizer ''") == "sgd\nadam\nadamw\n");
+
+    // Run ids and model names come from the workspace given with --db.
+    REQUIRE(runShell(lathectl("train --epochs 1 -q --db " + db)).exitCode == 0);
+    CHECK(completions("runs show --db " + db + " ''") == "1\n");
+    CHECK(completions("metrics --db " + db + " 1") == "1\n");
+    CHECK(completions("profile --db=" + db + " ''") == "1\n");
+    CHECK(completions("train --db " + db + " --resume ''") == "1\n");
+    CHECK(completions("models register digits --db " + db + " --run ''") == "1\n");
+    CHECK(runShell("LATHE_DB=" + db + " " + lathectl("__complete runs show ''")).out == "1\n");
+    REQUIRE(runShell(lathectl("models register digits --run 1 --db " + db)).exitCode == 0);
+    CHECK(completions("deploy --db " + db + " ''") == "digits\n");
+    CHECK(completions("models show --db " + db + " d") == "digits\n");
+    CHECK(completions("serve --db " + db + " --model ''") == "digits\n");
+    CHECK(completions("deploy --db " + db + " x").empty());
+
+    // A workspace that does not exist is not created by completing, and a foreign file is left
+    // alone: nothing is printed, not even an error.
+    const auto missing = dir.file("none/l.db");
+    CHECK(completions("runs show --db " + missing + " ''").empty());
+    CHECK(completions("deploy --db " + missing + " ''").empty());
+    CHECK_FALSE(std::filesystem::exists(dir.file("none")));
+    lathe::test::writeFile(dir.file("notes.txt"), "shopping list: eggs, flour, milk, and a very long line to look like a file......");
+    CHECK(completions("runs show --db " + dir.file("notes.txt") + " ''").empty());
+    CHECK(lathe::test::readFile(dir.file("notes.txt")).rfind("shopping list", 0) == 0);
+}
+
+TEST_CASE("the bash completion script completes through lathectl", "[cli][completion]") {
+    const std::string bin = LATHE_BIN_DIR;
+    const std::string script = bin + "/../share/bash-completion/completions/lathectl";
+    REQUIRE(std::filesystem::exists(script));
+    auto complete = [&](const std::string& words, int cword) {
+        return runShell("PATH=" + bin + ":$PATH bash --norc --noprofile -c 'source " + script + "; COMP_WORDS=(" + words +
+                        "); COMP_CWORD=" + std::to_string(cword) + "; _lathectl; echo \"${COMPREPLY[@]}\"'");
+    };
+    const auto r = complete("lathectl tr", 1);
+    CHECK(r.exitCode == 0);
+    CHECK(r.out == "train\n");
+    CHECK(complete("lathectl runs \"\"", 2).out == "list show\n");
+    CHECK(complete("lathectl train --epo", 2).out == "--epochs\n");
+    CHECK(runShell("bash --norc --noprofile -c 'source " + script + "; complete -p lathectl'").out ==
+          "complete -o bashdefault -o default -F _lathectl lathectl\n");
 }

@@ -8,10 +8,10 @@
 #include <sstream>
 #include <thread>
 
-#include "lathe/core/distributed.h"
+#include "lathe/core/launcher.h"
 #include "lathe/core/error.h"
 #include "lathe/core/store.h"
-#include "lathe/core/training.h"
+#include "lathe/core/trainer.h"
 #include "run_process.h"
 
 using lathe::test::binPath;
@@ -91,7 +91,7 @@ TEST_CASE("2 ranks with batch 32 each follow 1 rank with batch 64 step by step, 
 TEST_CASE("killing a rank fails the run with that rank's status and leaves no process behind", "[distributed]") {
     TempDir dir;
     const auto db = dir.file("l.db");
-    const auto config = dir.file("artifacts/run-1/config.toml");
+    const auto config = dir.file("l.db-files/artifacts/run-1/config.toml");
     std::thread killer([&] {
         // Wait for both ranks to be training, then kill rank 1 (the second started).
         for (int i = 0; i < 200; ++i) {
@@ -116,7 +116,7 @@ TEST_CASE("killing a rank fails the run with that rank's status and leaves no pr
     CHECK(seconds < 60);
     CHECK(workerPids(config).empty());
     lathe::core::Store store(db);
-    CHECK(store.run(1)->status == "failed");
+    CHECK(store.run(1)->status == lathe::core::RunStatus::Failed);
 }
 
 TEST_CASE("Ctrl+C on a multi-process run stops every rank and records it as stopped", "[distributed]") {
@@ -128,9 +128,9 @@ TEST_CASE("Ctrl+C on a multi-process run stops every rank and records it as stop
                             " 2>/dev/null | grep -q running && break; sleep 0.1; done; sleep 2; kill -INT $pid; wait $pid)");
     CHECK(r.exitCode == 130);
     CHECK(json::parse(r.out).at("status") == "stopped");
-    CHECK(workerPids(dir.file("artifacts/run-1/config.toml")).empty());
+    CHECK(workerPids(dir.file("l.db-files/artifacts/run-1/config.toml")).empty());
     lathe::core::Store store(db);
-    CHECK(store.run(1)->status == "stopped");
+    CHECK(store.run(1)->status == lathe::core::RunStatus::Stopped);
 }
 
 TEST_CASE("the torchrun environment is read and checked", "[distributed]") {
@@ -250,4 +250,36 @@ TEST_CASE("backend = nccl is refused before any worker starts where it cannot ru
     const auto r = runShell(lathectl("train --epochs 1 --nproc 2 --backend nccl -q --db " + dir.file("l.db")));
     CHECK(r.exitCode == 2);
     CHECK_THAT(r.err, Catch::Contains("nccl") && Catch::Contains("backend = \"gloo\""));
+}
+
+TEST_CASE("a resumed compressed run carries its error-feedback residuals and follows the uninterrupted one",
+          "[distributed]") {
+    TempDir dir;
+    const auto db = " --db " + dir.file("l.db");
+    const std::string common =
+        "train --nproc 2 --batch 32 --threads 1 -q --json --compress int8 --error-feedback on --checkpoint-every 1";
+    auto train = [&](const std::string& extra) {
+        const auto r = runShell(lathectl(common + " " + extra + db));
+        INFO(r.err);
+        REQUIRE(r.exitCode == 0);
+        return json::parse(r.out).at("run_id").get<int64_t>();
+    };
+    const auto straight = train("--epochs 4");
+    const auto partial = train("--epochs 2");
+    const auto resumed = runShell(lathectl("train --resume " + std::to_string(partial) + " --epochs 4 -q --json" + db));
+    INFO(resumed.err);
+    REQUIRE(resumed.exitCode == 0);
+    lathe::core::Store store(dir.file("l.db"));
+    // Step by step: the resumed steps (epochs 3 and 4) start from the residuals the first two
+    // epochs left, so they are the uninterrupted run's steps (zeros instead would differ).
+    for (const char* key : {"train/grad_norm", "val/loss"}) {
+        INFO(key);
+        const auto a = values(store, straight, key), b = values(store, partial, key);
+        REQUIRE(a.size() == b.size());
+        REQUIRE(a.size() >= 4);
+        for (size_t i = 0; i < a.size(); ++i) {
+            INFO("point " << i);
+            CHECK(b[i] == Approx(a[i]).epsilon(1e-6));
+        }
+    }
 }

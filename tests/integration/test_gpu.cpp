@@ -6,9 +6,11 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "lathe/core/profile.h"
+#include "lathe/core/http_client.h"
+#include "lathe/core/profile_analysis.h"
 #include "lathe/core/store.h"
-#include "lathe/core/training.h"
+#include "lathe/core/record.h"
+#include "lathe/core/trainer.h"
 #include "run_process.h"
 #include "serving_fixture.h"
 #include "skip.h"
@@ -42,7 +44,7 @@ TEST_CASE("fp16 on a CUDA GPU: the loss scale follows GradScaler's rule and the 
     spec.lossScaleGrowthInterval = 4;
     spec.injectNonfinite = {2, 9, 10, 40};
     const auto rec = core::trainAndRecord(store, spec, {});
-    REQUIRE(rec.result.status == "completed");
+    REQUIRE(rec.result.status == lathe::core::RunStatus::Completed);
     const auto scales = values(store, rec.runId, "amp/loss_scale");
     const auto skipped = values(store, rec.runId, "amp/skipped");
     REQUIRE(scales.size() == skipped.size());
@@ -76,10 +78,10 @@ TEST_CASE("bf16 on a CUDA GPU trains to the fp32 accuracy", "[gpu][amp]") {
     spec.precision = "bf16";
     spec.epochs = 5;
     const auto bf16 = core::trainAndRecord(store, spec, {});
-    REQUIRE(bf16.result.status == "completed");
+    REQUIRE(bf16.result.status == lathe::core::RunStatus::Completed);
     spec.precision = "fp32";
     const auto fp32 = core::trainAndRecord(store, spec, {});
-    REQUIRE(fp32.result.status == "completed");
+    REQUIRE(fp32.result.status == lathe::core::RunStatus::Completed);
     CHECK(bf16.result.finalMetrics.at("val/accuracy") > 0.85);
     CHECK(bf16.result.finalMetrics.at("val/accuracy") ==
           Approx(fp32.result.finalMetrics.at("val/accuracy")).margin(0.05));
@@ -94,7 +96,7 @@ TEST_CASE("a profiled CUDA run times its phases and ops on the device", "[gpu][p
     spec.epochs = 1;
     spec.profile = true;
     const auto rec = core::trainAndRecord(store, spec, {});
-    REQUIRE(rec.result.status == "completed");
+    REQUIRE(rec.result.status == lathe::core::RunStatus::Completed);
     store.flush();
     int phases = 0, timed = 0;
     for (const auto& s : store.profileSpans(rec.runId)) {

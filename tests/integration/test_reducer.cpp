@@ -8,7 +8,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "dist.h"
+#include "distributed/reducer.h"
 
 using namespace lathe::core;
 

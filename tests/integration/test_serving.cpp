@@ -499,7 +499,7 @@ TEST_CASE("hot swap under load: zero failed requests, a failed load keeps the ol
         spec.epochs = 1;
         spec.seed = 11;
         const auto rec = core::trainAndRecord(store, spec, {});
-        REQUIRE(rec.result.status == "completed");
+        REQUIRE(rec.result.status == lathe::core::RunStatus::Completed);
         store.flush();
         core::Registry registry(ws.db());
         REQUIRE(core::registerModel(registry, &store, "digits", rec.runId, "", {}).version == 2);

@@ -1,4 +1,4 @@
-#include "sshd_fixture.hpp"
+#include "sshd_fixture.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -17,10 +17,12 @@
 #include <vector>
 
 #include "lathe/core/model_artifact.h"
+#include "lathe/core/http_client.h"
 #include "lathe/core/registry.h"
-#include "lathe/core/serving.h"
+#include "lathe/core/server.h"
 #include "lathe/core/store.h"
-#include "lathe/core/training.h"
+#include "lathe/core/record.h"
+#include "lathe/core/trainer.h"
 #include "temp_dir.h"
 
 namespace lathe::test {
@@ -36,7 +38,7 @@ public:
         spec.epochs = epochs;
         if (!hidden.empty()) spec.hidden = std::move(hidden);
         const auto rec = core::trainAndRecord(store, spec, {});
-        if (rec.result.status != "completed")
+        if (rec.result.status != lathe::core::RunStatus::Completed)
             throw std::runtime_error("serving fixture: training failed: " + rec.result.error);
         m_runId = rec.runId;
         store.flush();

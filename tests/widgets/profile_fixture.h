@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "lathe/core/profile.h"
+#include "lathe/core/profile_analysis.h"
 #include "lathe/core/store.h"
 
 namespace lathe::test {

@@ -12,10 +12,13 @@
 #include "deploy_session.h"
 #include "lathe/core/deploy.h"
 #include "lathe/core/model_artifact.h"
+#include "lathe/core/http_client.h"
 #include "lathe/core/monitor.h"
+#include "lathe/core/scraper.h"
 #include "lathe/core/registry.h"
 #include "lathe/core/store.h"
-#include "lathe/core/training.h"
+#include "lathe/core/record.h"
+#include "lathe/core/trainer.h"
 #include "lathe/widgets/model_list_model.h"
 #include "lathe/widgets/models_view.h"
 #include "lathe/widgets/qcustomplot_include.h"
@@ -78,7 +81,7 @@ TEST_CASE("End to end: deploy, hot-swap and roll back a trained model from the M
         lathe::core::RunSpec spec;
         spec.epochs = 1;
         const auto rec = lathe::core::trainAndRecord(store, spec, {});
-        REQUIRE(rec.result.status == "completed");
+        REQUIRE(rec.result.status == lathe::core::RunStatus::Completed);
         store.flush();
         lathe::core::Registry registry(path);
         v1 = lathe::core::registerModel(registry, &store, "digits", rec.runId, "", {});

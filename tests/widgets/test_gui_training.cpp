@@ -82,7 +82,7 @@ TEST_CASE("End to end: train from the window, watch live curves, stop, reopen", 
         CHECK(accuracy->pointCount(completedRun, "val/accuracy") == 4);
         CHECK(window->selectedRuns() == std::vector<int64_t>{completedRun});
         REQUIRE(window->runModel()->rowCount() == 1);
-        CHECK(window->runModel()->runById(completedRun)->status == "completed");
+        CHECK(window->runModel()->runById(completedRun)->status == lathe::core::RunStatus::Completed);
         CHECK_FALSE(window->runModel()
                         ->index(0, lathe::widgets::RunListModel::ColValAccuracy)
                         .data()
@@ -113,7 +113,7 @@ TEST_CASE("End to end: train from the window, watch live curves, stop, reopen", 
         QTest::mouseClick(form->stopButton(), Qt::LeftButton);
         REQUIRE(waitUntil([&] { return finished.count() == 1; }, 60000));
         CHECK(finished.at(0).at(1).toString() == "stopped");
-        CHECK(window->runModel()->runById(stoppedRun)->status == "stopped");
+        CHECK(window->runModel()->runById(stoppedRun)->status == lathe::core::RunStatus::Stopped);
 
         // ---- a spec the form would reject, sent anyway: the error is shown ---------------
         lathe::core::RunSpec bad;
@@ -162,5 +162,5 @@ TEST_CASE("Closing the window while training stops and joins", "[widgets][e2e]")
     lathe::core::Store store(db.toStdString());
     const auto run = store.run(id);
     REQUIRE(run);
-    CHECK(run->status == "stopped");
+    CHECK(run->status == lathe::core::RunStatus::Stopped);
 }

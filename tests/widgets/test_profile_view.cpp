@@ -11,7 +11,7 @@
 #include <random>
 #include <set>
 
-#include "lathe/core/profile.h"
+#include "lathe/core/profile_analysis.h"
 #include "lathe/core/store.h"
 #include "lathe/widgets/profile_timeline.h"
 #include "lathe/widgets/profile_view.h"

@@ -16,7 +16,7 @@ RunRecord makeRun(int64_t id, const std::string& status) {
     r.id = id;
     r.name = "run-" + std::to_string(id);
     r.experiment = "default";
-    r.status = status;
+    r.status = lathe::core::runStatusFromString(status).value();
     r.model = "mlp";
     r.data = "digits";
     r.createdAt = 1700000000.0 + double(id);
@@ -87,4 +87,17 @@ TEST_CASE("RunListModel passes the model tester and diffs refreshes", "[widgets]
         CHECK(model.runById(7) != nullptr);
     }
     CHECK(resets.count() == 0);
+}
+
+TEST_CASE("RunListModel shows an interrupted run in its own colour and says how to resume it", "[widgets][model]") {
+    RunListModel model;
+    model.setRuns({makeRun(4, "interrupted"), makeRun(3, "running")});
+    const auto status = model.index(0, RunListModel::ColStatus);
+    CHECK(status.data().toString() == "interrupted");
+    const auto colour = status.data(Qt::ForegroundRole).value<QBrush>().color();
+    CHECK(colour.isValid());
+    CHECK(colour != model.index(1, RunListModel::ColStatus).data(Qt::ForegroundRole).value<QBrush>().color());
+    const auto tip = status.data(Qt::ToolTipRole).toString();
+    CHECK(tip.contains("lathectl train --resume 4"));
+    CHECK_FALSE(model.index(1, RunListModel::ColStatus).data(Qt::ToolTipRole).toString().contains("--resume"));
 }

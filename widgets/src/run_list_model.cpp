@@ -109,11 +109,13 @@ static QString formatTime(double secs) {
         .toString(QStringLiteral("yyyy-MM-dd hh:mm:ss"));
 }
 
-static QColor statusColor(const std::string& status) {
-    if (status == "failed") return QColor(0xc6, 0x28, 0x28);
-    if (status == "running") return QColor(0x15, 0x65, 0xc0);
-    if (status == "completed") return QColor(0x2e, 0x7d, 0x32);
-    if (status == "stopped") return QColor(0xef, 0x6c, 0x00);
+static QColor statusColor(core::RunStatus status) {
+    using S = core::RunStatus;
+    if (status == S::Failed) return QColor(0xc6, 0x28, 0x28);
+    if (status == S::Running) return QColor(0x15, 0x65, 0xc0);
+    if (status == S::Completed) return QColor(0x2e, 0x7d, 0x32);
+    if (status == S::Stopped) return QColor(0xef, 0x6c, 0x00);
+    if (status == S::Interrupted) return QColor(0x6a, 0x1b, 0x9a);
     return {};
 }
 
@@ -134,7 +136,7 @@ QVariant RunListModel::data(const QModelIndex& index, int role) const {
             case ColExperiment:
                 return QString::fromStdString(r.experiment);
             case ColStatus:
-                return QString::fromStdString(r.status);
+                return QString::fromLatin1(core::toString(r.status));
             case ColModel:
                 return QString::fromStdString(r.model);
             case ColData:
@@ -159,7 +161,9 @@ QVariant RunListModel::data(const QModelIndex& index, int role) const {
     if (role == Qt::ToolTipRole) {
         QString tip = QStringLiteral("run %1 · %2\nhost: %3")
                           .arg(r.id)
-                          .arg(QString::fromStdString(r.status), QString::fromStdString(r.host));
+                          .arg(QString::fromLatin1(core::toString(r.status)), QString::fromStdString(r.host));
+        if (r.status == core::RunStatus::Interrupted)
+            tip += QStringLiteral("\n") + QString::fromLatin1(core::kInterruptedHint).replace(QStringLiteral("ID"), QString::number(r.id));
         if (r.startedAt > 0) tip += QStringLiteral("\nstarted: ") + formatTime(r.startedAt);
         if (r.endedAt > 0) tip += QStringLiteral("\nended: ") + formatTime(r.endedAt);
         if (!r.error.empty()) tip += QStringLiteral("\nerror: ") + QString::fromStdString(r.error);

@@ -1,6 +1,6 @@
 #pragma once
-// Torch-free data set parsing: files become plain float/label arrays here, and only
-// datasets.cpp turns them into tensors. Parsers treat files as untrusted input.
+// Torch-free data set parsing: files become plain float/label arrays here, and only the trainer
+// (training/trainer.cpp) turns them into tensors. Parsers treat files as untrusted input.
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -24,9 +24,12 @@
 #include <random>
 #include <thread>
 
-#include "../file_lock.h"
+#include "workspace/file_lock.h"
 #include "lathe/core/events.h"
+#include "lathe/core/http_client.h"
 #include "lathe/core/monitor.h"
+#include "lathe/core/store.h"
+#include "lathe/core/scraper.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -115,7 +118,7 @@ void stopStarted(int64_t pid, const std::string& model, const std::string& token
 // (a start takes seconds).
 FileLock modelLock(const Registry& registry, const std::string& model) {
     checkModelName(model);
-    return FileLock((fs::path(registry.workspacePath()).parent_path() / "deployments" / (model + ".lock")).string(),
+    return FileLock((fs::path(Store::filesDirFor(registry.workspacePath())) / "deployments" / (model + ".lock")).string(),
                     true);
 }
 
@@ -343,7 +346,7 @@ DeployResult deployLocked(Registry& registry, const ModelVersion& v, const Model
     if (pickPort) port = freePort(preferred);
     else if (!portFree(host, port))
         throw Error("port " + std::to_string(port) + " on " + host + " is in use; choose another with --port");
-    const auto dir = fs::path(registry.workspacePath()).parent_path() / "deployments";
+    const auto dir = fs::path(Store::filesDirFor(registry.workspacePath())) / "deployments";
     std::error_code ec;
     fs::create_directories(dir, ec);
     Deployment d;

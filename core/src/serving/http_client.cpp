@@ -17,7 +17,7 @@
 #include <cstdio>
 
 #include "lathe/core/error.h"
-#include "lathe/core/monitor.h"
+#include "lathe/core/http_client.h"
 
 namespace lathe::core {
 

@@ -18,11 +18,12 @@
 #include <variant>
 
 #include "artifact_io.h"
-#include "../checkpoint_io.h"
-#include "../data/raw.h"
-#include "../models.h"
-#include "../sha256.h"
+#include "training/checkpoint_io.h"
+#include "data/raw.h"
+#include "training/zoo.h"
+#include "sha256.h"
 #include "lathe/core/store.h"
+#include "torch_backend.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -228,14 +229,14 @@ torch::jit::Module loadScript(const std::string& path, torch::jit::ExtraFilesMap
 
 }  // namespace
 
-ArtifactInfo exportRunModel(const Store& store, int64_t runId, const std::string& outPath) {
+ArtifactInfo torch_impl::exportRunModel(const Store& store, int64_t runId, const std::string& outPath) {
     const auto run = store.run(runId);
     if (!run) throw NotFoundError("no run " + std::to_string(runId) + " in workspace " + store.path());
     std::string checkpoint;
     for (const auto& a : store.artifacts(runId))
         if (a.kind == "checkpoint") checkpoint = a.path;  // the newest
     if (checkpoint.empty())
-        throw NotFoundError("run " + std::to_string(runId) + " (" + run->status +
+        throw NotFoundError("run " + std::to_string(runId) + " (" + toString(run->status) +
                             ") has no checkpoint to export; train with checkpoints (the default, "
                             "--checkpoint-every 1) or resume it to completion");
     const RunSpec spec = parseRunSpec(run->config, "run " + std::to_string(runId) + " config");
@@ -278,7 +279,7 @@ ArtifactInfo exportRunModel(const Store& store, int64_t runId, const std::string
     return info;
 }
 
-ArtifactInfo importTorchScript(const std::string& file, const std::vector<int64_t>& inputShape,
+ArtifactInfo torch_impl::importTorchScript(const std::string& file, const std::vector<int64_t>& inputShape,
                                const std::string& outPath) {
     torch::jit::ExtraFilesMap extra{{kMetaFile, ""}};
     auto m = loadScript(file, extra);
@@ -345,14 +346,14 @@ torch::jit::Module loadArtifact(const std::string& path, const c10::Device& devi
     return m;
 }
 
-ArtifactInfo readArtifact(const std::string& path) {
+ArtifactInfo torch_impl::readArtifact(const std::string& path) {
     ArtifactInfo info;
     loadArtifact(path, torch::kCPU, info);
     finish(info, path);
     return info;
 }
 
-ModelVersion registerModel(Registry& registry, const Store* store, const std::string& name, int64_t runId,
+ModelVersion torch_impl::registerModel(Registry& registry, const Store* store, const std::string& name, int64_t runId,
                            const std::string& file, const std::vector<int64_t>& inputShape, int64_t parentVersion) {
     checkModelName(name);
     if ((runId > 0) == !file.empty()) throw ConfigError("register a model from either --run or --file");
@@ -372,7 +373,8 @@ ModelVersion registerModel(Registry& registry, const Store* store, const std::st
     const auto tmp = (dir / (".incoming-" + std::to_string(::getpid()) + "-" +
                              std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) + ".pt"))
                          .string();
-    ArtifactInfo info = runId > 0 ? exportRunModel(*store, runId, tmp) : importTorchScript(file, inputShape, tmp);
+    ArtifactInfo info = runId > 0 ? torch_impl::exportRunModel(*store, runId, tmp)
+                                   : torch_impl::importTorchScript(file, inputShape, tmp);
     const auto final = (dir / (info.sha256.substr(0, 16) + ".pt")).string();
     std::error_code ec;
     const bool existed = fs::exists(final, ec);  // an earlier version with the same content

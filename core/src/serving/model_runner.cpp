@@ -10,9 +10,10 @@
 #include <cstdio>
 
 #include "artifact_io.h"
-#include "../sha256.h"
+#include "sha256.h"
 #include "lathe/core/error.h"
 #include "lathe/core/model_artifact.h"
+#include "torch_backend.h"
 
 namespace lathe::core {
 
@@ -33,14 +34,22 @@ torch::jit::Module optimizedForInference(const torch::jit::Module& module) {
 
 namespace lathe::core::serving {
 
-struct LoadedModel::Impl {
-    ServedModel model;
-    ModelSignature signature;
+std::shared_ptr<LoadedModel> loadTorchModel(const ServedModel& model, int64_t maxBatch, const std::string& device,
+                                            const std::string& expectedSha256, int instances,
+                                            const std::string& optimize);
+
+// The TorchScript side of a LoadedModel: the module and its per-instance batch buffers.
+class TorchModel final : public LoadedModel {
+public:
     torch::jit::Module module;
     torch::Device device = torch::kCPU;
     std::vector<torch::Tensor> inputs;  // per instance: [maxBatch, sample...], allocated once
-    int64_t inElems = 1, outElems = 1, maxBatch = 1;
-    std::string optimization;
+
+    float* inputBuffer(int instance) override { return inputs.at(static_cast<size_t>(instance)).data_ptr<float>(); }
+    void run(int instance, int64_t rows, float* out) override;
+
+    friend std::shared_ptr<LoadedModel> loadTorchModel(const ServedModel&, int64_t, const std::string&,
+                                                       const std::string&, int, const std::string&);
 };
 
 namespace {
@@ -151,10 +160,7 @@ torch::jit::Module maybeOptimize(torch::jit::Module module, const std::string& m
 
 }  // namespace
 
-LoadedModel::LoadedModel() : d(std::make_unique<Impl>()) {}
-LoadedModel::~LoadedModel() = default;
-
-std::shared_ptr<LoadedModel> LoadedModel::load(const ServedModel& model, int64_t maxBatch, const std::string& device,
+std::shared_ptr<LoadedModel> loadTorchModel(const ServedModel& model, int64_t maxBatch, const std::string& device,
                                                const std::string& expectedSha256, int instances,
                                                const std::string& optimize) {
     if (instances < 1) throw ConfigError("--instances must be at least 1");
@@ -183,11 +189,11 @@ std::shared_ptr<LoadedModel> LoadedModel::load(const ServedModel& model, int64_t
         throw ConfigError("model " + model.name + ": only models with one FP32 input can be served");
     if (sig.outputs.size() != 1 || sig.outputs[0].datatype != "FP32")
         throw ConfigError("model " + model.name + ": only models with one FP32 output can be served");
-    std::shared_ptr<LoadedModel> m(new LoadedModel());
-    auto& d = *m->d;
-    d.model = model;
-    d.signature = sig;
-    d.maxBatch = maxBatch;
+    auto m = std::make_shared<TorchModel>();
+    auto& d = *m;
+    d.m_model = model;
+    d.m_signature = sig;
+    d.m_maxBatch = maxBatch;
     d.device = dev;
     d.module = std::move(module);
     std::vector<int64_t> shape{maxBatch};
@@ -195,12 +201,12 @@ std::shared_ptr<LoadedModel> LoadedModel::load(const ServedModel& model, int64_t
         const auto s = sig.inputs[0].shape[i];
         if (s <= 0) throw ConfigError("model " + model.name + ": input dimensions after the batch must be fixed to serve");
         shape.push_back(s);
-        d.inElems *= s;
+        d.m_inElems *= s;
     }
-    for (size_t i = 1; i < sig.outputs[0].shape.size(); ++i) d.outElems *= std::max<int64_t>(1, sig.outputs[0].shape[i]);
+    for (size_t i = 1; i < sig.outputs[0].shape.size(); ++i) d.m_outElems *= std::max<int64_t>(1, sig.outputs[0].shape[i]);
     // Buffers are allocated per instance before the first request: bounded, with a reason.
     constexpr int64_t kMaxBatchValues = int64_t{1} << 30;
-    for (const auto elems : {d.inElems, d.outElems})
+    for (const auto elems : {d.m_inElems, d.m_outElems})
         if (elems > kMaxBatchValues / std::max<int64_t>(1, maxBatch))
             throw ConfigError("model " + model.name + ": --max-batch " + std::to_string(maxBatch) + " rows of " +
                               std::to_string(elems) + " values exceed 2^30 values per batch buffer; lower --max-batch");
@@ -212,7 +218,7 @@ std::shared_ptr<LoadedModel> LoadedModel::load(const ServedModel& model, int64_t
             int64_t numel = 1;
             for (auto s : shape) numel *= s;
             const auto probe = torch::arange(numel, torch::kFloat).mul_(0.37).sin_().reshape(shape);
-            d.module = maybeOptimize(d.module, optimize, probe, model.name, d.optimization);
+            d.module = maybeOptimize(d.module, optimize, probe, model.name, d.m_optimization);
         }
         // Pinned host memory lets the copy to the GPU run asynchronously.
         for (int i = 0; i < instances; ++i)
@@ -220,9 +226,10 @@ std::shared_ptr<LoadedModel> LoadedModel::load(const ServedModel& model, int64_t
                 torch::zeros(shape, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(d.device.is_cuda())));
         // Warm-up: the first forward pays for lazy initialisation (and the JIT's profiling runs);
         // a model is only switched in once that has happened.
-        std::vector<float> out(static_cast<size_t>(maxBatch * d.outElems));
+        std::vector<float> out(static_cast<size_t>(maxBatch * d.m_outElems));
         for (int i = 0; i < 3; ++i) m->run(0, maxBatch, out.data());
         m->run(0, 1, out.data());
+        d.m_instances = instances;
     } catch (const c10::Error& ex) {
         std::string msg = ex.what_without_backtrace();
         throw Error("model " + model.name + " failed to load or run: " + msg.substr(0, msg.find('\n')));
@@ -230,26 +237,27 @@ std::shared_ptr<LoadedModel> LoadedModel::load(const ServedModel& model, int64_t
     return m;
 }
 
-const std::string& LoadedModel::name() const { return d->model.name; }
-int64_t LoadedModel::version() const { return d->model.version; }
-const ModelSignature& LoadedModel::signature() const { return d->signature; }
-int64_t LoadedModel::inputElems() const { return d->inElems; }
-int64_t LoadedModel::outputElems() const { return d->outElems; }
-int64_t LoadedModel::maxBatch() const { return d->maxBatch; }
-int LoadedModel::instances() const { return static_cast<int>(d->inputs.size()); }
-const std::string& LoadedModel::optimization() const { return d->optimization; }
-float* LoadedModel::inputBuffer(int instance) { return d->inputs.at(static_cast<size_t>(instance)).data_ptr<float>(); }
-
-void LoadedModel::run(int instance, int64_t rows, float* out) {
+void TorchModel::run(int instance, int64_t rows, float* out) {
     c10::InferenceMode guard;
-    auto x = d->inputs.at(static_cast<size_t>(instance)).narrow(0, 0, rows);
-    if (d->device.is_cuda()) x = x.to(d->device, /*non_blocking=*/true);
-    auto y = d->module.forward({x}).toTensor();
+    auto x = inputs.at(static_cast<size_t>(instance)).narrow(0, 0, rows);
+    if (device.is_cuda()) x = x.to(device, /*non_blocking=*/true);
+    auto y = module.forward({x}).toTensor();
     y = y.to(torch::kCPU, torch::kFloat).contiguous();
-    if (y.numel() != rows * d->outElems)
-        throw Error("model " + d->model.name + " returned " + std::to_string(y.numel()) + " values for " +
-                    std::to_string(rows) + " rows; its signature promises " + std::to_string(d->outElems) + " per row");
+    if (y.numel() != rows * m_outElems)
+        throw Error("model " + m_model.name + " returned " + std::to_string(y.numel()) + " values for " +
+                    std::to_string(rows) + " rows; its signature promises " + std::to_string(m_outElems) + " per row");
     std::memcpy(out, y.data_ptr<float>(), static_cast<size_t>(y.numel()) * sizeof(float));
 }
 
 }  // namespace lathe::core::serving
+
+namespace lathe::core {
+
+std::shared_ptr<serving::LoadedModel> torch_impl::loadModel(const ServedModel& model, int64_t maxBatch,
+                                                            const std::string& device,
+                                                            const std::string& expectedSha256, int instances,
+                                                            const std::string& optimize) {
+    return serving::loadTorchModel(model, maxBatch, device, expectedSha256, instances, optimize);
+}
+
+}  // namespace lathe::core

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "lathe/core/registry.h"
-#include "lathe/core/serving.h"
+#include "lathe/core/server.h"
 
 namespace lathe::core::serving {
 
@@ -19,38 +19,45 @@ public:
     ///
     /// `optimize` (ServeOptions::optimize): "off" runs the module as loaded; "on" and "auto" build
     /// a frozen copy with TorchScript's inference optimisations (optimizedForInference in
-    /// artifact_io.h: linear fusion, freeze, optimize_for_inference) on a CPU. The copy must agree with the loaded module on a fixed max-batch probe (same shape,
-    /// same non-finite values, finite ones within 1e-4 (1 + max |y|)). "auto" then keeps the copy
-    /// only if it is >= 5% faster at max-batch and no more than 5% slower on one row, and nothing
-    /// the copy does can fail the load; "on" keeps it whenever it agrees and fails the load when
-    /// it cannot be built, run, or does not agree. See optimization().
+    /// artifact_io.h: linear fusion, freeze, optimize_for_inference) on a CPU. The copy must agree
+    /// with the loaded module on a fixed max-batch probe (same shape, same non-finite values,
+    /// finite ones within 1e-4 (1 + max |y|)). "auto" then keeps the copy only if it is >= 5%
+    /// faster at max-batch and no more than 5% slower on one row, and nothing the copy does can
+    /// fail the load; "on" keeps it whenever it agrees and fails the load when it cannot be
+    /// built, run, or does not agree. See optimization().
+    ///
+    /// The model itself lives in the torch-backed library (serving/model_runner.cpp), loaded on
+    /// the first call (torch_backend.h).
     static std::shared_ptr<LoadedModel> load(const ServedModel& model, int64_t maxBatch, const std::string& device,
                                              const std::string& expectedSha256 = {}, int instances = 1,
                                              const std::string& optimize = "off");
-    ~LoadedModel();
+    virtual ~LoadedModel() = default;
 
-    const std::string& name() const;
-    int64_t version() const;
-    const ModelSignature& signature() const;
-    int64_t inputElems() const;   // floats per row
-    int64_t outputElems() const;  // floats per row
-    int64_t maxBatch() const;
-    int instances() const;
+    const std::string& name() const { return m_model.name; }
+    int64_t version() const { return m_model.version; }
+    const ModelSignature& signature() const { return m_signature; }
+    int64_t inputElems() const { return m_inElems; }    // floats per row
+    int64_t outputElems() const { return m_outElems; }  // floats per row
+    int64_t maxBatch() const { return m_maxBatch; }
+    int instances() const { return m_instances; }
     /// What load did about optimisation, for the log: "optimized for inference: 2.10 ms vs 2.84 ms
     /// per 32-row batch, 0.57 ms vs 1.45 ms per row" or "kept as loaded: <why>"; empty with "off"
     /// or on a GPU.
-    const std::string& optimization() const;
+    const std::string& optimization() const { return m_optimization; }
     /// Instance `i`'s batch buffer (maxBatch × inputElems floats, pinned when serving on a GPU):
     /// the batcher copies requests' rows into it, then calls run(i, ...).
-    float* inputBuffer(int instance = 0);
+    virtual float* inputBuffer(int instance = 0) = 0;
     /// Runs the first `rows` rows of instance `i`'s buffer; writes rows × outputElems floats to
     /// `out`. One thread at a time per instance; different instances may run concurrently.
-    void run(int instance, int64_t rows, float* out);
+    virtual void run(int instance, int64_t rows, float* out) = 0;
 
-private:
-    LoadedModel();
-    struct Impl;
-    std::unique_ptr<Impl> d;
+protected:
+    LoadedModel() = default;
+    ServedModel m_model;
+    ModelSignature m_signature;
+    int64_t m_inElems = 1, m_outElems = 1, m_maxBatch = 1;
+    int m_instances = 0;
+    std::string m_optimization;
 };
 
 }  // namespace lathe::core::serving

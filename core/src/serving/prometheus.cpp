@@ -8,7 +8,7 @@
 #include <string_view>
 
 #include "lathe/core/error.h"
-#include "lathe/core/monitor.h"
+#include "lathe/core/prometheus.h"
 
 namespace lathe::core {
 

@@ -2,6 +2,7 @@
 // cadence, stores one IntervalStats row set per scrape and turns alert events into registry
 // alerts. Stop wakes it at once; only an in-flight request (bounded by its timeout) can delay it.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -10,7 +11,9 @@
 #include <thread>
 
 #include "lathe/core/error.h"
+#include "lathe/core/http_client.h"
 #include "lathe/core/monitor.h"
+#include "lathe/core/scraper.h"
 
 namespace lathe::core {
 

@@ -26,10 +26,10 @@
 
 #include "batcher.h"
 #include "infer_protocol.h"
-#include "../threads.h"
+#include "threads.h"
 #include "lathe/core/error.h"
-#include "lathe/core/serving.h"
-#include "lathe/kernels/info.hpp"
+#include "lathe/core/server.h"
+#include "lathe/kernels/info.h"
 
 namespace beast = boost::beast;
 namespace http = beast::http;

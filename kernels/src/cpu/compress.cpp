@@ -1,11 +1,11 @@
 // Compression kernels: the scalar reference (deliberately the obvious per-element code, which
 // the SIMD paths in compress_avx2.cpp / compress_avx512.cpp are held to bit for bit), the size
-// helpers and the run-time dispatch. Definitions are in compress.hpp.
+// helpers and the run-time dispatch. Definitions are in compress.h.
 //
 // This file and the SIMD ones are compiled with -ffp-contract=off: a fused multiply-add in one
 // path and not in another would break bit-identity of dequantize-add and error feedback.
 
-#include "compress_internal.hpp"
+#include "compress_internal.h"
 
 #include <algorithm>
 

@@ -2,7 +2,7 @@
 // paths. Bit-identical to the scalar reference in compress.cpp: the same IEEE operations in the
 // same order, with heads and tails handed to the scalar element helpers.
 
-#include "compress_internal.hpp"
+#include "compress_internal.h"
 
 #include <algorithm>
 

@@ -5,7 +5,7 @@
 // Non-finite tests look at the exponent bits rather than calling std::isfinite so they stay
 // correct even if someone builds with -ffast-math (which lets the compiler assume no inf/NaN).
 
-#include "lathe/kernels/scale_and_check.hpp"
+#include "lathe/kernels/scale_and_check.h"
 
 #include <cstdint>
 #include <cstring>

@@ -1,4 +1,4 @@
-// CUDA compression kernels with the definitions of compress.hpp. Explicitly rounded intrinsics
+// CUDA compression kernels with the definitions of compress.h. Explicitly rounded intrinsics
 // (__fdiv_rn, __frcp_rn, __fmul_rn, __fadd_rn, __fsub_rn) keep nvcc from contracting or approximating, so
 // results match the CPU reference bit for bit except NaN payloads (GPUs use a canonical NaN).
 //
@@ -6,8 +6,8 @@
 // then one thread per element (int8) or per byte (int4: two elements, possibly from two
 // chunks) writes codes and the error-feedback residual. The residual is only read by the first.
 
-#include "lathe/kernels/compress.hpp"
-#include "lathe/kernels/cuda_device.hpp"
+#include "lathe/kernels/compress.h"
+#include "lathe/kernels/cuda_device.h"
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>

@@ -1,7 +1,7 @@
 // Thin wrappers over the CUDA runtime that turn error codes into CudaError and treat "no
 // driver" / "no device" as a device count of 0 rather than an error.
 
-#include "lathe/kernels/cuda_device.hpp"
+#include "lathe/kernels/cuda_device.h"
 
 #include <cuda_runtime.h>
 

@@ -2,8 +2,8 @@
 // __syncthreads_or and a single thread writes the flag, so a buffer full of NaNs costs one
 // store per block instead of one per element.
 
-#include "lathe/kernels/cuda_device.hpp"
-#include "lathe/kernels/scale_and_check.hpp"
+#include "lathe/kernels/cuda_device.h"
+#include "lathe/kernels/scale_and_check.h"
 
 #include <cuda_runtime.h>
 

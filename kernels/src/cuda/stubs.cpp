@@ -1,9 +1,9 @@
 // Stand-ins for the CUDA entry points in builds without the toolkit, so callers compile the
 // same way everywhere and find out at run time (cudaCompiled() / deviceCount()).
 
-#include "lathe/kernels/cuda_device.hpp"
-#include "lathe/kernels/compress.hpp"
-#include "lathe/kernels/scale_and_check.hpp"
+#include "lathe/kernels/cuda_device.h"
+#include "lathe/kernels/compress.h"
+#include "lathe/kernels/scale_and_check.h"
 
 namespace lathe::kernels::cuda {
 

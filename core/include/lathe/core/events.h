@@ -1,13 +1,14 @@
 #pragma once
 // The event stream: versioned, newline-delimited JSON records that every run produces,
-// in-process, from `lathectl worker` on stdout, or over SSH. A saved stream replays
-// through the same reader.
+// in-process or from `lathectl worker` on stdout (and, once remote runs exist, over SSH). A
+// saved stream replays through the same reader.
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
 #include <string>
 
-#include "lathe/core/profile.h"
+#include "lathe/core/profile_analysis.h"
+#include "lathe/core/run_status.h"
 
 namespace lathe::core {
 
@@ -36,7 +37,7 @@ struct Event {
     static Event run(std::string configToml, std::string host);
     static Event metric(std::string key, int64_t step, double value);
     static Event log(std::string level, std::string text);
-    static Event status(std::string status);
+    static Event status(RunStatus status);
     static Event error(std::string message);
     static Event profileSpan(ProfileSpan span);
     static Event checkpoint(std::string path, std::string sha256, int64_t step, int64_t epoch);

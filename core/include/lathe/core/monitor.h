@@ -1,32 +1,15 @@
 #pragma once
-// Watching deployments: scrapes a server's Prometheus /metrics every second, turns counters and
-// histograms into per-interval series (QPS, P50/P90/P99 latency, error rate, batch sizes, queue
-// depth, CPU, memory, GPU) stored in the workspace, and evaluates alert rules on them.
-#include <atomic>
+// Watching deployments: turns two scrapes of a server's Prometheus /metrics into one interval's
+// series (QPS, P50/P90/P99 latency, error rate, batch sizes, queue depth, CPU, memory, GPU) and
+// evaluates alert rules on them. Pure logic; scraper.h does the I/O.
 #include <cstdint>
 #include <map>
-#include <memory>
 #include <string>
 #include <vector>
 
-#include "lathe/core/registry.h"
+#include "lathe/core/prometheus.h"
 
 namespace lathe::core {
-
-// ---- Prometheus text format ----------------------------------------------------------
-struct PromSample {
-    std::string name;                           // e.g. lathe_request_duration_seconds_bucket
-    std::map<std::string, std::string> labels;  // unescaped
-    double value = 0;
-};
-/// Parses the text exposition format (version 0.0.4). Comments and TYPE/HELP lines are
-/// skipped; a malformed line throws Error naming its line number. Defensive: any input is safe.
-std::vector<PromSample> parsePrometheusText(const std::string& text);
-
-/// Quantile q (0..1) of a cumulative histogram given as (upper bound, cumulative count)
-/// pairs sorted by bound, +Inf last; linear interpolation inside the bucket, as Prometheus'
-/// histogram_quantile. NaN when the histogram is empty.
-double histogramQuantile(double q, const std::vector<std::pair<double, double>>& buckets);
 
 /// One scrape interval's figures for one model. Keys stored in the workspace:
 ///   up (1/0), qps, error_rate (share of answers with status >= 500, 0..1; absent for an interval
@@ -82,29 +65,5 @@ private:
     std::vector<std::pair<double, double>> m_gpuHistory;    // (t, util %)
     std::map<std::string, bool> m_firing;
 };
-
-/// Scrapes `url`/metrics every `intervalS` until `stop`, storing IntervalStats of `model` into the
-/// registry and firing/resolving alerts there. A failed scrape stores up = 0 and carries on.
-class Scraper {
-public:
-    Scraper(Registry& registry, std::string model, std::string url, AlertRules rules = {}, double intervalS = 1.0);
-    ~Scraper();  // stops and joins
-    void start();
-    void stop();
-
-private:
-    struct Impl;
-    std::unique_ptr<Impl> d;
-};
-
-/// GET http://host:port/path with a timeout (seconds); returns status and body. Throws Error on
-/// transport failure. Small blocking client shared by scraper, deploy and tests.
-struct HttpResult {
-    int status = 0;
-    std::string body;
-    std::map<std::string, std::string> headers;  // lower-case names
-};
-HttpResult httpRequest(const std::string& method, const std::string& url, const std::string& body = {},
-                       double timeoutS = 5.0, const std::string& contentType = "application/json");
 
 }  // namespace lathe::core

@@ -9,7 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "lathe/core/profile.h"
+#include "lathe/core/profile_analysis.h"
+#include "lathe/core/run_status.h"
 
 namespace lathe::core {
 
@@ -17,7 +18,10 @@ struct RunRecord {
     int64_t id = 0;
     std::string experiment;
     std::string name;
-    std::string status;   // "created" | "running" | "completed" | "failed" | "stopped"
+    /// As recorded, except Interrupted: recorded as running, but no process holds the run's lock
+    /// (runLockPath) any more: it was killed (SIGKILL, power loss) and can be resumed with
+    /// `lathectl train --resume ID`.
+    RunStatus status = RunStatus::Created;
     std::string model;
     std::string data;
     std::string config;   // TOML of the RunSpec
@@ -50,7 +54,7 @@ struct ArtifactRecord {
 
 class Store {
 public:
-    static constexpr int kSchemaVersion = 4;
+    static constexpr int kSchemaVersion = 5;
 
     /// Opens or creates a workspace (the path is made absolute). Throws StoreError (file untouched) when the file is not
     /// a Lathe workspace or has a newer schema than this build knows.
@@ -65,14 +69,26 @@ public:
     const std::string& path() const;
     int schemaVersion() const;
     /// Where a run's files (checkpoints) live: <workspace dir>/artifacts/run-<id>.
+    /// This workspace's id: random, made with the file (schema 5), and written into every
+    /// checkpoint of its runs so that a file of another workspace is refused by name.
+    const std::string& workspaceId() const;
+    /// The directory of this workspace's files, "<workspace file>-files" beside it (as SQLite's
+    /// own -wal and -shm): run artifacts, model artifacts, deployment logs and locks. Two
+    /// workspaces in one folder never share a file.
+    std::string filesDir() const;
+    static std::string filesDirFor(const std::string& workspacePath);
+    /// filesDir()/artifacts/run-ID: the run's checkpoints and its lock.
     std::string artifactDir(int64_t runId) const;
+    /// The file the process training or ingesting run `runId` holds an exclusive flock on, for
+    /// as long as it records the run (training/record.cpp).
+    std::string runLockPath(int64_t runId) const;
 
     // ---- writes: queued to the writer thread ------------------------------------------
     /// Synchronous: returns the new run's id.
     int64_t createRun(const std::string& experiment, const std::string& name, const std::string& model,
                       const std::string& data, const std::string& configToml,
                       const std::map<std::string, std::string>& params, const std::string& host);
-    void setRunStatus(int64_t runId, const std::string& status, const std::string& error = {});
+    void setRunStatus(int64_t runId, RunStatus status, const std::string& error = {});
     /// A resumed run's config and params after flags such as --epochs changed them.
     void updateRunConfig(int64_t runId, const std::string& configToml,
                          const std::map<std::string, std::string>& params);
@@ -86,6 +102,13 @@ public:
     void dropMetricsAfter(int64_t runId, int64_t step);
     /// Blocks until everything queued so far is committed. Rethrows a writer failure.
     void flush();
+    /// Whether the writer has given up a batch since the last flush() (which will throw its
+    /// error): a recorder checks this cheaply and stops instead of training on unrecorded.
+    bool writeFailed() const;
+    /// Caps the file at `pages` database pages from now on (SQLite's max_page_count on the
+    /// writer's connection): writes that would grow it further fail as on a full disk. A quota,
+    /// and how the tests make the disk "full".
+    void setMaxPages(int64_t pages);
 
     // ---- reads -----------------------------------------------------------------------
     std::vector<RunRecord> listRuns() const;  // newest first
@@ -96,6 +119,8 @@ public:
     std::vector<MetricPoint> metrics(int64_t runId, const std::string& key, int64_t afterStep = INT64_MIN) const;
     /// The last value of every key.
     std::map<std::string, double> lastMetrics(int64_t runId) const;
+    /// The last value of `key` for every run that has one, in one query (runs lists).
+    std::map<int64_t, double> lastMetricOfRuns(const std::string& key) const;
     std::vector<LogRecord> logs(int64_t runId) const;
     std::vector<ArtifactRecord> artifacts(int64_t runId) const;
     /// Number of profile spans recorded for a run (0: not profiled).

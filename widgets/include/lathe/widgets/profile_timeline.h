@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "lathe/core/profile.h"
+#include "lathe/core/profile_analysis.h"
 
 namespace lathe::widgets {
 

@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "lathe/core/profile.h"
+#include "lathe/core/profile_analysis.h"
 #include "lathe/core/store.h"
 
 class QLabel;

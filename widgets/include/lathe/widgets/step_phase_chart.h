@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "lathe/core/profile.h"
+#include "lathe/core/profile_analysis.h"
 
 class QCustomPlot;
 class QCPBars;

@@ -5,7 +5,7 @@
 
 #include <vector>
 
-#include "lathe/core/profile.h"
+#include "lathe/core/profile_analysis.h"
 
 namespace lathe::widgets {
 

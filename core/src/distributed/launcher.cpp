@@ -1,0 +1,390 @@
+// The local launcher: N `lathectl worker` processes, their merged event streams, their lifetime.
+// POSIX only (fork/exec, pipes, poll); no LibTorch here.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <map>
+#include <filesystem>
+#include <thread>
+
+#include "lathe/core/launcher.h"
+#include "lathe/core/error.h"
+
+namespace fs = std::filesystem;
+extern char** environ;
+
+namespace lathe::core {
+namespace {
+
+int envInt(const char* name, int fallback, int lo, int hi) {
+    const char* v = std::getenv(name);
+    if (!v || !*v) return fallback;
+    char* end = nullptr;
+    errno = 0;
+    const long x = std::strtol(v, &end, 10);
+    if (errno || *end || x < lo || x > hi)
+        throw ConfigError(std::string(name) + "=" + v + " is not an integer from " + std::to_string(lo) + " to " +
+                          std::to_string(hi));
+    return static_cast<int>(x);
+}
+
+int freePort() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) throw Error(std::string("socket: ") + std::strerror(errno));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = 0;
+    socklen_t len = sizeof addr;
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+        ::close(fd);
+        throw Error(std::string("cannot find a free port: ") + std::strerror(errno));
+    }
+    ::close(fd);
+    return ntohs(addr.sin_port);
+}
+
+std::string defaultProgram() {
+    char exe[4096];
+    const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) throw Error("cannot find this executable to start workers");
+    exe[n] = '\0';
+    const fs::path self(exe);
+    if (self.filename() == "lathectl") return self.string();
+    const auto sibling = self.parent_path() / "lathectl";
+    std::error_code ec;
+    if (fs::exists(sibling, ec)) return sibling.string();
+    throw Error("cannot find lathectl next to " + self.string() + " to start the workers");
+}
+
+struct Worker {
+    int rank = 0;
+    pid_t pid = -1;
+    int outFd = -1, errFd = -1;
+    std::string outBuf, errBuf;
+    std::deque<std::string> lastErrors;  // stderr lines and error events, newest last
+    bool exited = false;
+    int status = 0;
+    std::string lastStatus;  // from its status events
+};
+
+void remember(Worker& w, std::string line) {
+    if (line.empty()) return;
+    w.lastErrors.push_back(std::move(line));
+    if (w.lastErrors.size() > 5) w.lastErrors.pop_front();
+}
+
+std::string describeExit(int status) {
+    if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+    if (WIFSIGNALED(status)) return std::string("was killed by signal ") + strsignal(WTERMSIG(status));
+    return "ended";
+}
+
+}  // namespace
+
+DistEnv distEnvFromEnvironment() {
+    DistEnv d;
+    d.worldSize = envInt("WORLD_SIZE", 1, 1, 4096);
+    d.rank = envInt("RANK", 0, 0, 4095);
+    d.localWorldSize = envInt("LOCAL_WORLD_SIZE", d.worldSize, 1, 4096);
+    d.localRank = envInt("LOCAL_RANK", d.rank, 0, 4095);
+    d.masterPort = envInt("MASTER_PORT", 29500, 1, 65535);
+    d.timeoutSec = envInt("LATHE_RENDEZVOUS_TIMEOUT", 60, 1, 86400);
+    if (const char* a = std::getenv("MASTER_ADDR"); a && *a) d.masterAddr = a;
+    if (d.rank >= d.worldSize)
+        throw ConfigError("RANK=" + std::to_string(d.rank) + " is not below WORLD_SIZE=" + std::to_string(d.worldSize));
+    if (d.localRank >= d.localWorldSize)
+        throw ConfigError("LOCAL_RANK=" + std::to_string(d.localRank) + " is not below LOCAL_WORLD_SIZE=" +
+                          std::to_string(d.localWorldSize));
+    return d;
+}
+
+namespace {
+
+LaunchResult launchOnce(const LaunchOptions& options, const EventSink& sink, const std::string& program, int port,
+                        bool& rendezvousPortTaken);
+
+}  // namespace
+
+LaunchResult launchLocal(const LaunchOptions& options, const EventSink& sink) {
+    if (options.nproc < 1) throw ConfigError("`nproc` must be at least 1");
+    const std::string program = options.program.empty() ? defaultProgram() : options.program;
+    // The free port is probed and released before rank 0 binds it; if another program takes it
+    // in between, the rendezvous fails at once and the launch is retried on a new port.
+    for (int attempt = 1;; ++attempt) {
+        bool portTaken = false;
+        auto result = launchOnce(options, sink, program, freePort(), portTaken);
+        if (!portTaken || attempt == 3) return result;
+        if (sink) sink(Event::log("warn", "rendezvous port was taken by another program; retrying on a new port"));
+    }
+}
+
+namespace {
+
+LaunchResult launchOnce(const LaunchOptions& options, const EventSink& sink, const std::string& program, int port,
+                        bool& rendezvousPortTaken) {
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    const std::string threads = std::to_string(std::max(1u, cores / static_cast<unsigned>(options.nproc)));
+
+    std::vector<Worker> workers(static_cast<size_t>(options.nproc));
+    auto killAll = [&](int sig) {
+        for (auto& w : workers)
+            if (w.pid > 0 && !w.exited) ::kill(w.pid, sig);
+    };
+    // Starting the workers failed part-way: the ones already started are killed and reaped and
+    // every pipe is closed, so a long-lived caller (the GUI) keeps neither zombies nor fds.
+    auto abandon = [&](std::initializer_list<int> fds) {
+        for (int fd : fds)
+            if (fd >= 0) ::close(fd);
+        killAll(SIGKILL);
+        for (auto& w : workers) {
+            if (w.pid > 0 && !w.exited) ::waitpid(w.pid, nullptr, 0);
+            for (int fd : {w.outFd, w.errFd})
+                if (fd >= 0) ::close(fd);
+        }
+    };
+    for (int r = 0; r < options.nproc; ++r) {
+        int out[2] = {-1, -1}, err[2] = {-1, -1};
+        if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+            const std::string why = std::strerror(errno);
+            abandon({out[0], out[1], err[0], err[1]});
+            throw Error("pipe: " + why);
+        }
+        std::vector<std::string> args{program, "worker", options.configPath};
+        if (!options.checkpointDir.empty()) args.insert(args.end(), {"--checkpoint-dir", options.checkpointDir});
+        if (!options.resumeFrom.empty()) args.insert(args.end(), {"--resume", options.resumeFrom});
+        if (!options.owner.workspaceId.empty())
+            args.insert(args.end(), {"--owner", options.owner.workspaceId + ":" + std::to_string(options.owner.runId)});
+        // Everything the child needs is built here: between fork and exec a child of a
+        // multi-threaded process (the GUI) may only make async-signal-safe calls.
+        std::vector<std::string> env;
+        const std::map<std::string, std::string> set{
+            {"RANK", std::to_string(r)},          {"LOCAL_RANK", std::to_string(r)},
+            {"WORLD_SIZE", std::to_string(options.nproc)}, {"LOCAL_WORLD_SIZE", std::to_string(options.nproc)},
+            {"MASTER_ADDR", "127.0.0.1"},         {"MASTER_PORT", std::to_string(port)}};
+        for (char** e = environ; *e; ++e) {
+            const std::string kv(*e);
+            const auto name = kv.substr(0, kv.find('='));
+            if (set.count(name)) continue;
+            env.push_back(kv);
+        }
+        for (const auto& [k, v] : set) env.push_back(k + "=" + v);
+        // N processes on the same cores: split them rather than oversubscribe (unless set).
+        for (const char* k : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"})
+            if (!std::getenv(k)) env.push_back(std::string(k) + "=" + threads);
+        std::vector<char*> argv, envp;
+        for (auto& a : args) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        for (auto& e : env) envp.push_back(e.data());
+        envp.push_back(nullptr);
+        const pid_t parent = ::getpid();
+        const pid_t pid = ::fork();
+        if (pid < 0) {
+            const std::string why = std::strerror(errno);
+            abandon({out[0], out[1], err[0], err[1]});
+            throw Error("fork: " + why);
+        }
+        if (pid == 0) {
+            // Child: never outlive the launcher, even if it is killed (and if it already died
+            // before the prctl, leave at once).
+            ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (::getppid() != parent) ::_exit(1);
+            ::dup2(out[1], STDOUT_FILENO);
+            ::dup2(err[1], STDERR_FILENO);
+            ::execve(program.c_str(), argv.data(), envp.data());
+            static const char msg[] = "cannot start lathectl worker\n";
+            (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
+            ::_exit(127);
+        }
+        ::close(out[1]);
+        ::close(err[1]);
+        auto& w = workers[static_cast<size_t>(r)];
+        w.rank = r;
+        w.pid = pid;
+        w.outFd = out[0];
+        w.errFd = err[0];
+    }
+
+    LaunchResult result;
+    bool terminating = false;
+    std::chrono::steady_clock::time_point termAt;
+    auto beginTermination = [&] {
+        if (terminating) return;
+        terminating = true;
+        termAt = std::chrono::steady_clock::now();
+        killAll(SIGTERM);
+    };
+
+    // A sink that throws (the workspace cannot be written) stops every rank like a failure does;
+    // its error is rethrown once they are all reaped, so no worker outlives this call.
+    std::exception_ptr sinkError;
+    auto deliver = [&](const Event& e) {
+        if (sinkError) return;
+        try {
+            sink(e);
+        } catch (...) {
+            sinkError = std::current_exception();
+            beginTermination();
+        }
+    };
+
+    auto handleLine = [&](Worker& w, const std::string& line) {
+        Event e;
+        try {
+            e = decodeEvent(line);
+        } catch (const EventStreamError&) {
+            remember(w, line);  // not an event: a stray print; keep it for the error report
+            return;
+        }
+        e.rank = w.rank;
+        if (e.type == Event::Type::Status) w.lastStatus = e.text;
+        if (e.type == Event::Type::Error) remember(w, e.text);
+        if (w.rank == 0) {
+            if (e.type != Event::Type::Run && sink) deliver(e);
+            return;
+        }
+        if (!sink) return;
+        if (e.type == Event::Type::Log || e.type == Event::Type::Error) {
+            e.text = "rank " + std::to_string(w.rank) + ": " + e.text;
+            deliver(e);
+        } else if (e.type == Event::Type::Metric && e.key.rfind("comm/", 0) == 0) {
+            e.key = "rank" + std::to_string(w.rank) + "/" + e.key;
+            deliver(e);
+        }
+    };
+
+    auto drain = [&](Worker& w, int fd, bool isErr) -> bool {
+        char buf[65536];
+        ssize_t n;
+        do {
+            n = ::read(fd, buf, sizeof buf);
+        } while (n < 0 && errno == EINTR);
+        if (n <= 0) {
+            // End of stream: an unterminated last line (a crashing rank's final words) still counts.
+            std::string& rest = isErr ? w.errBuf : w.outBuf;
+            if (!rest.empty()) {
+                if (isErr) remember(w, rest);
+                else handleLine(w, rest);
+                rest.clear();
+            }
+            return false;
+        }
+        std::string& acc = isErr ? w.errBuf : w.outBuf;
+        // Only the new bytes are searched, and the consumed lines are erased once: a long line
+        // arriving in many reads costs linear time, not a rescan per read.
+        const size_t from = acc.size();
+        acc.append(buf, static_cast<size_t>(n));
+        size_t start = 0;
+        for (size_t pos = acc.find('\n', from); pos != std::string::npos; pos = acc.find('\n', start)) {
+            std::string line = acc.substr(start, pos - start);
+            start = pos + 1;
+            if (isErr)
+                remember(w, std::move(line));
+            else
+                handleLine(w, line);
+        }
+        acc.erase(0, start);
+        // A line that never ends (a progress bar drawn with \r, a runaway print) is bounded: of
+        // stderr the newest 4 KiB are kept; an unending stdout line is no event and is dropped.
+        if (acc.size() > kMaxEventLine) {
+            remember(w, "(rank " + std::to_string(w.rank) + " wrote a line of more than " +
+                            std::to_string(kMaxEventLine >> 20) + " MiB to std" + (isErr ? "err" : "out") +
+                            "; cut)");
+            acc.erase(0, isErr ? acc.size() - 4096 : acc.size());
+        }
+        return true;
+    };
+
+    for (;;) {
+        if (options.stop && options.stop->load() && !terminating) beginTermination();
+        std::vector<pollfd> fds;
+        std::vector<std::pair<Worker*, bool>> owners;
+        for (auto& w : workers) {
+            if (w.outFd >= 0) {
+                fds.push_back({w.outFd, POLLIN, 0});
+                owners.emplace_back(&w, false);
+            }
+            if (w.errFd >= 0) {
+                fds.push_back({w.errFd, POLLIN, 0});
+                owners.emplace_back(&w, true);
+            }
+        }
+        if (!fds.empty()) ::poll(fds.data(), fds.size(), 100);
+        for (size_t i = 0; i < fds.size(); ++i) {
+            if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            auto [w, isErr] = owners[i];
+            if (!drain(*w, fds[i].fd, isErr)) {
+                ::close(fds[i].fd);
+                (isErr ? w->errFd : w->outFd) = -1;
+            }
+        }
+        for (auto& w : workers) {
+            if (w.exited) continue;
+            int status = 0;
+            if (::waitpid(w.pid, &status, WNOHANG) == w.pid) {
+                w.exited = true;
+                w.status = status;
+                const bool clean = WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 130);
+                const bool stopping = options.stop && options.stop->load();
+                if (!clean && !terminating && !stopping && result.failedRank < 0) {
+                    result.failedRank = w.rank;
+                    beginTermination();
+                }
+            }
+        }
+        if (terminating &&
+            std::chrono::steady_clock::now() - termAt > std::chrono::seconds(options.killGraceSec))
+            killAll(SIGKILL);
+        bool done = true;
+        for (const auto& w : workers) done &= w.exited && w.outFd < 0 && w.errFd < 0;
+        if (done) break;
+        if (fds.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (sinkError) std::rethrow_exception(sinkError);
+
+    bool anyRunning = false;
+    for (const auto& w : workers) anyRunning |= !w.lastStatus.empty();
+    if (result.failedRank >= 0 && !anyRunning) {
+        for (const auto& line : workers[static_cast<size_t>(result.failedRank)].lastErrors)
+            if (line.find("in use") != std::string::npos) rendezvousPortTaken = true;
+    }
+    if (result.failedRank >= 0) {
+        const auto& w = workers[static_cast<size_t>(result.failedRank)];
+        result.status = RunStatus::Failed;
+        result.error = "rank " + std::to_string(w.rank) + " " + describeExit(w.status);
+        if (!w.lastErrors.empty()) {
+            result.error += ": ";
+            for (size_t i = 0; i < w.lastErrors.size(); ++i) result.error += (i ? " | " : "") + w.lastErrors[i];
+        }
+        result.error += "; the other ranks were stopped";
+        return result;
+    }
+    const auto& r0 = workers.front();
+    if (options.stop && options.stop->load()) {
+        result.status = RunStatus::Stopped;
+    } else if (const auto last = runStatusFromString(r0.lastStatus); last && isFinal(*last)) {
+        result.status = *last;
+        if (result.status == RunStatus::Failed && !r0.lastErrors.empty()) result.error = r0.lastErrors.back();
+    } else {
+        result.status = RunStatus::Failed;
+        result.error = "rank 0 " + describeExit(r0.status) + " without finishing the run";
+    }
+    return result;
+}
+
+}  // namespace
+
+}  // namespace lathe::core

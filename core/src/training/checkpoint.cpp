@@ -1,0 +1,168 @@
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <algorithm>
+
+#include "training/checkpoint_file.h"
+#include "lathe/core/error.h"
+#include "sha256.h"
+
+namespace fs = std::filesystem;
+
+namespace lathe::core {
+namespace {
+
+constexpr const char* kMagic = "LATHE-CHECKPOINT";
+constexpr size_t kMaxHeader = 4096;
+
+void writeAll(int fd, const char* p, size_t n, const std::string& path) {
+    while (n > 0) {
+        const ssize_t w = ::write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            throw CheckpointError("writing checkpoint " + path + " failed: " + std::strerror(errno));
+        }
+        p += w;
+        n -= static_cast<size_t>(w);
+    }
+}
+
+// The checksum covers the header's epoch and step as well as the payload, so a flipped digit
+// in the header is caught too.
+// The owner's fields are covered too, so a checkpoint cannot be passed off as another run's.
+std::string checksum(int64_t epoch, int64_t step, const std::string& workspaceId, int64_t runId,
+                     const std::string& payload) {
+    std::string fields = "epoch " + std::to_string(epoch) + "\nstep " + std::to_string(step) + "\n";
+    if (!workspaceId.empty()) fields += "workspace " + workspaceId + "\nrun " + std::to_string(runId) + "\n";
+    return sha256Hex((fields + payload).data(), fields.size() + payload.size());
+}
+
+// Reads the header, checks size and checksum, and returns the payload.
+std::string readVerified(const std::string& path, CheckpointInfo& info) {
+    std::error_code ec;
+    const auto fileSize = fs::file_size(path, ec);
+    if (ec) throw CheckpointError("checkpoint " + path + " cannot be read: " + ec.message());
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw CheckpointError("checkpoint " + path + " cannot be read: " + std::strerror(errno));
+    std::string line;
+    std::getline(in, line);
+    if (line.rfind(kMagic, 0) != 0) throw CheckpointError("checkpoint " + path + " is not a Lathe checkpoint");
+    const int format = std::atoi(line.c_str() + std::strlen(kMagic));
+    if (format < 1 || format > kCheckpointFormat)
+        throw CheckpointError("checkpoint " + path + " has format " + std::to_string(format) +
+                              "; this Lathe reads format " + std::to_string(kCheckpointFormat));
+    info = CheckpointInfo{};
+    info.path = path;
+    bool haveSize = false;
+    size_t headerBytes = line.size() + 1;
+    while (std::getline(in, line) && !line.empty()) {
+        headerBytes += line.size() + 1;
+        if (headerBytes > kMaxHeader) throw CheckpointError("checkpoint " + path + " has a malformed header");
+        std::istringstream ls(line);
+        std::string key;
+        ls >> key;
+        if (key == "epoch") ls >> info.epoch;
+        else if (key == "step") ls >> info.step;
+        else if (key == "sha256") ls >> info.sha256;
+        else if (key == "workspace" && format >= 2) ls >> info.workspaceId;
+        else if (key == "run" && format >= 2) ls >> info.runId;
+        else if (key == "size") haveSize = static_cast<bool>(ls >> info.payloadBytes);
+    }
+    if (!in || !haveSize || info.sha256.size() != 64 || info.payloadBytes < 0 ||
+        info.workspaceId.size() > 64 || (info.workspaceId.empty() != (info.runId == 0)))
+        throw CheckpointError("checkpoint " + path + " has a malformed or truncated header");
+    headerBytes += 1;  // the blank line
+    // Check the promised size against the file before allocating: a damaged header must not
+    // make us allocate gigabytes.
+    if (static_cast<uint64_t>(info.payloadBytes) != fileSize - std::min<uint64_t>(fileSize, headerBytes)) {
+        if (static_cast<uint64_t>(info.payloadBytes) > fileSize - std::min<uint64_t>(fileSize, headerBytes))
+            throw CheckpointError("checkpoint " + path + " is truncated (header promises " +
+                                  std::to_string(info.payloadBytes) + " bytes, file holds " +
+                                  std::to_string(fileSize - std::min<uint64_t>(fileSize, headerBytes)) + ")");
+        throw CheckpointError("checkpoint " + path + " has trailing bytes after its payload");
+    }
+    std::string payload(static_cast<size_t>(info.payloadBytes), '\0');
+    in.read(payload.data(), info.payloadBytes);
+    if (in.gcount() != info.payloadBytes)
+        throw CheckpointError("checkpoint " + path + " is truncated (header promises " +
+                              std::to_string(info.payloadBytes) + " bytes, file holds " +
+                              std::to_string(in.gcount()) + ")");
+    if (in.peek() != std::char_traits<char>::eof())
+        throw CheckpointError("checkpoint " + path + " has trailing bytes after its payload");
+    if (checksum(info.epoch, info.step, info.workspaceId, info.runId, payload) != info.sha256)
+        throw CheckpointError("checkpoint " + path + " fails its SHA-256 checksum (corrupt file)");
+    return payload;
+}
+
+}  // namespace
+
+CheckpointInfo readCheckpointInfo(const std::string& path) {
+    CheckpointInfo info;
+    readVerified(path, info);
+    return info;
+}
+
+std::string readCheckpointPayload(const std::string& path, CheckpointInfo& info) { return readVerified(path, info); }
+
+CheckpointInfo writeCheckpointFile(const std::string& path, int64_t epoch, int64_t step, const std::string& payload,
+                                   const CheckpointOwner& owner) {
+    if (owner.workspaceId.find_first_of(" \t\r\n") != std::string::npos || owner.workspaceId.size() > 64 ||
+        (owner.workspaceId.empty() != (owner.runId == 0)))
+        throw CheckpointError("checkpoint owner must be a workspace id (no spaces, at most 64 characters) and a run");
+    CheckpointInfo info;
+    info.path = path;
+    info.epoch = epoch;
+    info.step = step;
+    info.workspaceId = owner.workspaceId;
+    info.runId = owner.runId;
+    info.payloadBytes = static_cast<int64_t>(payload.size());
+    info.sha256 = checksum(epoch, step, owner.workspaceId, owner.runId, payload);
+    std::ostringstream header;
+    header << kMagic << ' ' << kCheckpointFormat << "\nepoch " << epoch << "\nstep " << step << "\nsize "
+           << payload.size();
+    if (!owner.workspaceId.empty()) header << "\nworkspace " << owner.workspaceId << "\nrun " << owner.runId;
+    header << "\nsha256 " << info.sha256 << "\n\n";
+    const std::string head = header.str();
+
+    std::error_code ec;
+    fs::create_directories(fs::path(path).parent_path(), ec);
+    const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) throw CheckpointError("cannot write checkpoint " + tmp + ": " + std::strerror(errno));
+    try {
+        writeAll(fd, head.data(), head.size(), tmp);
+        writeAll(fd, payload.data(), payload.size(), tmp);
+        if (::fsync(fd) != 0) throw CheckpointError("fsync of " + tmp + " failed: " + std::strerror(errno));
+    } catch (...) {
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        throw;
+    }
+    ::close(fd);
+    if (::rename(tmp.c_str(), path.c_str()) != 0) {
+        const std::string err = std::strerror(errno);
+        ::unlink(tmp.c_str());
+        throw CheckpointError("cannot move checkpoint into place at " + path + ": " + err);
+    }
+    // The rename itself is durable only once the directory is: without this a power cut may
+    // bring the previous checkpoint back.
+    const auto dir = fs::path(path).parent_path();
+    if (const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+        ::fsync(dfd);
+        ::close(dfd);
+    }
+    // Temporaries of writers that were killed mid-write (another pid) are of no use to anyone.
+    for (const auto& entry : fs::directory_iterator(dir.empty() ? fs::path(".") : dir, ec)) {
+        const auto name = entry.path().filename().string();
+        const auto base = fs::path(path).filename().string() + ".tmp-";
+        if (name.rfind(base, 0) == 0 && name != fs::path(tmp).filename().string()) fs::remove(entry.path(), ec);
+    }
+    return info;
+}
+
+}  // namespace lathe::core

@@ -1,0 +1,252 @@
+#include "training/zoo.h"
+
+#include <ATen/Context.h>
+
+#include <cmath>
+#include <mutex>
+
+#include "training/amp.h"
+#include "lathe/core/error.h"
+
+namespace lathe::core {
+namespace {
+
+torch::nn::Sequential mlp(const RunSpec& spec, int64_t inputs, int64_t classes) {
+    torch::nn::Sequential seq;
+    seq->push_back(torch::nn::Flatten());
+    int64_t width = inputs;
+    for (int64_t h : spec.hidden) {
+        seq->push_back(torch::nn::Linear(width, h));
+        seq->push_back(torch::nn::ReLU());
+        width = h;
+    }
+    seq->push_back(torch::nn::Linear(width, classes));
+    return seq;
+}
+
+// LeNet-style: two conv/ReLU/pool stages then two linear layers. Pooling stops once the
+// feature map is 2×2, so 8×8 digits and 28×28 MNIST both fit.
+torch::nn::Sequential cnn(const std::vector<int64_t>& shape, int64_t classes) {
+    const int64_t c = shape[0], h = shape[1], w = shape[2];
+    torch::nn::Sequential seq;
+    int64_t ch = c, hh = h, ww = w;
+    for (int64_t out : {16, 32}) {
+        seq->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(ch, out, 3).padding(1)));
+        seq->push_back(torch::nn::ReLU());
+        if (hh >= 4 && ww >= 4) {
+            seq->push_back(torch::nn::MaxPool2d(torch::nn::MaxPool2dOptions(2)));
+            hh /= 2;
+            ww /= 2;
+        }
+        ch = out;
+    }
+    seq->push_back(torch::nn::Flatten());
+    seq->push_back(torch::nn::Linear(ch * hh * ww, 64));
+    seq->push_back(torch::nn::ReLU());
+    seq->push_back(torch::nn::Linear(64, classes));
+    return seq;
+}
+
+torch::nn::Sequential embed(const RunSpec& spec, int64_t inputs, int64_t classes, bool sparse) {
+    torch::nn::Sequential seq;
+    int64_t width = spec.hidden.front();
+    seq->push_back(HashedEmbedding(inputs, spec.embeddingRows, width, sparse));
+    seq->push_back(torch::nn::ReLU());
+    for (size_t i = 1; i < spec.hidden.size(); ++i) {
+        seq->push_back(torch::nn::Linear(width, spec.hidden[i]));
+        seq->push_back(torch::nn::ReLU());
+        width = spec.hidden[i];
+    }
+    seq->push_back(torch::nn::Linear(width, classes));
+    return seq;
+}
+
+}  // namespace
+
+HashedEmbeddingImpl::HashedEmbeddingImpl(int64_t features, int64_t rows, int64_t dim, bool sparse)
+    : features(features), rows(rows), sparse(sparse) {
+    // Each sample sums `features` rows: scaled so the sum starts with about unit variance.
+    weight = register_parameter("weight", torch::randn({rows, dim}) / std::sqrt(static_cast<double>(features)));
+}
+
+torch::Tensor HashedEmbeddingImpl::rowIds(const torch::Tensor& x) const {
+    const auto bins = (x.flatten(1) * static_cast<double>(kBins)).floor().clamp(0, kBins - 1).to(torch::kLong);
+    const auto feature = torch::arange(features, x.options().dtype(torch::kLong)).unsqueeze(0);
+    return ((feature * kBins + bins) * kHashMultiplier).remainder(rows);
+}
+
+torch::Tensor HashedEmbeddingImpl::forward(torch::Tensor x) {
+    return torch::embedding(weight, rowIds(x), -1, false, sparse).sum(1);
+}
+
+std::vector<size_t> sparseParameterIndices(torch::nn::Sequential& model) {
+    std::vector<size_t> out;
+    const auto params = model->parameters();
+    for (const auto& m : model->modules(false))
+        if (const auto* e = dynamic_cast<const HashedEmbeddingImpl*>(m.get()); e && e->sparse)
+            for (size_t i = 0; i < params.size(); ++i)
+                if (params[i].is_same(e->weight)) out.push_back(i);
+    return out;
+}
+
+torch::nn::Sequential makeModel(const RunSpec& spec, const std::vector<int64_t>& sampleShape, int64_t numClasses,
+                                bool sparseEmbedding) {
+    int64_t inputs = 1;
+    for (auto s : sampleShape) inputs *= s;
+    if (spec.model == "mlp") return mlp(spec, inputs, numClasses);
+    if (spec.model == "embed") return embed(spec, inputs, numClasses, sparseEmbedding);
+    if (spec.model == "cnn") {
+        if (sampleShape.size() != 3)
+            throw ConfigError("model cnn needs image data (C×H×W); data set " + spec.data + " has " +
+                              std::to_string(inputs) + " flat features: use model = \"mlp\"");
+        if (sampleShape[1] < 2 || sampleShape[2] < 2)
+            throw ConfigError("model cnn needs images of at least 2×2 pixels");
+        return cnn(sampleShape, numClasses);
+    }
+    throw ConfigError("`model` must be one of mlp, cnn, embed (got '" + spec.model + "')");
+}
+
+int64_t parameterCount(const torch::nn::Module& m) {
+    int64_t n = 0;
+    for (const auto& p : m.parameters()) n += p.numel();
+    return n;
+}
+
+namespace {
+
+torch::Tensor runRange(torch::nn::Sequential& model, int64_t begin, int64_t end, torch::Tensor x) {
+    for (int64_t i = begin; i < end; ++i) x = (model->begin() + i)->forward(x);
+    return x;
+}
+
+// The default generators a range's random ops (dropout) draw from: the CPU's, and that of the
+// GPU the range's input is on (by index: backward runs on the autograd engine's thread for that
+// device, whose current device need not be the one forward ran on).
+std::vector<at::Generator> generators(c10::Device device) {
+    std::vector<at::Generator> g{at::globalContext().defaultGenerator(c10::DeviceType::CPU)};
+    if (device.is_cuda()) g.push_back(at::globalContext().defaultGenerator(device));
+    return g;
+}
+
+std::vector<torch::Tensor> rngStates(c10::Device device) {
+    std::vector<torch::Tensor> states;
+    for (auto& g : generators(device)) {
+        std::lock_guard<std::mutex> lk(g.mutex());
+        states.push_back(g.get_state());
+    }
+    return states;
+}
+
+void setRngStates(c10::Device device, const std::vector<torch::Tensor>& states) {
+    auto g = generators(device);
+    for (size_t i = 0; i < g.size() && i < states.size(); ++i) {
+        std::lock_guard<std::mutex> lk(g[i].mutex());
+        g[i].set_state(states[i]);
+    }
+}
+
+// LibTorch's C++ API has no checkpoint(): this autograd function runs a range of the model
+// without recording a graph, keeps only the range's input, and in backward recomputes the
+// range with grad enabled and back-propagates through it (reentrant, as torch.utils.checkpoint
+// does with use_reentrant=True). As torch.utils.checkpoint's preserve_rng_state, the recompute
+// replays the random numbers the forward drew (a dropout draws the same mask) and then puts the
+// generators back where they were.
+struct CheckpointRange : torch::autograd::Function<CheckpointRange> {
+    static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor input, int64_t modelPtr,
+                                 int64_t begin, int64_t end, int64_t autocastDtype, int64_t device,
+                                 bool inputGrad) {
+        ctx->save_for_backward({input});
+        ctx->saved_data["model"] = modelPtr;
+        ctx->saved_data["begin"] = begin;
+        ctx->saved_data["end"] = end;
+        ctx->saved_data["autocast"] = autocastDtype;
+        ctx->saved_data["device"] = device;
+        ctx->saved_data["input_grad"] = inputGrad;
+        const auto where = input.device();
+        ctx->saved_data["rng_type"] = static_cast<int64_t>(where.type());
+        ctx->saved_data["rng_index"] = static_cast<int64_t>(where.index());
+        ctx->saved_data["rng"] = c10::List<torch::Tensor>(rngStates(where));
+        auto& model = *reinterpret_cast<torch::nn::Sequential*>(modelPtr);
+        return runRange(model, begin, end, input);
+    }
+
+    static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                   torch::autograd::variable_list grads) {
+        // The batch entering the first range requires grad only so that this function runs in
+        // backward; nobody uses its gradient, so it is not computed.
+        const bool inputGrad = ctx->saved_data["input_grad"].toBool();
+        auto input = ctx->get_saved_variables()[0].detach().requires_grad_(inputGrad);
+        auto& model = *reinterpret_cast<torch::nn::Sequential*>(ctx->saved_data["model"].toInt());
+        const auto begin = ctx->saved_data["begin"].toInt(), end = ctx->saved_data["end"].toInt();
+        const auto dtype = ctx->saved_data["autocast"].toInt();
+        const auto device = static_cast<c10::DeviceType>(ctx->saved_data["device"].toInt());
+        const c10::Device rngDevice(static_cast<c10::DeviceType>(ctx->saved_data["rng_type"].toInt()),
+                                    static_cast<c10::DeviceIndex>(ctx->saved_data["rng_index"].toInt()));
+        std::vector<torch::Tensor> forwardRng;
+        for (const auto& t : ctx->saved_data["rng"].toTensorList()) forwardRng.push_back(t);
+        torch::Tensor out;
+        {
+            torch::AutoGradMode enable(true);
+            std::optional<AutocastGuard> cast;
+            if (dtype >= 0) cast.emplace(device, static_cast<c10::ScalarType>(dtype));
+            const auto now = rngStates(rngDevice);
+            setRngStates(rngDevice, forwardRng);
+            try {
+                out = runRange(model, begin, end, input);
+            } catch (...) {
+                setRngStates(rngDevice, now);
+                throw;
+            }
+            setRngStates(rngDevice, now);
+        }
+        sampleHeapPeak();
+        if (!out.requires_grad()) return {torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
+                                          torch::Tensor(), torch::Tensor(), torch::Tensor()};
+        torch::autograd::backward({out}, {grads[0]});
+        return {inputGrad ? input.grad() : torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
+                torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    }
+};
+
+bool endsBlock(torch::nn::Sequential& model, size_t i) {
+    const auto* m = model->ptr(i).get();
+    const bool relu = dynamic_cast<const torch::nn::ReLUImpl*>(m) != nullptr;
+    const bool pool = dynamic_cast<const torch::nn::MaxPool2dImpl*>(m) != nullptr;
+    const bool nextIsPool =
+        i + 1 < model->size() && dynamic_cast<const torch::nn::MaxPool2dImpl*>(model->ptr(i + 1).get()) != nullptr;
+    return (relu && !nextIsPool) || pool;
+}
+
+}  // namespace
+
+torch::Tensor forwardModel(torch::nn::Sequential& model, const torch::Tensor& x, const ForwardOptions& options) {
+    if (!options.checkpoint || !torch::GradMode::is_enabled()) return model->forward(x);
+    // Block boundaries: after each activation (and its pool). The head after the last block
+    // runs normally.
+    std::vector<int64_t> ends;
+    for (size_t i = 0; i < model->size(); ++i)
+        if (endsBlock(model, i)) ends.push_back(static_cast<int64_t>(i) + 1);
+    const auto blocks = static_cast<int64_t>(ends.size());
+    if (blocks == 0) return model->forward(x);
+    const auto segments = static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(blocks))));
+    const auto perSegment = (blocks + segments - 1) / segments;
+    const int64_t dtype = options.autocast ? static_cast<int64_t>(*options.autocast) : -1;
+    if (perSegment > blocks - 1) return model->forward(x);  // one segment: nothing to checkpoint
+    // A custom function whose inputs need no grad is never called in backward (its range's
+    // parameters would get no gradients), so the data entering the first segment is marked as
+    // requiring grad, as torch.utils.checkpoint asks of its users.
+    const bool inputGrad = x.requires_grad();
+    torch::Tensor h = inputGrad ? x : x.detach().requires_grad_(true);
+    int64_t begin = 0;
+    // The last segment runs normally, as checkpoint_sequential does: its activations are the
+    // first ones backward needs, so recomputing them would cost time and save no peak memory.
+    for (int64_t b = perSegment - 1; b < blocks - 1; b += perSegment) {
+        const int64_t end = ends[static_cast<size_t>(b)];
+        h = CheckpointRange::apply(h, reinterpret_cast<int64_t>(&model), begin, end, dtype,
+                                   static_cast<int64_t>(options.device), begin == 0 ? inputGrad : true);
+        begin = end;
+    }
+    return runRange(model, begin, static_cast<int64_t>(model->size()), h);
+}
+
+}  // namespace lathe::core
