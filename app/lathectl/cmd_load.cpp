@@ -10,6 +10,7 @@
 
 #include "cli_common.h"
 #include "lathe/core/error.h"
+#include "lathe/core/events.h"
 #include "lathe/core/loadgen.h"
 #include "lathe/core/registry.h"
 
@@ -104,7 +105,7 @@ int runLoadCommand(LoadState& st) {
     if (tty) std::fprintf(stderr, "\r\033[K");
 
     if (registry) {
-        const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+        const double now = core::nowSeconds();
         registry->appendServingMetrics(st.load.model, 0, now,
                                        {{"load/qps", report.qps},
                                         {"load/p50_ms", report.p50Ms},

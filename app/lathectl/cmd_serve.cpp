@@ -10,6 +10,7 @@
 
 #include "cli_common.h"
 #include "lathe/core/deploy.h"
+#include "lathe/core/executable.h"
 #include "lathe/core/model_artifact.h"
 #include "lathe/core/http_client.h"
 #include "lathe/core/monitor.h"
@@ -55,12 +56,6 @@ std::unique_ptr<core::Registry> openRegistry(const CommonOptions& c) {
     }
 }
 
-std::string selfPath() {
-    char buf[PATH_MAX];
-    const auto n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-    if (n <= 0) throw core::Error("cannot find the path of lathectl (/proc/self/exe)");
-    return std::string(buf, static_cast<size_t>(n));
-}
 
 void runServe(ServeState& st, int& exitCode) {
     if (st.model.empty() == st.file.empty()) throw UsageError("give exactly one of --model NAME[:V|@ALIAS] and --file MODEL.pt");
@@ -152,7 +147,7 @@ core::DeployOptions deployOptions(const DeployState& st) {
     core::DeployOptions o;
     o.port = st.port;
     o.host = st.host;
-    o.serverProgram = selfPath();
+    o.serverProgram = core::executablePath();
     o.reason = st.reason;
     o.readyTimeoutS = st.readyTimeout;
     if (st.maxBatch > 0) o.serverArgs.insert(o.serverArgs.end(), {"--max-batch", std::to_string(st.maxBatch)});

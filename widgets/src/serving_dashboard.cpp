@@ -1,6 +1,6 @@
+#include "lathe/core/events.h"
 #include "lathe/widgets/serving_dashboard.h"
 
-#include <QDateTime>
 #include <QHeaderView>
 #include <QLabel>
 #include <QSortFilterProxyModel>
@@ -29,8 +29,6 @@ constexpr double kBatchWindowS = 60.0;
 constexpr int kDiscoverEvery = 10;
 constexpr int kDiscoverEmptyEvery = 3;
 const char* const kBatchPrefix = "batch_hist/";
-
-double nowSeconds() { return double(QDateTime::currentMSecsSinceEpoch()) / 1000.0; }
 
 double parseBound(const std::string& le) {
     if (le == "+Inf" || le == "Inf" || le == "inf") return std::numeric_limits<double>::infinity();
@@ -200,7 +198,7 @@ void ServingDashboard::showModel(std::shared_ptr<const core::Registry> registry,
     m_batchKeys.clear();
     m_batchWindow.clear();
     m_deployments.clear();
-    m_historyStart = std::max(0.0, nowSeconds() - m_historyS);
+    m_historyStart = std::max(0.0, core::nowSeconds() - m_historyS);
     m_chart->clear();
     m_deployModel->setDeployments({});
     m_alertModel->setAlerts({});
@@ -303,7 +301,7 @@ void ServingDashboard::applyPoll(uint64_t generation, const std::shared_ptr<Poll
     }
     m_deployments = result->deployments;
     m_chart->setDeployments(result->deployments);
-    m_chart->setAlerts(result->alerts, nowSeconds());
+    m_chart->setAlerts(result->alerts, core::nowSeconds());
     m_deployModel->setDeployments(std::move(result->deployments));
     m_alertModel->setAlerts(std::move(result->alerts));
     updateBatchChart();

@@ -9,6 +9,7 @@
 
 #include "data/raw.h"
 #include "lathe/core/error.h"
+#include "lathe/core/executable.h"
 
 namespace fs = std::filesystem;
 
@@ -72,11 +73,10 @@ RawSet makeSpirals(int64_t perClass, int64_t classes, uint64_t seed) {
 std::string findResource(const std::string& relative) {
     std::vector<fs::path> roots;
     if (const char* env = std::getenv("LATHE_RESOURCES"); env && *env) roots.emplace_back(env);
-    char exe[4096];
-    const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-        exe[n] = '\0';
-        roots.push_back(fs::path(exe).parent_path().parent_path() / "share" / "lathe");
+    try {
+        roots.push_back(fs::path(executablePath()).parent_path().parent_path() / "share" / "lathe");
+    } catch (const Error&) {
+        // no /proc: the other roots still apply
     }
 #ifdef LATHE_SOURCE_RESOURCES
     roots.emplace_back(LATHE_SOURCE_RESOURCES);

@@ -21,6 +21,8 @@
 
 #include "lathe/core/launcher.h"
 #include "lathe/core/error.h"
+#include "lathe/core/executable.h"
+#include "ports.h"
 
 namespace fs = std::filesystem;
 extern char** environ;
@@ -40,35 +42,6 @@ int envInt(const char* name, int fallback, int lo, int hi) {
     return static_cast<int>(x);
 }
 
-int freePort() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) throw Error(std::string("socket: ") + std::strerror(errno));
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = 0;
-    socklen_t len = sizeof addr;
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-        ::close(fd);
-        throw Error(std::string("cannot find a free port: ") + std::strerror(errno));
-    }
-    ::close(fd);
-    return ntohs(addr.sin_port);
-}
-
-std::string defaultProgram() {
-    char exe[4096];
-    const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0) throw Error("cannot find this executable to start workers");
-    exe[n] = '\0';
-    const fs::path self(exe);
-    if (self.filename() == "lathectl") return self.string();
-    const auto sibling = self.parent_path() / "lathectl";
-    std::error_code ec;
-    if (fs::exists(sibling, ec)) return sibling.string();
-    throw Error("cannot find lathectl next to " + self.string() + " to start the workers");
-}
 
 struct Worker {
     int rank = 0;
@@ -121,12 +94,12 @@ LaunchResult launchOnce(const LaunchOptions& options, const EventSink& sink, con
 
 LaunchResult launchLocal(const LaunchOptions& options, const EventSink& sink) {
     if (options.nproc < 1) throw ConfigError("`nproc` must be at least 1");
-    const std::string program = options.program.empty() ? defaultProgram() : options.program;
+    const std::string program = options.program.empty() ? siblingProgram("lathectl") : options.program;
     // The free port is probed and released before rank 0 binds it; if another program takes it
     // in between, the rendezvous fails at once and the launch is retried on a new port.
     for (int attempt = 1;; ++attempt) {
         bool portTaken = false;
-        auto result = launchOnce(options, sink, program, freePort(), portTaken);
+        auto result = launchOnce(options, sink, program, ephemeralLoopbackPort(), portTaken);
         if (!portTaken || attempt == 3) return result;
         if (sink) sink(Event::log("warn", "rendezvous port was taken by another program; retrying on a new port"));
     }

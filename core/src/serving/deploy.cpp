@@ -29,6 +29,7 @@
 #include "lathe/core/http_client.h"
 #include "lathe/core/monitor.h"
 #include "lathe/core/store.h"
+#include "ports.h"
 #include "lathe/core/scraper.h"
 
 namespace fs = std::filesystem;
@@ -57,19 +58,6 @@ uint16_t portOf(const std::string& url) {
     }
 }
 
-bool portFree(const std::string& host, uint16_t port) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return false;
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    if (::inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1) a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-    ::close(fd);
-    return ok;
-}
 
 // Running and not a zombie: an orphaned server is reaped by init, but not every container's
 // init reaps promptly.

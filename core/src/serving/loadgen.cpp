@@ -29,6 +29,7 @@
 #include <thread>
 
 #include "lathe/core/error.h"
+#include "lathe/core/http_client.h"
 
 namespace lathe::core {
 namespace {
@@ -52,37 +53,20 @@ struct Target {
 };
 
 Target parseTarget(const std::string& url) {
-    const std::string scheme = "http://";
-    if (url.compare(0, scheme.size(), scheme) != 0) {
-        if (url.compare(0, 8, "https://") == 0)
-            throw ConfigError("--url " + url + ": https is not supported (use http://, or an SSH tunnel)");
-        throw ConfigError("--url '" + url + "' must look like http://HOST:PORT");
+    HttpUrl u;
+    try {
+        u = parseHttpUrl(url);
+    } catch (const ConfigError& ex) {
+        throw ConfigError("--url '" + url + "': " + ex.what());
     }
     Target t;
     t.base = url;
-    while (t.base.size() > scheme.size() && t.base.back() == '/') t.base.pop_back();
-    const size_t slash = t.base.find('/', scheme.size());
-    std::string authority = t.base.substr(scheme.size(), slash == std::string::npos ? std::string::npos : slash - scheme.size());
-    if (slash != std::string::npos) t.prefix = t.base.substr(slash);
-    t.hostHeader = authority;
-    if (!authority.empty() && authority.front() == '[') {  // [::1]:8500
-        const size_t close = authority.find(']');
-        if (close == std::string::npos) throw ConfigError("--url '" + url + "': unterminated '[' in the host");
-        t.host = authority.substr(1, close - 1);
-        if (close + 1 < authority.size()) {
-            if (authority[close + 1] != ':') throw ConfigError("--url '" + url + "': junk after ']' in the host");
-            t.port = authority.substr(close + 2);
-        }
-    } else if (const size_t colon = authority.rfind(':'); colon != std::string::npos) {
-        t.host = authority.substr(0, colon);
-        t.port = authority.substr(colon + 1);
-    } else {
-        t.host = authority;
-    }
-    int port = 0;
-    const auto [end, ec] = std::from_chars(t.port.data(), t.port.data() + t.port.size(), port);
-    if (t.host.empty() || ec != std::errc() || end != t.port.data() + t.port.size() || port < 1 || port > 65535)
-        throw ConfigError("--url '" + url + "' must look like http://HOST:PORT (port 1–65535)");
+    while (!t.base.empty() && t.base.back() == '/') t.base.pop_back();
+    t.host = u.host;
+    t.port = u.port;
+    t.hostHeader = u.authority;
+    t.prefix = u.target;
+    while (!t.prefix.empty() && t.prefix.back() == '/') t.prefix.pop_back();
     return t;
 }
 
@@ -97,68 +81,23 @@ std::string errorText(const std::string& body) {
     return body.substr(0, 200);
 }
 
-// One blocking exchange for the checks before the run. Beast's deadlines only apply to
-// asynchronous operations, so each step runs asynchronously and the caller waits for it.
-struct Fetched {
-    beast::error_code ec;
-    bool connected = false;
-    int status = 0;
-    std::string body;
-};
-
-Fetched fetch(const tcp::resolver::results_type& endpoints, const Target& t, http::verb verb,
-              const std::string& path, const std::string& body, double timeoutS) {
-    asio::io_context ioc;
-    beast::tcp_stream stream(ioc);
-    beast::flat_buffer buffer;
-    Request req{verb, path, 11};
-    req.set(http::field::host, t.hostHeader);
-    req.set(http::field::user_agent, "lathectl-load");
-    req.set(http::field::connection, "close");
-    if (verb == http::verb::post) {
-        req.set(http::field::content_type, "application/json");
-        req.body() = body;
-    }
-    req.prepare_payload();
-    http::response_parser<http::string_body> parser;
-    parser.body_limit(kMaxResponseBytes);
-    Fetched f;
-    stream.expires_after(std::chrono::milliseconds(static_cast<int64_t>(timeoutS * 1000)));
-    stream.async_connect(endpoints, [&](beast::error_code ec, const tcp::endpoint&) {
-        if (ec) {
-            f.ec = ec;
-            return;
-        }
-        f.connected = true;
-        http::async_write(stream, req, [&](beast::error_code ec2, size_t) {
-            if (ec2) {
-                f.ec = ec2;
-                return;
-            }
-            http::async_read(stream, buffer, parser, [&](beast::error_code ec3, size_t) {
-                f.ec = ec3;
-                if (!ec3) {
-                    f.status = static_cast<int>(parser.get().result_int());
-                    f.body = parser.get().body();
-                }
-            });
-        });
-    });
-    ioc.run();
-    beast::error_code ignored;
-    stream.socket().close(ignored);
-    return f;
+// One blocking exchange for the checks before the run (the shared client, http_client.h).
+HttpExchange fetch(const Target& t, const char* method, const std::string& path, const std::string& body,
+                   double timeoutS) {
+    HttpUrl u;
+    u.host = t.host;
+    u.port = t.port;
+    u.authority = t.hostHeader;
+    u.target = path;
+    return httpExchange(method, u, body, timeoutS, "application/json", "lathectl-load");
 }
 
-[[noreturn]] void unreachable(const Target& t, const Fetched& f, double timeoutS) {
-    if (f.ec == beast::error::timeout) {
-        char secs[32];
-        std::snprintf(secs, sizeof secs, "%g", timeoutS);
-        throw Error("cannot reach " + t.base + ": no answer within " + secs + " s" +
+[[noreturn]] void unreachable(const Target& t, const HttpExchange& f) {
+    if (f.timedOut)
+        throw Error("cannot reach " + t.base + ": " + f.reason +
                     (f.connected ? " (it accepted the connection but did not answer)" : kServerHint));
-    }
-    if (!f.connected) throw Error("cannot reach " + t.base + ": " + f.ec.message() + kServerHint);
-    throw Error(t.base + " closed the connection without a valid HTTP answer (" + f.ec.message() +
+    if (!f.connected) throw Error("cannot reach " + t.base + ": " + f.reason + kServerHint);
+    throw Error(t.base + " closed the connection without a valid HTTP answer (" + f.reason +
                 "): is it a KServe v2 inference server?");
 }
 
@@ -524,15 +463,16 @@ LoadReport runLoad(const LoadOptions& options, const std::atomic<bool>* stop, co
 
     // Before the run: the server answers and serves the model; its metadata shapes the body.
     const std::string path = modelPath(s.target, options.model);
-    const auto meta = fetch(s.endpoints, s.target, http::verb::get, path, {}, std::min(options.timeoutS, 10.0));
-    if (meta.ec) unreachable(s.target, meta, std::min(options.timeoutS, 10.0));
+    const auto fetched = fetch(s.target, "GET", path, {}, std::min(options.timeoutS, 10.0));
+    if (!fetched.error.empty()) unreachable(s.target, fetched);
+    const auto& meta = fetched.response;
     if (meta.status == 404) {
         std::string served;
-        const auto index = fetch(s.endpoints, s.target, http::verb::post, s.target.prefix + "/v2/repository/index", "{}",
+        const auto index = fetch(s.target, "POST", s.target.prefix + "/v2/repository/index", "{}",
                                  std::min(options.timeoutS, 10.0));
         try {
-            if (!index.ec && index.status == 200)
-                for (const auto& m : nlohmann::json::parse(index.body))
+            if (index.error.empty() && index.response.status == 200)
+                for (const auto& m : nlohmann::json::parse(index.response.body))
                     served += (served.empty() ? "" : ", ") + m.at("name").get<std::string>();
         } catch (const std::exception&) {
         }

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "lathe/core/error.h"
+#include "lathe/core/events.h"
 #include "lathe/core/http_client.h"
 #include "lathe/core/monitor.h"
 #include "lathe/core/scraper.h"
@@ -18,9 +19,6 @@
 namespace lathe::core {
 
 namespace {
-double wallNow() {
-    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 }  // namespace
 
 struct Scraper::Impl {
@@ -57,7 +55,7 @@ void Scraper::Impl::run() {
     auto next = std::chrono::steady_clock::now();
 
     while (!stopping.load()) {
-        const double t = wallNow();
+        const double t = nowSeconds();
         IntervalStats stats;
         try {
             const HttpResult r = httpRequest("GET", url + "/metrics", {}, timeoutS);
@@ -123,7 +121,7 @@ void Scraper::Impl::run() {
     // an alert left open would stay "firing" in the workspace forever.
     for (const auto& [rule, id] : openAlerts) {
         try {
-            registry.resolveAlert(id, wallNow());
+            registry.resolveAlert(id, nowSeconds());
         } catch (const std::exception&) {
         }
     }

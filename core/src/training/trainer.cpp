@@ -37,6 +37,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The training objective, one definition for the step and for evaluation.
+torch::Tensor classificationLoss(const torch::Tensor& logits, const torch::Tensor& labels,
+                                 torch::nn::functional::CrossEntropyFuncOptions::reduction_t reduction = torch::kMean) {
+    return torch::nn::functional::cross_entropy(logits, labels,
+                                                torch::nn::functional::CrossEntropyFuncOptions().reduction(reduction));
+}
+
 struct Tensors {
     torch::Tensor x, y;
     int64_t size() const { return y.size(0); }
@@ -259,9 +266,7 @@ EvalResult evaluate(torch::nn::Sequential& model, const Tensors& data, c10::opti
         auto xb = data.x.slice(0, i, end);
         auto yb = data.y.slice(0, i, end);
         auto out = model->forward(xb).to(torch::kFloat);
-        lossSum += torch::nn::functional::cross_entropy(
-                       out, yb, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                       .item<double>();
+        lossSum += classificationLoss(out, yb, torch::kSum).item<double>();
         correct += out.argmax(1).eq(yb).sum().item<int64_t>();
     }
     model->train();
@@ -520,7 +525,7 @@ TrainResult torch_impl::train(const RunSpec& spec, const TrainOptions& options, 
                     out = forwardModel(model, xb, fwd);
                 }
                 // The loss in FP32, outside autocast, as torch.autocast recommends.
-                loss = torch::nn::functional::cross_entropy(out.to(torch::kFloat), yb);
+                loss = classificationLoss(out.to(torch::kFloat), yb);
             }
             if (sampleMemory) sampleHeapPeak();
             Reducer::Stats comm;
