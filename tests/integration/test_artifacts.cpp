@@ -1,7 +1,9 @@
 // Model artifacts from files nobody vouches for: a TorchScript file's Lathe metadata is read
 // defensively, at registration and again whenever a server loads it.
-#include <catch2/catch.hpp>
+// LibTorch first: glog (through c10) defines CHECK too, and Catch2's must be the one in force.
 #include <torch/script.h>
+
+#include <catch2/catch.hpp>
 
 #include <filesystem>
 

@@ -20,6 +20,7 @@
 #include "lathe/kernels/scale_and_check.h"
 #include "training/zoo.h"
 #include "torch_backend.h"
+#include "training/loss_scaler.h"
 #include "training/profiler.h"
 
 namespace lathe::core {
@@ -84,124 +85,6 @@ double learningRate(const RunSpec& spec, int64_t step, int64_t epoch, int64_t to
     if (step < spec.warmupSteps) lr *= static_cast<double>(step + 1) / static_cast<double>(spec.warmupSteps);
     return lr;
 }
-
-// Dynamic loss scaling with the semantics of torch.cuda.amp.GradScaler: the loss is scaled
-// before backward, gradients are unscaled once (checking for inf/NaN) before clipping and the
-// optimizer step; a step with non-finite gradients is skipped and the scale backs off; after
-// `growth_interval` clean steps in a row it grows. On CUDA the fused ATen ops do the unscale,
-// check and update; elsewhere our own fused kernel (kernels/scale_and_check) does the unscale
-// and check, and the update rule runs here.
-// Does this LibTorch have CPU kernels for the fused AMP ops? 1.13 has them for CUDA only;
-// later releases add CPU ones. Probed once on a one-element tensor.
-bool atenAmpOpsOnCpu() {
-    static const bool available = [] {
-        try {
-            std::vector<torch::Tensor> grads{torch::ones({1})};
-            auto found = torch::zeros({1});
-            auto inv = torch::ones({1});
-            at::_amp_foreach_non_finite_check_and_unscale_(grads, found, inv);
-            auto scale = torch::ones({1});
-            auto tracker = torch::zeros({1}, torch::kInt);
-            at::_amp_update_scale_(scale, tracker, found, 2.0, 0.5, 10);
-            return true;
-        } catch (const c10::Error&) {
-            return false;
-        }
-    }();
-    return available;
-}
-
-class LossScaler {
-public:
-    LossScaler(const RunSpec& spec, torch::Device device)
-        : m_device(device), m_useAten(device.is_cuda() || atenAmpOpsOnCpu()) {
-        const auto mode = lossScaleMode(spec);
-        m_enabled = mode.kind != LossScaleMode::Kind::Off;
-        m_dynamic = mode.kind == LossScaleMode::Kind::Dynamic;
-        m_scale = static_cast<float>(m_dynamic ? spec.lossScaleInit : mode.staticScale);
-        m_growth = static_cast<float>(spec.lossScaleGrowth);
-        m_backoff = static_cast<float>(spec.lossScaleBackoff);
-        m_interval = spec.lossScaleGrowthInterval;
-    }
-    bool enabled() const { return m_enabled; }
-    double scale() const { return m_scale; }
-    /// Which implementation unscales and updates: ATen's fused ops or our kernel.
-    const char* implementation() const {
-        return m_useAten ? "ATen fused AMP ops" : "Lathe's scale_and_check kernel";
-    }
-
-    torch::Tensor scaleLoss(const torch::Tensor& loss) const { return m_enabled ? loss * m_scale : loss; }
-
-    /// Unscales every gradient in place; true when any is inf or NaN.
-    bool unscaleAndCheck(const std::vector<torch::Tensor>& params) {
-        if (!m_enabled) return false;
-        // As GradScaler: the reciprocal is taken in double, then rounded to float.
-        const float inv = static_cast<float>(1.0 / static_cast<double>(m_scale));
-        std::vector<torch::Tensor> grads;
-        for (const auto& p : params)
-            if (p.grad().defined()) grads.push_back(p.grad());
-        if (m_useAten) {
-            auto found = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat).device(m_device));
-            auto invT = torch::full({1}, inv, torch::TensorOptions().dtype(torch::kFloat).device(m_device));
-            at::_amp_foreach_non_finite_check_and_unscale_(grads, found, invT);
-            m_foundDevice = found;
-            return found.item<float>() != 0.0f;
-        }
-        bool found = false;
-        for (auto& g : grads) {
-            TORCH_CHECK(g.scalar_type() == torch::kFloat && g.is_contiguous(), "gradients must be contiguous float32");
-            found |= kernels::scaleAndCheck(g.data_ptr<float>(), static_cast<size_t>(g.numel()), inv);
-        }
-        return found;
-    }
-
-    void update(bool foundInf) {
-        if (!m_dynamic) return;
-        if (m_useAten && m_foundDevice.defined()) {
-            if (foundInf) m_foundDevice.fill_(1.0f);  // also a non-finite loss, not only gradients
-            auto scaleT = torch::full({1}, m_scale, torch::TensorOptions().dtype(torch::kFloat).device(m_device));
-            auto tracker = torch::full({1}, m_tracker, torch::TensorOptions().dtype(torch::kInt).device(m_device));
-            at::_amp_update_scale_(scaleT, tracker, m_foundDevice, m_growth, m_backoff, m_interval);
-            m_scale = scaleT.item<float>();
-            m_tracker = tracker.item<int>();
-            return;
-        }
-        if (foundInf) {
-            m_scale *= m_backoff;
-            m_tracker = 0;
-        } else if (++m_tracker >= m_interval) {
-            const float grown = m_scale * m_growth;
-            if (std::isfinite(grown)) m_scale = grown;
-            m_tracker = 0;
-        }
-    }
-
-    bool isStatic() const { return m_enabled && !m_dynamic; }
-
-    CheckpointExtras state() const {
-        return {{"amp_scale", torch::tensor({m_scale})},
-                {"amp_growth_tracker", torch::tensor({m_tracker})},
-                {"amp_dynamic", torch::tensor({static_cast<int64_t>(m_dynamic)})}};
-    }
-    /// Only a dynamic scaler's state carries over, and only into a dynamic scaler: a scale of
-    /// 1.0 saved by an unscaled fp32 run must not become an fp16 run's starting scale.
-    void restore(const CheckpointExtras& extras) {
-        auto dyn = extras.find("amp_dynamic");
-        if (!m_dynamic || dyn == extras.end() || dyn->second.item<int64_t>() == 0) return;
-        if (auto it = extras.find("amp_scale"); it != extras.end()) m_scale = it->second.item<float>();
-        if (auto it = extras.find("amp_growth_tracker"); it != extras.end())
-            m_tracker = std::clamp<int64_t>(it->second.item<int64_t>(), 0, m_interval - 1);
-    }
-
-private:
-    torch::Device m_device;
-    bool m_useAten;
-    bool m_enabled = false, m_dynamic = false;
-    float m_scale = 1.0f, m_growth = 2.0f, m_backoff = 0.5f;
-    int64_t m_interval = 2000;
-    int64_t m_tracker = 0;
-    torch::Tensor m_foundDevice;
-};
 
 }  // namespace
 
