@@ -16,6 +16,7 @@ core=(
   catch2 openssh-server openssh-client       # tests; sshd is started on loopback by the remote tests
   python3-torch                              # PyTorch baseline of the trainer benchmark
   clang libclang-rt-14-dev                   # libFuzzer for the request-parser fuzz test
+  clang-format                               # the style test (packaging/check-format.sh)
 )
 gui=(
   qt6-base-dev libqcustomplot-dev libgl-dev fonts-dejavu-core

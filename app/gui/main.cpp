@@ -26,14 +26,16 @@ int main(int argc, char** argv) {
     parser.setApplicationDescription(QStringLiteral("Lathe workbench: configure, train and compare runs."));
     parser.addHelpOption();
     parser.addVersionOption();
-    QCommandLineOption dbOption(QStringLiteral("db"),
-                                QStringLiteral("Workspace database (default: $LATHE_DB, else $XDG_DATA_HOME/lathe/lathe.db)."),
-                                QStringLiteral("PATH"));
+    QCommandLineOption dbOption(
+        QStringLiteral("db"),
+        QStringLiteral("Workspace database (default: $LATHE_DB, else $XDG_DATA_HOME/lathe/lathe.db)."),
+        QStringLiteral("PATH"));
     // For smoke tests on a real display server: save a grab of the window, then quit.
     QCommandLineOption screenshotOption(QStringLiteral("screenshot"),
-                                        QStringLiteral("Save a PNG of the window after it is shown."), QStringLiteral("FILE"));
-    QCommandLineOption quitAfterOption(QStringLiteral("quit-after"), QStringLiteral("Quit after MS milliseconds."),
-                                       QStringLiteral("MS"));
+                                        QStringLiteral("Save a PNG of the window after it is shown."),
+                                        QStringLiteral("FILE"));
+    QCommandLineOption quitAfterOption(QStringLiteral("quit-after"),
+                                       QStringLiteral("Quit after MS milliseconds."), QStringLiteral("MS"));
     QCommandLineOption selectOption(QStringLiteral("select"),
                                     QStringLiteral("Runs to show on start, overlaid (default: the newest)."),
                                     QStringLiteral("ID,ID,..."));
@@ -80,7 +82,8 @@ int main(int argc, char** argv) {
     if (parser.isSet(screenshotOption)) {
         const QString file = parser.value(screenshotOption);
         QTimer::singleShot(1500, &window, [&window, file] {
-            if (!window.grab().save(file)) std::fprintf(stderr, "lathe: could not save %s\n", qPrintable(file));
+            if (!window.grab().save(file))
+                std::fprintf(stderr, "lathe: could not save %s\n", qPrintable(file));
         });
     }
     if (parser.isSet(quitAfterOption)) {

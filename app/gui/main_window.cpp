@@ -26,16 +26,16 @@
 #include <algorithm>
 #include <exception>
 
+#include "deploy_session.h"
 #include "lathe/core/error.h"
 #include "lathe/widgets/comm_view.h"
 #include "lathe/widgets/dashboard.h"
 #include "lathe/widgets/loss_scale_view.h"
 #include "lathe/widgets/models_view.h"
-#include "lathe/widgets/serving_dashboard.h"
 #include "lathe/widgets/profile_view.h"
 #include "lathe/widgets/run_form.h"
 #include "lathe/widgets/run_list_model.h"
-#include "deploy_session.h"
+#include "lathe/widgets/serving_dashboard.h"
 #include "training_session.h"
 
 namespace lathe::app {
@@ -142,16 +142,20 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
     });
     connect(m_table->selectionModel(), &QItemSelectionModel::selectionChanged, this,
             &MainWindow::onSelectionChanged);
-    connect(m_models, &widgets::ModelsView::deployRequested, this, [this](const QString& model, qint64 version) {
-        if (!m_deploy || !m_deploy->deploy(model, version))
-            showError(tr("Cannot deploy"), m_deploy ? tr("Another deployment is in progress.")
-                                                    : tr("The model registry of this workspace is not open."));
-    });
-    connect(m_models, &widgets::ModelsView::rollbackRequested, this, [this](const QString& model, qint64, qint64) {
-        if (!m_deploy || !m_deploy->rollback(model))
-            showError(tr("Cannot roll back"), m_deploy ? tr("Another deployment is in progress.")
-                                                       : tr("The model registry of this workspace is not open."));
-    });
+    connect(
+        m_models, &widgets::ModelsView::deployRequested, this, [this](const QString& model, qint64 version) {
+            if (!m_deploy || !m_deploy->deploy(model, version))
+                showError(tr("Cannot deploy"), m_deploy
+                                                   ? tr("Another deployment is in progress.")
+                                                   : tr("The model registry of this workspace is not open."));
+        });
+    connect(m_models, &widgets::ModelsView::rollbackRequested, this,
+            [this](const QString& model, qint64, qint64) {
+                if (!m_deploy || !m_deploy->rollback(model))
+                    showError(tr("Cannot roll back"),
+                              m_deploy ? tr("Another deployment is in progress.")
+                                       : tr("The model registry of this workspace is not open."));
+            });
     openRegistry();
 
     m_refreshTimer = new QTimer(this);
@@ -206,7 +210,8 @@ void MainWindow::openRegistry() {
         m_registry = std::make_shared<core::Registry>(m_store->path());
     } catch (const std::exception& e) {
         m_models->setRegistry(nullptr);
-        m_models->setStatusText(tr("Could not open the model registry: %1").arg(QString::fromUtf8(e.what())), true);
+        m_models->setStatusText(tr("Could not open the model registry: %1").arg(QString::fromUtf8(e.what())),
+                                true);
         showError(tr("Cannot open the model registry"), QString::fromUtf8(e.what()));
         return;
     }
@@ -216,12 +221,13 @@ void MainWindow::openRegistry() {
 }
 
 void MainWindow::connectDeploySession() {
-    connect(m_deploy.get(), &DeploySession::started, this, [this](const QString& action, const QString& model) {
-        const QString text = action == QLatin1String("rollback") ? tr("Rolling back %1…").arg(model)
-                                                                 : tr("Deploying %1…").arg(model);
-        m_models->setBusy(true, text);
-        statusBar()->showMessage(text);
-    });
+    connect(m_deploy.get(), &DeploySession::started, this,
+            [this](const QString& action, const QString& model) {
+                const QString text = action == QLatin1String("rollback") ? tr("Rolling back %1…").arg(model)
+                                                                         : tr("Deploying %1…").arg(model);
+                m_models->setBusy(true, text);
+                statusBar()->showMessage(text);
+            });
     connect(m_deploy.get(), &DeploySession::progress, this, [this](const QString& text) {
         m_models->setStatusText(text);
         statusBar()->showMessage(text);
@@ -235,8 +241,9 @@ void MainWindow::onDeployFinished(const DeployOutcome& outcome) {
     m_models->dashboard()->pollNow();
     const bool rollback = outcome.action == QLatin1String("rollback");
     if (!outcome.ok()) {
-        const QString what = rollback ? tr("Rollback of %1 failed").arg(outcome.model)
-                                      : tr("Deployment of %1 v%2 failed").arg(outcome.model).arg(outcome.version);
+        const QString what = rollback
+                                 ? tr("Rollback of %1 failed").arg(outcome.model)
+                                 : tr("Deployment of %1 v%2 failed").arg(outcome.model).arg(outcome.version);
         m_models->setStatusText(what + QStringLiteral(": ") + outcome.error, true);
         showError(what, outcome.error);
         return;
@@ -297,7 +304,8 @@ void MainWindow::selectRuns(const std::vector<int64_t>& runIds) {
 void MainWindow::selectNewestRun() {
     // Reopening a workspace shows where one left off: the latest run and its curves.
     int64_t newest = 0;
-    for (int row = 0; row < m_runModel->rowCount(); ++row) newest = std::max(newest, m_runModel->runIdAt(row));
+    for (int row = 0; row < m_runModel->rowCount(); ++row)
+        newest = std::max(newest, m_runModel->runIdAt(row));
     if (newest > 0) selectRuns({newest});
 }
 

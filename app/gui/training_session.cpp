@@ -42,8 +42,8 @@ bool TrainingSession::start(const core::RunSpec& spec) {
         std::string error;
         int64_t id = 0;
         try {
-            core::RecordedRun rec = core::trainAndRecord(m_store, spec, options,
-                                                         [this](const core::Event& e) { observe(e); });
+            core::RecordedRun rec =
+                core::trainAndRecord(m_store, spec, options, [this](const core::Event& e) { observe(e); });
             id = rec.runId;
             status = rec.result.status;
             error = rec.result.error;

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "lathe/core/events.h"
+#include "lathe/core/record.h"
 #include "lathe/core/run_spec.h"
 #include "lathe/core/store.h"
-#include "lathe/core/record.h"
 #include "lathe/core/trainer.h"
 
 namespace lathe::app {
@@ -55,8 +55,8 @@ Q_SIGNALS:
 
 private:
     void observe(const core::Event& event);  // training thread
-    void drain();                           // GUI thread
-    void onWorkerDone();                    // GUI thread
+    void drain();                            // GUI thread
+    void onWorkerDone();                     // GUI thread
 
     core::Store& m_store;
     std::thread m_thread;

@@ -1,9 +1,9 @@
 #include "cli_common.h"
 
-#include <sstream>
 #include <cmath>
 #include <csignal>
 #include <ctime>
+#include <sstream>
 
 #include "lathe/core/error.h"
 
@@ -59,18 +59,23 @@ void removeStopHandler() {
 void addSpecFlags(CLI::App* cmd, SpecFlags& flags) {
     cmd->add_option("config", flags.config, "TOML run configuration; flags override its keys");
     for (const auto& k : core::specKeys()) {
-        std::string typeName = k.kind == "int" ? "INT" : k.kind == "float" ? "X" : k.kind == "int-list" ? "N,N,..." : "TEXT";
+        std::string typeName = k.kind == "int"        ? "INT"
+                               : k.kind == "float"    ? "X"
+                               : k.kind == "int-list" ? "N,N,..."
+                                                      : "TEXT";
         if (k.kind == "choice") {
             typeName.clear();
             for (const auto& c : k.choices) typeName += (typeName.empty() ? "" : "|") + c;
         }
         if (k.kind == "bool") {
             // `--profile` alone means true; `--profile false` is accepted too.
-            flags.options[k.name] =
-                cmd->add_option(flagName(k.name), flags.values[k.name], k.help)->expected(0, 1)->type_name("[true|false]");
+            flags.options[k.name] = cmd->add_option(flagName(k.name), flags.values[k.name], k.help)
+                                        ->expected(0, 1)
+                                        ->type_name("[true|false]");
             continue;
         }
-        flags.options[k.name] = cmd->add_option(flagName(k.name), flags.values[k.name], k.help)->type_name(typeName);
+        flags.options[k.name] =
+            cmd->add_option(flagName(k.name), flags.values[k.name], k.help)->type_name(typeName);
     }
 }
 
@@ -108,7 +113,8 @@ std::string formatDuration(double s) {
     else if (s < 3600)
         std::snprintf(buf, sizeof buf, "%d min %02d s", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
     else
-        std::snprintf(buf, sizeof buf, "%d h %02d min", static_cast<int>(s) / 3600, static_cast<int>(s) % 3600 / 60);
+        std::snprintf(buf, sizeof buf, "%d h %02d min", static_cast<int>(s) / 3600,
+                      static_cast<int>(s) % 3600 / 60);
     return buf;
 }
 
@@ -133,11 +139,11 @@ std::vector<int64_t> parseShape(const std::string& text) {
             if (used != part.size() || v <= 0) throw std::invalid_argument("");
             out.push_back(v);
         } catch (const std::exception&) {
-            throw UsageError("--input-shape '" + text + "' must be positive integers separated by commas (e.g. 3,224,224)");
+            throw UsageError("--input-shape '" + text +
+                             "' must be positive integers separated by commas (e.g. 3,224,224)");
         }
     }
     return out;
 }
-
 
 }  // namespace lathe::cli

@@ -39,15 +39,16 @@ int runCheck(const HostsState& st) {
     nlohmann::json j{{"host", spec.label()}};
     try {
         remote::SshSession session(spec);
-        session.connect(st.trustOnFirstUse ? remote::HostKeyPolicy::TrustOnFirstUse : remote::HostKeyPolicy::Strict);
+        session.connect(st.trustOnFirstUse ? remote::HostKeyPolicy::TrustOnFirstUse
+                                           : remote::HostKeyPolicy::Strict);
         j["host_key"] = session.hostKeyFingerprint();
         std::string out, err;
         // A wedged nvidia-smi or a host gone quiet must not hang the check: the probe gets a
         // deadline of its own.
         const double probeTimeout = std::max(30, 3 * st.timeout);
         const auto res = session.exec(
-            kProbe, [&](std::string_view c) { out.append(c); }, [&](std::string_view c) { err.append(c); }, nullptr,
-            probeTimeout);
+            kProbe, [&](std::string_view c) { out.append(c); }, [&](std::string_view c) { err.append(c); },
+            nullptr, probeTimeout);
         j["exit_status"] = res.exitStatus;
         if (res.exitStatus != 0 && !err.empty()) j["stderr"] = err.substr(0, 2000);
         std::istringstream lines(out);
@@ -95,9 +96,11 @@ void registerHosts(CLI::App& app, int& exitCode) {
     auto* hosts = app.add_subcommand("hosts", "remote hosts reached over SSH");
     hosts->require_subcommand(1);
     auto st = std::make_shared<HostsState>();
-    auto* check = hosts->add_subcommand("check", "connect, verify the host key, and report OS, cores and GPUs");
+    auto* check =
+        hosts->add_subcommand("check", "connect, verify the host key, and report OS, cores and GPUs");
     check->add_option("HOST", st->target, "[user@]host[:port]")->required();
-    check->add_option("--identity,-i", st->identity, "private key file (default: ssh-agent, then ~/.ssh keys)");
+    check->add_option("--identity,-i", st->identity,
+                      "private key file (default: ssh-agent, then ~/.ssh keys)");
     check->add_option("--known-hosts", st->knownHosts, "known_hosts file (default: ~/.ssh/known_hosts)");
     check->add_flag("--trust-on-first-use", st->trustOnFirstUse,
                     "add an unknown host key to known_hosts (a changed key is always refused)");

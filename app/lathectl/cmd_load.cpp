@@ -41,27 +41,44 @@ int64_t answered(const core::LoadReport& r) {
 nlohmann::json reportJson(const core::LoadOptions& o, const core::LoadReport& r) {
     nlohmann::json by = nlohmann::json::object();
     for (const auto& [k, n] : r.byStatus) by[k] = n;
-    return {{"url", o.url},       {"model", o.model},     {"rate", o.rate},           {"duration_s", o.durationS},
-            {"users", o.users},   {"rows", o.rowsPerRequest}, {"binary", o.binary},
-            {"sent", r.sent},     {"ok", r.ok},           {"errors", r.errors},       {"unsent", r.unsent},
-            {"by_status", by},    {"elapsed_s", r.elapsedS}, {"qps", r.qps},
-            {"p50_ms", r.p50Ms},  {"p90_ms", r.p90Ms},    {"p99_ms", r.p99Ms},        {"p999_ms", r.p999Ms},
-            {"max_ms", r.maxMs},  {"mean_ms", r.meanMs},      {"client_cpu_s", r.clientCpuS}};
+    return {{"url", o.url},
+            {"model", o.model},
+            {"rate", o.rate},
+            {"duration_s", o.durationS},
+            {"users", o.users},
+            {"rows", o.rowsPerRequest},
+            {"binary", o.binary},
+            {"sent", r.sent},
+            {"ok", r.ok},
+            {"errors", r.errors},
+            {"unsent", r.unsent},
+            {"by_status", by},
+            {"elapsed_s", r.elapsedS},
+            {"qps", r.qps},
+            {"p50_ms", r.p50Ms},
+            {"p90_ms", r.p90Ms},
+            {"p99_ms", r.p99Ms},
+            {"p999_ms", r.p999Ms},
+            {"max_ms", r.maxMs},
+            {"mean_ms", r.meanMs},
+            {"client_cpu_s", r.clientCpuS}};
 }
 
 void printReport(const core::LoadOptions& o, const core::LoadReport& r) {
-    std::printf("load: %s at %s, %g req/s intended for %g s, %d users, %lld row(s) per request%s\n", o.model.c_str(),
-                o.url.c_str(), o.rate, o.durationS, o.users, static_cast<long long>(o.rowsPerRequest),
-                o.binary ? ", binary tensor data" : "");
-    std::printf("  sent       %lld in %.1f s, %lld answered 2xx: %.1f req/s\n", static_cast<long long>(r.sent),
-                r.elapsedS, static_cast<long long>(r.ok), r.qps);
+    std::printf("load: %s at %s, %g req/s intended for %g s, %d users, %lld row(s) per request%s\n",
+                o.model.c_str(), o.url.c_str(), o.rate, o.durationS, o.users,
+                static_cast<long long>(o.rowsPerRequest), o.binary ? ", binary tensor data" : "");
+    std::printf("  sent       %lld in %.1f s, %lld answered 2xx: %.1f req/s\n",
+                static_cast<long long>(r.sent), r.elapsedS, static_cast<long long>(r.ok), r.qps);
     if (r.unsent > 0)
-        std::printf("  unsent     %lld (every connection was busy: the server cannot keep up with %g req/s "
-                    "on %d users)\n",
-                    static_cast<long long>(r.unsent), o.rate, o.users);
-    std::printf("  latency    p50 %.2f  p90 %.2f  p99 %.2f  p99.9 %.2f  max %.2f  mean %.2f ms "
-                "(from the intended send time)\n",
-                r.p50Ms, r.p90Ms, r.p99Ms, r.p999Ms, r.maxMs, r.meanMs);
+        std::printf(
+            "  unsent     %lld (every connection was busy: the server cannot keep up with %g req/s "
+            "on %d users)\n",
+            static_cast<long long>(r.unsent), o.rate, o.users);
+    std::printf(
+        "  latency    p50 %.2f  p90 %.2f  p99 %.2f  p99.9 %.2f  max %.2f  mean %.2f ms "
+        "(from the intended send time)\n",
+        r.p50Ms, r.p90Ms, r.p99Ms, r.p999Ms, r.maxMs, r.meanMs);
     std::printf("  errors     %lld\n", static_cast<long long>(r.errors));
     std::printf("  by status  %s\n", statusList(r.byStatus).c_str());
 }
@@ -87,8 +104,8 @@ int runLoadCommand(LoadState& st) {
 
     const bool tty = isatty(fileno(stderr)) != 0;
     auto progress = [&](double t, const core::LoadReport& r) {
-        std::fprintf(stderr, "%s%5.0f s  sent %lld  answered %lld  errors %lld  p99 %.2f ms%s", tty ? "\r" : "", t,
-                     static_cast<long long>(r.sent), static_cast<long long>(answered(r)),
+        std::fprintf(stderr, "%s%5.0f s  sent %lld  answered %lld  errors %lld  p99 %.2f ms%s",
+                     tty ? "\r" : "", t, static_cast<long long>(r.sent), static_cast<long long>(answered(r)),
                      static_cast<long long>(r.errors), r.p99Ms, tty ? "\033[K" : "\n");
         std::fflush(stderr);
     };
@@ -120,8 +137,9 @@ int runLoadCommand(LoadState& st) {
         std::cout << j.dump() << std::endl;
     } else {
         printReport(st.load, report);
-        if (registry) std::printf("  recorded   load/* serving metrics of %s in %s\n", st.load.model.c_str(),
-                                  registry->workspacePath().c_str());
+        if (registry)
+            std::printf("  recorded   load/* serving metrics of %s in %s\n", st.load.model.c_str(),
+                        registry->workspacePath().c_str());
     }
     if (stop.load()) return kInterrupted;
     return report.errors > 0 ? kRunFailed : kOk;
@@ -138,23 +156,31 @@ void registerLoad(CLI::App& app, int& exitCode) {
     cmd->add_option("--rate", st->load.rate, "intended requests per second (fixed schedule, not closed-loop)")
         ->required()
         ->check(CLI::PositiveNumber);
-    cmd->add_option("--duration", st->load.durationS, "seconds to send for")->required()->check(CLI::PositiveNumber);
+    cmd->add_option("--duration", st->load.durationS, "seconds to send for")
+        ->required()
+        ->check(CLI::PositiveNumber);
     cmd->add_option("--users", st->load.users, "concurrent keep-alive connections")
         ->capture_default_str()
         ->check(CLI::Range(1, 10000));
     cmd->add_option("--rows", st->load.rowsPerRequest, "rows (batch dimension) per request")
         ->capture_default_str()
         ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-    cmd->add_option("--timeout", st->load.timeoutS, "seconds a request may take before it counts as a timeout")
+    cmd->add_option("--timeout", st->load.timeoutS,
+                    "seconds a request may take before it counts as a timeout")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
-    cmd->add_option("--threads", st->load.threads, "client I/O threads")->capture_default_str()->check(CLI::Range(1, 16));
-    cmd->add_option("--body-file", st->bodyFile,
-                    "send this JSON request body (default: random FP32 input shaped by the model's metadata)");
-    cmd->add_flag("--binary", st->load.binary,
-                  "send the input and take the output as binary tensor data (Triton's extension, as tritonclient "
-                  "does by default) instead of JSON numbers");
-    cmd->add_flag("--record", st->record, "store QPS, p50/p99/p99.9 and errors as load/* serving metrics of the model");
+    cmd->add_option("--threads", st->load.threads, "client I/O threads")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 16));
+    cmd->add_option(
+        "--body-file", st->bodyFile,
+        "send this JSON request body (default: random FP32 input shaped by the model's metadata)");
+    cmd->add_flag(
+        "--binary", st->load.binary,
+        "send the input and take the output as binary tensor data (Triton's extension, as tritonclient "
+        "does by default) instead of JSON numbers");
+    cmd->add_flag("--record", st->record,
+                  "store QPS, p50/p99/p99.9 and errors as load/* serving metrics of the model");
     addCommonOptions(cmd, st->common);
     cmd->callback([st, &exitCode] { exitCode = runLoadCommand(*st); });
 }

@@ -26,8 +26,10 @@ struct ModelsState {
 
 std::string sizeText(int64_t bytes) {
     char buf[32];
-    if (bytes >= (1 << 20)) std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
-    else std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(bytes) / 1024);
+    if (bytes >= (1 << 20))
+        std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+    else
+        std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(bytes) / 1024);
     return buf;
 }
 
@@ -64,14 +66,15 @@ nlohmann::json versionJson(const core::ModelVersion& v) {
 }
 
 void runRegister(const ModelsState& st) {
-    if ((st.run > 0) == !st.file.empty()) throw UsageError("give exactly one of --run RUN_ID and --file MODEL.pt");
+    if ((st.run > 0) == !st.file.empty())
+        throw UsageError("give exactly one of --run RUN_ID and --file MODEL.pt");
     if (!st.alias.empty()) core::checkModelName(st.alias, "alias");
     auto registry = openRegistry(st.common);
     std::unique_ptr<core::Store> store;
     if (st.run > 0) store = openStore(st.common);
-    const auto v = core::registerModel(*registry, store.get(), st.name, st.run, st.file,
-                                       st.inputShape.empty() ? std::vector<int64_t>{} : parseShape(st.inputShape),
-                                       st.parent);
+    const auto v = core::registerModel(
+        *registry, store.get(), st.name, st.run, st.file,
+        st.inputShape.empty() ? std::vector<int64_t>{} : parseShape(st.inputShape), st.parent);
     if (!st.alias.empty()) registry->setAlias(v.name, st.alias, v.version);
     if (st.common.json) {
         auto j = versionJson(v);
@@ -84,7 +87,8 @@ void runRegister(const ModelsState& st) {
                 sizeText(v.sizeBytes).c_str(), v.sha256.substr(0, 16).c_str(),
                 v.signature.inputs[0].datatype.c_str(), shapeText(v.signature.inputs[0].shape).c_str(),
                 v.signature.outputs[0].datatype.c_str(), shapeText(v.signature.outputs[0].shape).c_str());
-    if (!st.alias.empty()) std::printf("  alias %s -> v%lld\n", st.alias.c_str(), static_cast<long long>(v.version));
+    if (!st.alias.empty())
+        std::printf("  alias %s -> v%lld\n", st.alias.c_str(), static_cast<long long>(v.version));
 }
 
 void runList(const ModelsState& st) {
@@ -93,7 +97,10 @@ void runList(const ModelsState& st) {
     if (st.common.json) {
         auto a = nlohmann::json::array();
         for (const auto& m : models)
-            a.push_back({{"name", m.name}, {"versions", m.versions}, {"latest", m.latestVersion}, {"aliases", m.aliases}});
+            a.push_back({{"name", m.name},
+                         {"versions", m.versions},
+                         {"latest", m.latestVersion},
+                         {"aliases", m.aliases}});
         std::cout << a.dump() << std::endl;
         return;
     }
@@ -104,7 +111,8 @@ void runList(const ModelsState& st) {
     std::printf("%-24s %8s %7s  %s\n", "NAME", "VERSIONS", "LATEST", "ALIASES");
     for (const auto& m : models) {
         std::string aliases;
-        for (const auto& [a, v] : m.aliases) aliases += (aliases.empty() ? "" : ", ") + a + "=v" + std::to_string(v);
+        for (const auto& [a, v] : m.aliases)
+            aliases += (aliases.empty() ? "" : ", ") + a + "=v" + std::to_string(v);
         std::printf("%-24s %8lld %7s  %s\n", m.name.c_str(), static_cast<long long>(m.versions),
                     ("v" + std::to_string(m.latestVersion)).c_str(), aliases.c_str());
     }
@@ -114,7 +122,8 @@ void runShow(const ModelsState& st) {
     auto registry = openRegistry(st.common);
     const auto ref = core::parseModelRef(st.ref);
     std::vector<core::ModelVersion> versions;
-    if (ref.version > 0 || !ref.alias.empty()) versions.push_back(registry->resolve(ref));
+    if (ref.version > 0 || !ref.alias.empty())
+        versions.push_back(registry->resolve(ref));
     else {
         versions = registry->versions(ref.name);
         if (versions.empty()) registry->resolve(ref);  // throws the not-found message
@@ -122,26 +131,36 @@ void runShow(const ModelsState& st) {
     if (st.common.json) {
         auto a = nlohmann::json::array();
         for (const auto& v : versions) a.push_back(versionJson(v));
-        std::cout << (versions.size() == 1 && ref.version + static_cast<int64_t>(ref.alias.size()) > 0 ? a[0] : a).dump()
+        std::cout << (versions.size() == 1 && ref.version + static_cast<int64_t>(ref.alias.size()) > 0 ? a[0]
+                                                                                                       : a)
+                         .dump()
                   << std::endl;
         return;
     }
     for (const auto& v : versions) {
         std::printf("%s v%lld%s\n", v.name.c_str(), static_cast<long long>(v.version),
-                    v.aliases.empty() ? "" : ("  (" + [&] {
-                        std::string s;
-                        for (const auto& a : v.aliases) s += (s.empty() ? "" : ", ") + a;
-                        return s;
-                    }() + ")").c_str());
+                    v.aliases.empty() ? ""
+                                      : ("  (" +
+                                         [&] {
+                                             std::string s;
+                                             for (const auto& a : v.aliases) s += (s.empty() ? "" : ", ") + a;
+                                             return s;
+                                         }() +
+                                         ")")
+                                            .c_str());
         std::printf("  created   %s\n  source    %s\n", formatTime(v.createdAt).c_str(), v.source.c_str());
         if (v.parentVersion > 0) std::printf("  parent    v%lld\n", static_cast<long long>(v.parentVersion));
         if (!v.data.empty()) std::printf("  data      %s\n", v.data.c_str());
-        std::printf("  artifact  %s (%s)\n  sha256    %s\n", v.path.c_str(), sizeText(v.sizeBytes).c_str(), v.sha256.c_str());
+        std::printf("  artifact  %s (%s)\n  sha256    %s\n", v.path.c_str(), sizeText(v.sizeBytes).c_str(),
+                    v.sha256.c_str());
         for (const auto& t : v.signature.inputs)
-            std::printf("  input     %s %s %s\n", t.name.c_str(), t.datatype.c_str(), shapeText(t.shape).c_str());
+            std::printf("  input     %s %s %s\n", t.name.c_str(), t.datatype.c_str(),
+                        shapeText(t.shape).c_str());
         for (const auto& t : v.signature.outputs)
-            std::printf("  output    %s %s %s\n", t.name.c_str(), t.datatype.c_str(), shapeText(t.shape).c_str());
-        for (const auto& [k, x] : v.metrics) std::printf("  metric    %s = %s\n", k.c_str(), formatValue(x).c_str());
+            std::printf("  output    %s %s %s\n", t.name.c_str(), t.datatype.c_str(),
+                        shapeText(t.shape).c_str());
+        for (const auto& [k, x] : v.metrics)
+            std::printf("  metric    %s = %s\n", k.c_str(), formatValue(x).c_str());
     }
 }
 
@@ -152,9 +171,11 @@ void runAlias(const ModelsState& st) {
         std::printf("removed alias %s of %s\n", st.aliasName.c_str(), st.name.c_str());
         return;
     }
-    if (st.aliasVersion <= 0) throw UsageError("give the version the alias points at: models alias NAME ALIAS V");
+    if (st.aliasVersion <= 0)
+        throw UsageError("give the version the alias points at: models alias NAME ALIAS V");
     registry->setAlias(st.name, st.aliasName, st.aliasVersion);
-    std::printf("%s@%s -> v%lld\n", st.name.c_str(), st.aliasName.c_str(), static_cast<long long>(st.aliasVersion));
+    std::printf("%s@%s -> v%lld\n", st.name.c_str(), st.aliasName.c_str(),
+                static_cast<long long>(st.aliasVersion));
 }
 
 }  // namespace
@@ -165,11 +186,14 @@ void registerModels(CLI::App& app, int& exitCode) {
     models->require_subcommand(1);
 
     auto reg = std::make_shared<ModelsState>();
-    auto* r = models->add_subcommand("register", "register a run's trained model or a TorchScript file as a new version");
+    auto* r = models->add_subcommand("register",
+                                     "register a run's trained model or a TorchScript file as a new version");
     r->add_option("NAME", reg->name, "model name")->required();
     r->add_option("--run", reg->run, "a run id: its last checkpoint becomes the version");
-    r->add_option("--file", reg->file, "a TorchScript file (torch.jit.trace(model, x).save(path)) or Lathe artifact");
-    r->add_option("--input-shape", reg->inputShape, "one sample's shape for a plain TorchScript file, e.g. 64 or 3,224,224");
+    r->add_option("--file", reg->file,
+                  "a TorchScript file (torch.jit.trace(model, x).save(path)) or Lathe artifact");
+    r->add_option("--input-shape", reg->inputShape,
+                  "one sample's shape for a plain TorchScript file, e.g. 64 or 3,224,224");
     r->add_option("--parent", reg->parent, "the version this one derives from (lineage)");
     r->add_option("--alias", reg->alias, "point this alias (e.g. staging) at the new version");
     addCommonOptions(r, reg->common);

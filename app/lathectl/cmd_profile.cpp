@@ -22,11 +22,14 @@ double ms(int64_t ns) { return static_cast<double>(ns) / 1e6; }
 void runProfile(const ProfileState& st) {
     auto store = openStore(st.common);
     const auto run = store->run(st.id);
-    if (!run) throw UsageError("no run " + std::to_string(st.id) + " in " + store->path() + " (see lathectl runs list)");
+    if (!run)
+        throw UsageError("no run " + std::to_string(st.id) + " in " + store->path() +
+                         " (see lathectl runs list)");
     const auto spans = store->profileSpans(st.id);
     if (spans.empty())
-        throw UsageError("run " + std::to_string(st.id) +
-                         " has no profile; train with --profile (schedule: --profile-wait/-warmup/-active/-repeat)");
+        throw UsageError(
+            "run " + std::to_string(st.id) +
+            " has no profile; train with --profile (schedule: --profile-wait/-warmup/-active/-repeat)");
 
     if (!st.chromeTrace.empty()) {
         const std::string tmp = st.chromeTrace + ".tmp";
@@ -36,13 +39,19 @@ void runProfile(const ProfileState& st) {
             core::writeChromeTrace(spans, out, "lathe run " + std::to_string(st.id) + " (" + run->name + ")");
             if (!out) throw UsageError("writing " + st.chromeTrace + " failed");
         }
-        if (std::rename(tmp.c_str(), st.chromeTrace.c_str()) != 0) throw UsageError("cannot write " + st.chromeTrace);
+        if (std::rename(tmp.c_str(), st.chromeTrace.c_str()) != 0)
+            throw UsageError("cannot write " + st.chromeTrace);
         if (st.common.json)
-            std::cout << nlohmann::json{{"run_id", st.id}, {"chrome_trace", st.chromeTrace}, {"spans", spans.size()}}.dump()
+            std::cout << nlohmann::json{{"run_id", st.id},
+                                        {"chrome_trace", st.chromeTrace},
+                                        {"spans", spans.size()}}
+                             .dump()
                       << std::endl;
         else
-            std::printf("wrote %zu spans of run %lld to %s (open it in https://ui.perfetto.dev or chrome://tracing)\n",
-                        spans.size(), static_cast<long long>(st.id), st.chromeTrace.c_str());
+            std::printf(
+                "wrote %zu spans of run %lld to %s (open it in https://ui.perfetto.dev or "
+                "chrome://tracing)\n",
+                spans.size(), static_cast<long long>(st.id), st.chromeTrace.c_str());
         return;
     }
 
@@ -52,16 +61,22 @@ void runProfile(const ProfileState& st) {
     std::vector<std::pair<std::string, double>> phaseMeans;
     for (const auto& ps : phases)
         for (const auto& [name, ns] : ps.phases) {
-            auto it = std::find_if(phaseMeans.begin(), phaseMeans.end(), [&](const auto& p) { return p.first == name; });
-            if (it == phaseMeans.end()) phaseMeans.emplace_back(name, ms(ns));
-            else it->second += ms(ns);
+            auto it = std::find_if(phaseMeans.begin(), phaseMeans.end(),
+                                   [&](const auto& p) { return p.first == name; });
+            if (it == phaseMeans.end())
+                phaseMeans.emplace_back(name, ms(ns));
+            else
+                it->second += ms(ns);
         }
     for (auto& p : phaseMeans) p.second /= static_cast<double>(std::max<size_t>(1, phases.size()));
 
     if (st.common.json) {
         auto arr = nlohmann::json::array();
         for (const auto& o : ops) {
-            nlohmann::json j{{"name", o.name}, {"calls", o.calls}, {"self_ms", ms(o.selfNs)}, {"total_ms", ms(o.totalNs)},
+            nlohmann::json j{{"name", o.name},
+                             {"calls", o.calls},
+                             {"self_ms", ms(o.selfNs)},
+                             {"total_ms", ms(o.totalNs)},
                              {"share", o.share}};
             if (o.cudaTotalNs >= 0) {
                 j["cuda_self_ms"] = ms(o.cudaSelfNs);
@@ -83,15 +98,18 @@ void runProfile(const ProfileState& st) {
     std::printf("run %lld: %zu profiled steps, %zu spans\n\n", static_cast<long long>(st.id), phases.size(),
                 spans.size());
     // A run on a GPU has device times too: two more columns.
-    const bool cuda = std::any_of(ops.begin(), ops.end(), [](const core::OpSummary& o) { return o.cudaTotalNs >= 0; });
+    const bool cuda =
+        std::any_of(ops.begin(), ops.end(), [](const core::OpSummary& o) { return o.cudaTotalNs >= 0; });
     std::printf("%-44s %8s %11s %11s %7s", "OP", "CALLS", "SELF_MS", "TOTAL_MS", "SHARE");
     if (cuda) std::printf(" %13s %14s", "CUDA_SELF_MS", "CUDA_TOTAL_MS");
     std::printf("\n");
     for (const auto& o : ops) {
         std::printf("%-44.44s %8lld %11.3f %11.3f %6.1f%%", o.name.c_str(), static_cast<long long>(o.calls),
                     ms(o.selfNs), ms(o.totalNs), 100.0 * o.share);
-        if (cuda && o.cudaTotalNs >= 0) std::printf(" %13.3f %14.3f", ms(o.cudaSelfNs), ms(o.cudaTotalNs));
-        else if (cuda) std::printf(" %13s %14s", "-", "-");
+        if (cuda && o.cudaTotalNs >= 0)
+            std::printf(" %13.3f %14.3f", ms(o.cudaSelfNs), ms(o.cudaTotalNs));
+        else if (cuda)
+            std::printf(" %13s %14s", "-", "-");
         std::printf("\n");
     }
     std::printf("\nstep phases (mean ms per profiled step)\n");
@@ -103,10 +121,13 @@ void runProfile(const ProfileState& st) {
 void registerProfile(CLI::App& app, int& exitCode) {
     (void)exitCode;
     auto st = std::make_shared<ProfileState>();
-    auto* cmd = app.add_subcommand("profile", "a profiled run's heaviest ops and step phases, or its Chrome trace");
+    auto* cmd =
+        app.add_subcommand("profile", "a profiled run's heaviest ops and step phases, or its Chrome trace");
     cmd->add_option("RUN", st->id, "run id")->required();
-    cmd->add_option("--top", st->top, "how many ops to list (by self time; 0 = all)")->check(CLI::Range(0, 100000));
-    cmd->add_option("--chrome-trace", st->chromeTrace, "write a Chrome trace-event JSON file (Perfetto, chrome://tracing)");
+    cmd->add_option("--top", st->top, "how many ops to list (by self time; 0 = all)")
+        ->check(CLI::Range(0, 100000));
+    cmd->add_option("--chrome-trace", st->chromeTrace,
+                    "write a Chrome trace-event JSON file (Perfetto, chrome://tracing)");
     addCommonOptions(cmd, st->common);
     cmd->callback([st] { runProfile(*st); });
 }

@@ -12,9 +12,14 @@ namespace lathe::cli {
 namespace {
 
 nlohmann::json runJson(const core::RunRecord& r) {
-    nlohmann::json j{{"id", r.id},          {"name", r.name},          {"experiment", r.experiment},
-                     {"status", core::toString(r.status)},  {"model", r.model},        {"data", r.data},
-                     {"host", r.host},      {"created_at", r.createdAt}};
+    nlohmann::json j{{"id", r.id},
+                     {"name", r.name},
+                     {"experiment", r.experiment},
+                     {"status", core::toString(r.status)},
+                     {"model", r.model},
+                     {"data", r.data},
+                     {"host", r.host},
+                     {"created_at", r.createdAt}};
     j["started_at"] = r.startedAt > 0 ? nlohmann::json(r.startedAt) : nlohmann::json();
     j["ended_at"] = r.endedAt > 0 ? nlohmann::json(r.endedAt) : nlohmann::json();
     j["error"] = r.error.empty() ? nlohmann::json() : nlohmann::json(r.error);
@@ -23,7 +28,9 @@ nlohmann::json runJson(const core::RunRecord& r) {
 
 core::RunRecord requireRun(const core::Store& store, int64_t id) {
     auto run = store.run(id);
-    if (!run) throw UsageError("no run " + std::to_string(id) + " in " + store.path() + " (see lathectl runs list)");
+    if (!run)
+        throw UsageError("no run " + std::to_string(id) + " in " + store.path() +
+                         " (see lathectl runs list)");
     return *run;
 }
 
@@ -49,19 +56,21 @@ void listRuns(const CommonOptions& opts) {
         std::printf("no runs in %s yet (start one with lathectl train)\n", store->path().c_str());
         return;
     }
-    std::printf("%-5s %-16s %-12s %-10s %-6s %-20s %-19s %-10s %s\n", "ID", "NAME", "EXPERIMENT", "STATUS", "MODEL",
-                "DATA", "STARTED", "DURATION", "VAL_ACC");
+    std::printf("%-5s %-16s %-12s %-10s %-6s %-20s %-19s %-10s %s\n", "ID", "NAME", "EXPERIMENT", "STATUS",
+                "MODEL", "DATA", "STARTED", "DURATION", "VAL_ACC");
     for (const auto& r : runs) {
         const double acc = accuracyOf(r.id);
         const double dur = r.endedAt > 0 && r.startedAt > 0 ? r.endedAt - r.startedAt : -1;
-        std::printf("%-5lld %-16.16s %-12.12s %-10s %-6s %-20.20s %-19s %-10s %s\n", static_cast<long long>(r.id),
-                    r.name.c_str(), r.experiment.c_str(), core::toString(r.status), r.model.c_str(), r.data.c_str(),
+        std::printf("%-5lld %-16.16s %-12.12s %-10s %-6s %-20.20s %-19s %-10s %s\n",
+                    static_cast<long long>(r.id), r.name.c_str(), r.experiment.c_str(),
+                    core::toString(r.status), r.model.c_str(), r.data.c_str(),
                     formatTime(r.startedAt).c_str(), formatDuration(dur).c_str(),
                     std::isnan(acc) ? "-" : formatValue(acc).c_str());
     }
     std::string interrupted;
     for (const auto& r : runs)
-        if (r.status == core::RunStatus::Interrupted) interrupted += (interrupted.empty() ? "" : ", ") + std::to_string(r.id);
+        if (r.status == core::RunStatus::Interrupted)
+            interrupted += (interrupted.empty() ? "" : ", ") + std::to_string(r.id);
     if (!interrupted.empty())
         std::printf("\ninterrupted: run %s: %s\n", interrupted.c_str(), core::kInterruptedHint);
 }
@@ -81,17 +90,23 @@ void showRun(const CommonOptions& opts, int64_t id) {
         j["metrics"] = m;
         auto a = nlohmann::json::array();
         for (const auto& art : artifacts)
-            a.push_back({{"kind", art.kind}, {"path", art.path}, {"sha256", art.sha256}, {"created_at", art.createdAt}});
+            a.push_back({{"kind", art.kind},
+                         {"path", art.path},
+                         {"sha256", art.sha256},
+                         {"created_at", art.createdAt}});
         j["artifacts"] = a;
         auto l = nlohmann::json::array();
-        for (const auto& log : logs) l.push_back({{"t", log.wallTime}, {"level", log.level}, {"msg", log.text}});
+        for (const auto& log : logs)
+            l.push_back({{"t", log.wallTime}, {"level", log.level}, {"msg", log.text}});
         j["logs"] = l;
         j["config"] = r.config;
         std::cout << j.dump(2) << std::endl;
         return;
     }
-    std::printf("run %lld  %s  (experiment %s)\n", static_cast<long long>(r.id), r.name.c_str(), r.experiment.c_str());
-    std::printf("  status    %s%s%s\n", core::toString(r.status), r.error.empty() ? "" : ": ", r.error.c_str());
+    std::printf("run %lld  %s  (experiment %s)\n", static_cast<long long>(r.id), r.name.c_str(),
+                r.experiment.c_str());
+    std::printf("  status    %s%s%s\n", core::toString(r.status), r.error.empty() ? "" : ": ",
+                r.error.c_str());
     if (r.status == core::RunStatus::Interrupted) std::printf("            %s\n", core::kInterruptedHint);
     std::printf("  model     %s on %s, host %s\n", r.model.c_str(), r.data.c_str(), r.host.c_str());
     std::printf("  started   %s   ended %s   duration %s\n", formatTime(r.startedAt).c_str(),
@@ -122,7 +137,8 @@ void printMetrics(const CommonOptions& opts, int64_t id, const std::string& key,
         if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
             std::string all;
             for (const auto& k : keys) all += (all.empty() ? "" : ", ") + k;
-            throw UsageError("run " + std::to_string(id) + " has no metric '" + key + "' (it has: " + all + ")");
+            throw UsageError("run " + std::to_string(id) + " has no metric '" + key + "' (it has: " + all +
+                             ")");
         }
         keys = {key};
     }
@@ -130,7 +146,8 @@ void printMetrics(const CommonOptions& opts, int64_t id, const std::string& key,
         std::printf("key,step,wall_time,value\n");
         for (const auto& k : keys)
             for (const auto& p : store->metrics(id, k))
-                std::printf("%s,%lld,%.3f,%.9g\n", k.c_str(), static_cast<long long>(p.step), p.wallTime, p.value);
+                std::printf("%s,%lld,%.3f,%.9g\n", k.c_str(), static_cast<long long>(p.step), p.wallTime,
+                            p.value);
         return;
     }
     if (opts.json) {

@@ -5,17 +5,17 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <iostream>
+#include <sstream>
 
 #include "cli_common.h"
 #include "lathe/core/deploy.h"
 #include "lathe/core/executable.h"
-#include "lathe/core/model_artifact.h"
 #include "lathe/core/http_client.h"
+#include "lathe/core/model_artifact.h"
 #include "lathe/core/monitor.h"
-#include "lathe/core/scraper.h"
 #include "lathe/core/registry.h"
+#include "lathe/core/scraper.h"
 #include "lathe/core/server.h"
 
 namespace fs = std::filesystem;
@@ -56,9 +56,9 @@ std::unique_ptr<core::Registry> openRegistry(const CommonOptions& c) {
     }
 }
 
-
 void runServe(ServeState& st, int& exitCode) {
-    if (st.model.empty() == st.file.empty()) throw UsageError("give exactly one of --model NAME[:V|@ALIAS] and --file MODEL.pt");
+    if (st.model.empty() == st.file.empty())
+        throw UsageError("give exactly one of --model NAME[:V|@ALIAS] and --file MODEL.pt");
     std::string privateCopyDir;  // a --file's copy with metadata: removed however serving ends
     struct RemoveDir {
         const std::string& dir;
@@ -86,8 +86,9 @@ void runServe(ServeState& st, int& exitCode) {
             // A plain TorchScript file: give it Lathe metadata in a private copy, in a directory
             // of our own (mkdtemp: no other user can plant a link there), removed when serving ends.
             std::string dir = (fs::temp_directory_path() / "lathe-serve-XXXXXX").string();
-            if (!::mkdtemp(dir.data())) throw core::Error("cannot create a temporary directory in " +
-                                                          fs::temp_directory_path().string());
+            if (!::mkdtemp(dir.data()))
+                throw core::Error("cannot create a temporary directory in " +
+                                  fs::temp_directory_path().string());
             privateCopyDir = dir;
             const auto tmp = (fs::path(dir) / "model.pt").string();
             core::importTorchScript(st.file, parseShape(st.inputShape), tmp);
@@ -95,18 +96,20 @@ void runServe(ServeState& st, int& exitCode) {
         }
     }
     core::InferenceServer server(st.options);
-    std::fprintf(stderr, "loading %s v%lld from %s\n", served.name.c_str(), static_cast<long long>(served.version),
-                 served.path.c_str());
+    std::fprintf(stderr, "loading %s v%lld from %s\n", served.name.c_str(),
+                 static_cast<long long>(served.version), served.path.c_str());
     server.load(served);  // says on stderr which graph it runs (--optimize)
     const auto port = server.start();
     const std::string url = "http://" + st.options.host + ":" + std::to_string(port);
-    std::printf("serving %s v%lld at %s (max batch %lld, max delay %g ms, queue %lld rows, %d I/O threads, "
-                "%d instance%s)\n",
-                served.name.c_str(), static_cast<long long>(served.version), url.c_str(),
-                static_cast<long long>(st.options.maxBatch), st.options.maxDelayMs,
-                static_cast<long long>(st.options.maxQueue), st.options.ioThreads, st.options.instances,
-                st.options.instances == 1 ? "" : "s");
-    std::printf("  POST %s/v2/models/%s/infer   GET %s/metrics\n", url.c_str(), served.name.c_str(), url.c_str());
+    std::printf(
+        "serving %s v%lld at %s (max batch %lld, max delay %g ms, queue %lld rows, %d I/O threads, "
+        "%d instance%s)\n",
+        served.name.c_str(), static_cast<long long>(served.version), url.c_str(),
+        static_cast<long long>(st.options.maxBatch), st.options.maxDelayMs,
+        static_cast<long long>(st.options.maxQueue), st.options.ioThreads, st.options.instances,
+        st.options.instances == 1 ? "" : "s");
+    std::printf("  POST %s/v2/models/%s/infer   GET %s/metrics\n", url.c_str(), served.name.c_str(),
+                url.c_str());
     std::fflush(stdout);
     std::unique_ptr<core::Scraper> scraper;
     if (st.watch) {
@@ -132,9 +135,15 @@ void runServe(ServeState& st, int& exitCode) {
 void printDeployment(const core::DeployResult& r, bool json) {
     const auto& d = r.deployment;
     if (json) {
-        std::cout << nlohmann::json{{"model", d.model},       {"version", d.version}, {"url", d.url},
-                                    {"pid", d.pid},           {"action", d.action},   {"started_server", r.started},
-                                    {"previous_version", r.previousVersion}, {"log", d.logPath}, {"id", d.id}}
+        std::cout << nlohmann::json{{"model", d.model},
+                                    {"version", d.version},
+                                    {"url", d.url},
+                                    {"pid", d.pid},
+                                    {"action", d.action},
+                                    {"started_server", r.started},
+                                    {"previous_version", r.previousVersion},
+                                    {"log", d.logPath},
+                                    {"id", d.id}}
                          .dump()
                   << std::endl;
         return;
@@ -150,10 +159,14 @@ core::DeployOptions deployOptions(const DeployState& st) {
     o.serverProgram = core::executablePath();
     o.reason = st.reason;
     o.readyTimeoutS = st.readyTimeout;
-    if (st.maxBatch > 0) o.serverArgs.insert(o.serverArgs.end(), {"--max-batch", std::to_string(st.maxBatch)});
-    if (st.maxDelayMs >= 0) o.serverArgs.insert(o.serverArgs.end(), {"--max-delay-ms", std::to_string(st.maxDelayMs)});
-    if (st.maxQueue > 0) o.serverArgs.insert(o.serverArgs.end(), {"--max-queue", std::to_string(st.maxQueue)});
-    if (st.instances > 0) o.serverArgs.insert(o.serverArgs.end(), {"--instances", std::to_string(st.instances)});
+    if (st.maxBatch > 0)
+        o.serverArgs.insert(o.serverArgs.end(), {"--max-batch", std::to_string(st.maxBatch)});
+    if (st.maxDelayMs >= 0)
+        o.serverArgs.insert(o.serverArgs.end(), {"--max-delay-ms", std::to_string(st.maxDelayMs)});
+    if (st.maxQueue > 0)
+        o.serverArgs.insert(o.serverArgs.end(), {"--max-queue", std::to_string(st.maxQueue)});
+    if (st.instances > 0)
+        o.serverArgs.insert(o.serverArgs.end(), {"--instances", std::to_string(st.instances)});
     if (!st.alertRules.empty()) {
         if (!fs::is_regular_file(st.alertRules)) throw UsageError("--alert-rules: no file " + st.alertRules);
         std::ifstream in(st.alertRules);
@@ -167,7 +180,8 @@ core::DeployOptions deployOptions(const DeployState& st) {
 }
 
 void addDeployFlags(CLI::App* c, DeployState& st) {
-    c->add_option("--port", st.port, "port of a new server (default: the model's last port, else 8500 or the next free)");
+    c->add_option("--port", st.port,
+                  "port of a new server (default: the model's last port, else 8500 or the next free)");
     c->add_option("--host", st.host, "address a new server listens on (default 127.0.0.1)");
     c->add_option("--reason", st.reason, "why (recorded in the deployment history)");
     c->add_option("--max-batch", st.maxBatch, "a new server's --max-batch");
@@ -185,10 +199,20 @@ void runDeployments(const CommonOptions& common, const std::string& model) {
     if (common.json) {
         auto a = nlohmann::json::array();
         for (const auto& d : list)
-            a.push_back({{"id", d.id}, {"model", d.model}, {"version", d.version}, {"url", d.url}, {"pid", d.pid},
-                         {"action", d.action}, {"actor", d.actor}, {"reason", d.reason}, {"started_at", d.startedAt},
-                         {"ended_at", d.endedAt}, {"end_reason", d.endReason}, {"live", d.live()},
-                         {"up", d.live() && core::deploymentUp(d)}, {"log", d.logPath}});
+            a.push_back({{"id", d.id},
+                         {"model", d.model},
+                         {"version", d.version},
+                         {"url", d.url},
+                         {"pid", d.pid},
+                         {"action", d.action},
+                         {"actor", d.actor},
+                         {"reason", d.reason},
+                         {"started_at", d.startedAt},
+                         {"ended_at", d.endedAt},
+                         {"end_reason", d.endReason},
+                         {"live", d.live()},
+                         {"up", d.live() && core::deploymentUp(d)},
+                         {"log", d.logPath}});
         std::cout << a.dump() << std::endl;
         return;
     }
@@ -196,16 +220,17 @@ void runDeployments(const CommonOptions& common, const std::string& model) {
         std::printf("no deployments%s\n", model.empty() ? "" : (" of " + model).c_str());
         return;
     }
-    std::printf("%-5s %-16s %-5s %-9s %-14s %-19s %-19s %-6s %s\n", "ID", "MODEL", "VER", "ACTION", "ACTOR", "FROM", "TO",
-                "STATE", "URL / REASON");
+    std::printf("%-5s %-16s %-5s %-9s %-14s %-19s %-19s %-6s %s\n", "ID", "MODEL", "VER", "ACTION", "ACTOR",
+                "FROM", "TO", "STATE", "URL / REASON");
     for (const auto& d : list) {
         const char* state = !d.live() ? "ended" : core::deploymentUp(d) ? "UP" : "DOWN";
         std::string note = d.url;
         if (!d.reason.empty()) note += "  " + d.reason;
         if (!d.endReason.empty()) note += "  [" + d.endReason + "]";
         std::printf("%-5lld %-16.16s %-5s %-9s %-14.14s %-19s %-19s %-6s %s\n", static_cast<long long>(d.id),
-                    d.model.c_str(), ("v" + std::to_string(d.version)).c_str(), d.action.c_str(), d.actor.c_str(),
-                    formatTime(d.startedAt).c_str(), d.live() ? "-" : formatTime(d.endedAt).c_str(), state, note.c_str());
+                    d.model.c_str(), ("v" + std::to_string(d.version)).c_str(), d.action.c_str(),
+                    d.actor.c_str(), formatTime(d.startedAt).c_str(),
+                    d.live() ? "-" : formatTime(d.endedAt).c_str(), state, note.c_str());
     }
 }
 
@@ -213,52 +238,69 @@ void runDeployments(const CommonOptions& common, const std::string& model) {
 
 void registerServe(CLI::App& app, int& exitCode) {
     auto st = std::make_shared<ServeState>();
-    auto* s = app.add_subcommand("serve", "serve a model over HTTP (KServe v2 protocol) with dynamic batching");
+    auto* s =
+        app.add_subcommand("serve", "serve a model over HTTP (KServe v2 protocol) with dynamic batching");
     s->add_option("--model", st->model, "registered model: NAME, NAME:V or NAME@ALIAS (with --db)");
     s->add_option("--file", st->file, "a model artifact or TorchScript file instead of the registry");
     s->add_option("--name", st->name, "URL name for --file (default: the file name)");
-    s->add_option("--input-shape", st->inputShape, "one sample's shape for a plain TorchScript --file, e.g. 64");
+    s->add_option("--input-shape", st->inputShape,
+                  "one sample's shape for a plain TorchScript --file, e.g. 64");
     s->add_option("--host", st->options.host, "address to listen on")->capture_default_str();
     s->add_option("--port", st->options.port, "port (0 = any free one)")->capture_default_str();
-    s->add_option("--max-batch", st->options.maxBatch, "rows per batch")->capture_default_str()->check(CLI::Range(1, 4096));
-    s->add_option("--max-delay-ms", st->options.maxDelayMs, "longest wait of the oldest request for a fuller batch")
+    s->add_option("--max-batch", st->options.maxBatch, "rows per batch")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 4096));
+    s->add_option("--max-delay-ms", st->options.maxDelayMs,
+                  "longest wait of the oldest request for a fuller batch")
         ->capture_default_str()
         ->check(CLI::Range(0.0, 10000.0));
-    s->add_option("--max-queue", st->options.maxQueue, "rows waiting before requests get 503")->capture_default_str();
-    s->add_option("--threads", st->options.ioThreads, "HTTP I/O threads")->capture_default_str()->check(CLI::Range(1, 64));
+    s->add_option("--max-queue", st->options.maxQueue, "rows waiting before requests get 503")
+        ->capture_default_str();
+    s->add_option("--threads", st->options.ioThreads, "HTTP I/O threads")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 64));
     s->add_option("--instances", st->options.instances,
                   "batches computed at once, each by its own worker on its own batch buffer (like Triton's "
                   "instance_group count): more than 1 pays off with cores to spare or with small batches")
         ->capture_default_str()
         ->check(CLI::Range(1, 64));
-    s->add_option("--device", st->options.device, "where batches run: auto (a CUDA GPU when there is one), cpu or cuda")
+    s->add_option("--device", st->options.device,
+                  "where batches run: auto (a CUDA GPU when there is one), cpu or cuda")
         ->capture_default_str()
         ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-    s->add_option("--optimize", st->options.optimize,
-                  "on a CPU, freeze the model and apply TorchScript's inference optimisations (linear layers fused "
-                  "and their weights transposed once, conv-bn folding): auto keeps them when the outputs agree, a "
-                  "max-batch forward is at least 5% faster and a 1-row one no more than 5% slower; on keeps them "
-                  "whenever the outputs agree; off serves the model as loaded")
+    s->add_option(
+         "--optimize", st->options.optimize,
+         "on a CPU, freeze the model and apply TorchScript's inference optimisations (linear layers fused "
+         "and their weights transposed once, conv-bn folding): auto keeps them when the outputs agree, a "
+         "max-batch forward is at least 5% faster and a 1-row one no more than 5% slower; on keeps them "
+         "whenever the outputs agree; off serves the model as loaded")
         ->capture_default_str()
         ->check(CLI::IsMember({"auto", "on", "off"}));
-    s->add_option("--compute-threads", st->options.computeThreads,
-                  "LibTorch and OpenBLAS threads of each instance (0 = the cores the I/O threads leave, shared out "
-                  "among the instances, at least 1)");
-    s->add_option("--max-body", st->options.maxBodyBytes, "largest request body in bytes")->capture_default_str();
-    s->add_option("--timeout", st->options.idleTimeoutS, "seconds a client may take to send a request")->capture_default_str();
-    s->add_option("--instance-id", st->options.instance, "an identifier echoed by GET /v2 (set by lathectl deploy)");
-    s->add_flag("--watch", st->watch, "scrape this server's metrics into the workspace every second and run alert rules");
+    s->add_option(
+        "--compute-threads", st->options.computeThreads,
+        "LibTorch and OpenBLAS threads of each instance (0 = the cores the I/O threads leave, shared out "
+        "among the instances, at least 1)");
+    s->add_option("--max-body", st->options.maxBodyBytes, "largest request body in bytes")
+        ->capture_default_str();
+    s->add_option("--timeout", st->options.idleTimeoutS, "seconds a client may take to send a request")
+        ->capture_default_str();
+    s->add_option("--instance-id", st->options.instance,
+                  "an identifier echoed by GET /v2 (set by lathectl deploy)");
+    s->add_flag("--watch", st->watch,
+                "scrape this server's metrics into the workspace every second and run alert rules");
     s->add_option("--alert-rules", st->alertRules, "TOML file of alert thresholds (with --watch)");
     addCommonOptions(s, st->common, false);
     s->callback([st, &exitCode] { runServe(*st, exitCode); });
 
     auto dep = std::make_shared<DeployState>();
-    auto* d = app.add_subcommand("deploy", "deploy NAME[:V|@ALIAS]: start a local server or hot-swap the live one");
+    auto* d =
+        app.add_subcommand("deploy", "deploy NAME[:V|@ALIAS]: start a local server or hot-swap the live one");
     d->add_option("REF", dep->ref, "NAME, NAME:V or NAME@ALIAS")->required();
     addDeployFlags(d, *dep);
     d->callback([dep] {
         auto registry = openRegistry(dep->common);
-        printDeployment(core::deploy(*registry, core::parseModelRef(dep->ref), deployOptions(*dep)), dep->common.json);
+        printDeployment(core::deploy(*registry, core::parseModelRef(dep->ref), deployOptions(*dep)),
+                        dep->common.json);
     });
 
     auto rb = std::make_shared<DeployState>();
@@ -282,7 +324,8 @@ void registerServe(CLI::App& app, int& exitCode) {
     });
 
     auto hist = std::make_shared<DeployState>();
-    auto* h = app.add_subcommand("deployments", "deployment history (of NAME, or all) and whether live ones are up");
+    auto* h = app.add_subcommand("deployments",
+                                 "deployment history (of NAME, or all) and whether live ones are up");
     h->add_option("NAME", hist->ref, "model name");
     addCommonOptions(h, hist->common);
     h->callback([hist] { runDeployments(hist->common, hist->ref); });

@@ -48,9 +48,9 @@ private:
         return it == m_last.end() ? std::string() : std::string("  ") + label + " " + formatValue(it->second);
     }
     std::string epochLine() const {
-        return "epoch " + std::to_string(m_epoch) + "/" + std::to_string(m_epochs) + get("train/loss", "loss") +
-               get("train/accuracy", "acc") + get("val/loss", "val_loss") + get("val/accuracy", "val_acc") +
-               get("perf/samples_per_s", "samples/s");
+        return "epoch " + std::to_string(m_epoch) + "/" + std::to_string(m_epochs) +
+               get("train/loss", "loss") + get("train/accuracy", "acc") + get("val/loss", "val_loss") +
+               get("val/accuracy", "val_acc") + get("perf/samples_per_s", "samples/s");
     }
     void line(const std::string& text) {
         clearBar();
@@ -64,9 +64,10 @@ private:
         const int width = 30, filled = static_cast<int>(frac * width);
         std::string bar(filled, '#');
         bar.resize(width, '.');
-        std::fprintf(m_out, "\r[%s] %3d%%  epoch %lld/%lld%s%s\033[K", bar.c_str(), static_cast<int>(frac * 100),
-                     static_cast<long long>(std::min(m_epoch + 1, m_epochs)), static_cast<long long>(m_epochs),
-                     get("train/loss", "loss").c_str(), get("val/accuracy", "val_acc").c_str());
+        std::fprintf(m_out, "\r[%s] %3d%%  epoch %lld/%lld%s%s\033[K", bar.c_str(),
+                     static_cast<int>(frac * 100), static_cast<long long>(std::min(m_epoch + 1, m_epochs)),
+                     static_cast<long long>(m_epochs), get("train/loss", "loss").c_str(),
+                     get("val/accuracy", "val_acc").c_str());
         std::fflush(m_out);
         m_barShown = true;
     }
@@ -96,8 +97,10 @@ int runTrain(const TrainState& st) {
     if (st.resume > 0) {
         const auto run = store->run(st.resume);
         if (!run) throw UsageError("--resume: no run " + std::to_string(st.resume) + " in " + store->path());
-        if (!st.spec.config.empty()) throw UsageError("--resume continues a recorded run; give no CONFIG file with it");
-        spec = buildSpec(st.spec, core::parseRunSpec(run->config, "run " + std::to_string(st.resume) + " config", false));
+        if (!st.spec.config.empty())
+            throw UsageError("--resume continues a recorded run; give no CONFIG file with it");
+        spec = buildSpec(
+            st.spec, core::parseRunSpec(run->config, "run " + std::to_string(st.resume) + " config", false));
     } else {
         spec = buildSpec(st.spec);
     }
@@ -141,7 +144,8 @@ int runTrain(const TrainState& st) {
             if (k.rfind("train/", 0) == 0 || k.rfind("val/", 0) == 0 || k.rfind("perf/", 0) == 0)
                 std::printf("  %-20s %s\n", k.c_str(), formatValue(v).c_str());
         std::printf("curves: lathectl metrics %lld --db %s    details: lathectl runs show %lld\n",
-                    static_cast<long long>(rec.runId), store->path().c_str(), static_cast<long long>(rec.runId));
+                    static_cast<long long>(rec.runId), store->path().c_str(),
+                    static_cast<long long>(rec.runId));
     }
     if (rec.result.status == core::RunStatus::Completed) return kOk;
     if (rec.result.status == core::RunStatus::Stopped) return kInterrupted;
@@ -155,7 +159,8 @@ void registerTrain(CLI::App& app, int& exitCode) {
     auto* cmd = app.add_subcommand("train", "train a model and record the run in the workspace");
     addSpecFlags(cmd, st->spec);
     addCommonOptions(cmd, st->common);
-    cmd->add_option("--resume", st->resume, "continue run ID from its last checkpoint (flags such as --epochs apply)");
+    cmd->add_option("--resume", st->resume,
+                    "continue run ID from its last checkpoint (flags such as --epochs apply)");
     cmd->add_flag("--quiet,-q", st->quiet, "no progress output");
     cmd->callback([st, &exitCode] { exitCode = runTrain(*st); });
 }

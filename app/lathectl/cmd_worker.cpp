@@ -8,8 +8,8 @@
 #include <iostream>
 
 #include "cli_common.h"
-#include "lathe/core/launcher.h"
 #include "lathe/core/error.h"
+#include "lathe/core/launcher.h"
 #include "lathe/core/record.h"
 #include "lathe/core/trainer.h"
 
@@ -62,7 +62,8 @@ int runWorker(const WorkerState& st) {
     out(core::Event::run(core::toToml(spec), host));
     core::TrainOptions opts;
     // Absolute, since the path travels in the event stream and is recorded as an artifact.
-    opts.checkpointDir = st.checkpointDir.empty() ? std::string() : std::filesystem::absolute(st.checkpointDir).string();
+    opts.checkpointDir =
+        st.checkpointDir.empty() ? std::string() : std::filesystem::absolute(st.checkpointDir).string();
     opts.resumeFrom = st.resume;
     if (!st.owner.empty()) opts.owner = parseOwner(st.owner);
     opts.stop = &installStopHandler();
@@ -111,13 +112,14 @@ int runIngest(const IngestState& st) {
     }
     std::signal(SIGINT, SIG_DFL);
     if (st.common.json) {
-        nlohmann::json j{{"run_id", res.runId}, {"status", core::toString(res.status)}, {"workspace", store->path()}};
+        nlohmann::json j{
+            {"run_id", res.runId}, {"status", core::toString(res.status)}, {"workspace", store->path()}};
         if (!res.error.empty()) j["error"] = res.error;
         for (const auto& [k, v] : store->lastMetrics(res.runId)) j[k] = metricJson(v);
         std::cout << j.dump() << std::endl;
     } else {
-        std::printf("recorded run %lld (%s)%s%s\n", static_cast<long long>(res.runId), core::toString(res.status),
-                    res.error.empty() ? "" : ": ", res.error.c_str());
+        std::printf("recorded run %lld (%s)%s%s\n", static_cast<long long>(res.runId),
+                    core::toString(res.status), res.error.empty() ? "" : ": ", res.error.c_str());
     }
     if (res.status == core::RunStatus::Completed) return kOk;
     return res.status == core::RunStatus::Stopped ? kInterrupted : kRunFailed;
@@ -129,16 +131,19 @@ void registerWorker(CLI::App& app, int& exitCode) {
     {
         auto st = std::make_shared<WorkerState>();
         auto* cmd = app.add_subcommand(
-            "worker", "run training and write its event stream (newline-delimited JSON) to stdout; no workspace");
+            "worker",
+            "run training and write its event stream (newline-delimited JSON) to stdout; no workspace");
         addSpecFlags(cmd, st->spec);
         cmd->add_option("--checkpoint-dir", st->checkpointDir, "write checkpoints here (default: none)");
         cmd->add_option("--resume", st->resume, "continue from this checkpoint file");
-        cmd->add_option("--owner", st->owner, "WORKSPACE_ID:RUN written into checkpoints (set by lathectl train)");
+        cmd->add_option("--owner", st->owner,
+                        "WORKSPACE_ID:RUN written into checkpoints (set by lathectl train)");
         cmd->callback([st, &exitCode] { exitCode = runWorker(*st); });
     }
     {
         auto st = std::make_shared<IngestState>();
-        auto* cmd = app.add_subcommand("ingest", "record an event stream (a file, or - for stdin) as a new run");
+        auto* cmd =
+            app.add_subcommand("ingest", "record an event stream (a file, or - for stdin) as a new run");
         cmd->add_option("FILE", st->file, "event stream from lathectl worker; - reads stdin");
         addCommonOptions(cmd, st->common);
         cmd->callback([st, &exitCode] { exitCode = runIngest(*st); });

@@ -71,7 +71,8 @@ Kind positionalKind(const std::string& path, int index) {
     if (index != 0) return Kind::None;
     for (const char* p : {"runs show", "metrics", "profile"})
         if (path == p) return Kind::Run;
-    for (const char* p : {"models show", "models alias", "models register", "deploy", "rollback", "undeploy", "deployments"})
+    for (const char* p :
+         {"models show", "models alias", "models register", "deploy", "rollback", "undeploy", "deployments"})
         if (path == p) return Kind::Model;
     return Kind::None;
 }
@@ -101,7 +102,8 @@ std::vector<std::string> choicesOf(const CLI::Option* opt) {
     if (type.find('|') == std::string::npos || type.find(' ') != std::string::npos) return {};
     std::vector<std::string> out;
     size_t start = 0;
-    for (size_t bar; (bar = type.find('|', start)) != std::string::npos; start = bar + 1) out.push_back(type.substr(start, bar - start));
+    for (size_t bar; (bar = type.find('|', start)) != std::string::npos; start = bar + 1)
+        out.push_back(type.substr(start, bar - start));
     out.push_back(type.substr(start));
     return out;
 }
@@ -208,13 +210,15 @@ std::optional<std::string> unknownArgumentMessage(const CommandWalk& walk) {
     std::string msg = "lathectl: error: unknown " + what + " '" + walk.unknownWord + "'";
     if (!path.empty()) msg += " for 'lathectl " + path + "'";
     msg += " (see lathectl " + (path.empty() ? "" : path + " ") + "--help)\n";
-    const auto names = nearestNames(walk.unknownWord, command ? commandNames(walk.unknownIn) : flagNames(walk.unknownIn));
+    const auto names =
+        nearestNames(walk.unknownWord, command ? commandNames(walk.unknownIn) : flagNames(walk.unknownIn));
     if (!names.empty()) msg += "\n" + similarText(what, names) + "\n";
     return msg;
 }
 
 void registerComplete(CLI::App& app) {
-    auto* cmd = app.add_subcommand("__complete", "print completion candidates for the last of WORDS (bash completion)");
+    auto* cmd = app.add_subcommand("__complete",
+                                   "print completion candidates for the last of WORDS (bash completion)");
     cmd->group("");  // hidden from help and from suggestions
     cmd->prefix_command();
     cmd->allow_extras();
@@ -236,7 +240,8 @@ int runComplete(const CLI::App& root, const std::vector<std::string>& words) {
         const CLI::Option* valueOf = walk.pending;
         std::string prefix;  // `--resume=` when the word being completed holds it
         if (valueOf && cur == "=") cur.clear();
-        if (!valueOf && !walk.positionalOnly && cur.rfind("--", 0) == 0 && cur.find('=') != std::string::npos) {
+        if (!valueOf && !walk.positionalOnly && cur.rfind("--", 0) == 0 &&
+            cur.find('=') != std::string::npos) {
             const auto eq = cur.find('=');
             const CLI::Option* opt = findFlag(walk.app, cur.substr(0, eq));
             if (!opt || !takesValue(opt)) return 0;
@@ -253,7 +258,8 @@ int runComplete(const CLI::App& root, const std::vector<std::string>& words) {
             candidates = flagNames(walk.app);
         } else {
             if (!walk.positionalOnly) candidates = commandNames(walk.app);
-            if (candidates.empty()) candidates = workspaceNames(positionalKind(path, walk.positionals), walk.db);
+            if (candidates.empty())
+                candidates = workspaceNames(positionalKind(path, walk.positionals), walk.db);
         }
         std::string out;
         for (const auto& c : candidates)

@@ -11,11 +11,11 @@
 namespace lathe::cli {
 
 struct CommandWalk {
-    const CLI::App* app = nullptr;            // the deepest command the words reached
-    int positionals = 0;                      // positional words given to `app`
-    const CLI::Option* pending = nullptr;     // the last word was a flag still waiting for its value
-    bool positionalOnly = false;              // after `--`
-    std::string db;                           // the value of --db, when given
+    const CLI::App* app = nullptr;         // the deepest command the words reached
+    int positionals = 0;                   // positional words given to `app`
+    const CLI::Option* pending = nullptr;  // the last word was a flag still waiting for its value
+    bool positionalOnly = false;           // after `--`
+    std::string db;                        // the value of --db, when given
     // The first word that is neither a command, a flag nor a value where it stands.
     enum class Unknown { None, Command, Option } unknown = Unknown::None;
     std::string unknownWord;

@@ -69,8 +69,8 @@ std::vector<std::string> nearestNames(const std::string& typed, const std::vecto
 
 std::string similarText(const std::string& what, const std::vector<std::string>& names) {
     if (names.empty()) return {};
-    std::string text = names.size() == 1 ? "The most similar " + what + " is"
-                                         : "The most similar " + what + "s are";
+    std::string text =
+        names.size() == 1 ? "The most similar " + what + " is" : "The most similar " + what + "s are";
     for (const auto& n : names) text += "\n    " + n;
     return text;
 }

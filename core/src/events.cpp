@@ -2,10 +2,10 @@
 
 #include <chrono>
 #include <cmath>
-#include <limits>
-#include <type_traits>
 #include <istream>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <type_traits>
 
 #include "lathe/core/error.h"
 
@@ -84,13 +84,20 @@ double nowSeconds() {
 
 const char* typeName(Event::Type t) {
     switch (t) {
-        case Event::Type::Run: return "run";
-        case Event::Type::Metric: return "metric";
-        case Event::Type::Log: return "log";
-        case Event::Type::Status: return "status";
-        case Event::Type::Checkpoint: return "checkpoint";
-        case Event::Type::Error: return "error";
-        case Event::Type::Span: return "span";
+        case Event::Type::Run:
+            return "run";
+        case Event::Type::Metric:
+            return "metric";
+        case Event::Type::Log:
+            return "log";
+        case Event::Type::Status:
+            return "status";
+        case Event::Type::Checkpoint:
+            return "checkpoint";
+        case Event::Type::Error:
+            return "error";
+        case Event::Type::Span:
+            return "span";
     }
     return "?";
 }
@@ -124,7 +131,9 @@ std::string encodeEvent(const Event& e) {
             if (e.step) j["step"] = e.step;
             if (e.value > 0) j["total_steps"] = static_cast<int64_t>(e.value);
             break;
-        case Event::Type::Error: j["msg"] = e.text; break;
+        case Event::Type::Error:
+            j["msg"] = e.text;
+            break;
         case Event::Type::Span:
             j["kind"] = e.span.kind == ProfileSpan::Kind::Phase ? "phase" : "op";
             j["name"] = e.span.name;
@@ -267,8 +276,9 @@ Event decodeEventUnchecked(const std::string& line) {
         e.step = e.span.step;
         // Untrusted: keep times and lanes in ranges that later arithmetic cannot overflow.
         constexpr int64_t kMaxNs = int64_t{1} << 62;
-        if (e.span.startNs < 0 || e.span.startNs > kMaxNs || e.span.durationNs < 0 || e.span.durationNs > kMaxNs ||
-            e.span.step < 0 || e.span.thread < 0 || e.span.thread > 4096 || e.span.cudaNs < -1)
+        if (e.span.startNs < 0 || e.span.startNs > kMaxNs || e.span.durationNs < 0 ||
+            e.span.durationNs > kMaxNs || e.span.step < 0 || e.span.thread < 0 || e.span.thread > 4096 ||
+            e.span.cudaNs < -1)
             throw EventStreamError("span record out of range (negative or huge time, step or thread)");
     } else {
         throw EventStreamError("unknown record type \"" + type + "\"");

@@ -1,5 +1,6 @@
 #include "lathe/core/run_spec.h"
 
+#include <toml++/toml.h>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -7,7 +8,6 @@
 #include <cstring>
 #include <functional>
 #include <sstream>
-#include <toml++/toml.h>
 
 #include "lathe/core/error.h"
 
@@ -69,7 +69,8 @@ double parseFloat(const std::string& key, const std::string& text, double lo, bo
     return v;
 }
 
-std::string parseChoice(const std::string& key, const std::string& text, const std::vector<std::string>& choices) {
+std::string parseChoice(const std::string& key, const std::string& text,
+                        const std::vector<std::string>& choices) {
     for (const auto& c : choices)
         if (c == text) return text;
     std::string list;
@@ -96,7 +97,8 @@ std::vector<int64_t> parseIntList(const std::string& key, const std::string& tex
         out.push_back(parseInt(key, item, lo, hi));
     }
     if (out.empty() || out.size() > maxItems)
-        throw ConfigError(quoteKey(key) + " must list 1 to 16 layer widths, e.g. 128,128 (got '" + text + "')");
+        throw ConfigError(quoteKey(key) + " must list 1 to 16 layer widths, e.g. 128,128 (got '" + text +
+                          "')");
     return out;
 }
 
@@ -114,7 +116,8 @@ std::string checkLossScale(const std::string& text) {
         parseFloat("loss_scale", text.substr(7), 1e-30, false, 1e38, false);
         return text;
     }
-    throw ConfigError("`loss_scale` must be auto, dynamic, static:N (1e-30 <= N <= 1e38) or off (got '" + text + "')");
+    throw ConfigError("`loss_scale` must be auto, dynamic, static:N (1e-30 <= N <= 1e38) or off (got '" +
+                      text + "')");
 }
 
 const std::vector<KeyDef>& keyDefs() {
@@ -124,68 +127,78 @@ const std::vector<KeyDef>& keyDefs() {
             d.push_back({{name, "string", help, {}},
                          [m](const RunSpec& s) { return s.*m; },
                          [m, name, allowEmpty](RunSpec& s, const std::string& v) {
-                             if (!allowEmpty && v.empty()) throw ConfigError(quoteKey(name) + " must not be empty");
-                             if (v.size() > 4096) throw ConfigError(quoteKey(name) + " is too long (max 4096 characters)");
+                             if (!allowEmpty && v.empty())
+                                 throw ConfigError(quoteKey(name) + " must not be empty");
+                             if (v.size() > 4096)
+                                 throw ConfigError(quoteKey(name) + " is too long (max 4096 characters)");
                              s.*m = v;
                          }});
         };
-        auto choice = [&](const char* name, const char* help, std::string RunSpec::*m, std::vector<std::string> cs) {
-            d.push_back({{name, "choice", help, cs},
-                         [m](const RunSpec& s) { return s.*m; },
-                         [m, name, cs](RunSpec& s, const std::string& v) { s.*m = parseChoice(name, v, cs); }});
+        auto choice = [&](const char* name, const char* help, std::string RunSpec::*m,
+                          std::vector<std::string> cs) {
+            d.push_back(
+                {{name, "choice", help, cs},
+                 [m](const RunSpec& s) { return s.*m; },
+                 [m, name, cs](RunSpec& s, const std::string& v) { s.*m = parseChoice(name, v, cs); }});
         };
         auto integer = [&](const char* name, const char* help, int64_t RunSpec::*m, int64_t lo, int64_t hi) {
-            d.push_back({{name, "int", help, {}},
-                         [m](const RunSpec& s) { return std::to_string(s.*m); },
-                         [m, name, lo, hi](RunSpec& s, const std::string& v) { s.*m = parseInt(name, v, lo, hi); }});
+            d.push_back(
+                {{name, "int", help, {}},
+                 [m](const RunSpec& s) { return std::to_string(s.*m); },
+                 [m, name, lo, hi](RunSpec& s, const std::string& v) { s.*m = parseInt(name, v, lo, hi); }});
         };
         auto boolean = [&](const char* name, const char* help, bool RunSpec::*m) {
             d.push_back({{name, "bool", std::string(help) + " (true or false)", {}},
                          [m](const RunSpec& s) { return std::string(s.*m ? "true" : "false"); },
                          [m, name](RunSpec& s, const std::string& v) { s.*m = parseBool(name, v); }});
         };
-        auto real = [&](const char* name, const char* help, double RunSpec::*m, double lo, bool loOpen, double hi,
-                        bool hiOpen) {
+        auto real = [&](const char* name, const char* help, double RunSpec::*m, double lo, bool loOpen,
+                        double hi, bool hiOpen) {
             d.push_back({{name, "float", help, {}},
                          [m](const RunSpec& s) { return fmtDouble(s.*m); },
-                         [=](RunSpec& s, const std::string& v) { s.*m = parseFloat(name, v, lo, loOpen, hi, hiOpen); }});
+                         [=](RunSpec& s, const std::string& v) {
+                             s.*m = parseFloat(name, v, lo, loOpen, hi, hiOpen);
+                         }});
         };
         const double inf = HUGE_VAL;
         str("name", "run name (free text; empty = generated)", &RunSpec::name, true);
         str("experiment", "experiment the run belongs to (non-empty)", &RunSpec::experiment, false);
-        choice("model", "model from the zoo: mlp, cnn, or embed (hashed feature embeddings + mlp)", &RunSpec::model,
-               {"mlp", "cnn", "embed"});
-        d.push_back({{"hidden", "int-list", "mlp hidden layer widths, 1 to 16 values of 1..65536, e.g. 128,128", {}},
-                     [](const RunSpec& s) {
-                         std::string out;
-                         for (auto w : s.hidden) out += (out.empty() ? "" : ",") + std::to_string(w);
-                         return out;
-                     },
-                     [](RunSpec& s, const std::string& v) { s.hidden = parseIntList("hidden", v); }});
+        choice("model", "model from the zoo: mlp, cnn, or embed (hashed feature embeddings + mlp)",
+               &RunSpec::model, {"mlp", "cnn", "embed"});
+        d.push_back(
+            {{"hidden", "int-list", "mlp hidden layer widths, 1 to 16 values of 1..65536, e.g. 128,128", {}},
+             [](const RunSpec& s) {
+                 std::string out;
+                 for (auto w : s.hidden) out += (out.empty() ? "" : ",") + std::to_string(w);
+                 return out;
+             },
+             [](RunSpec& s, const std::string& v) { s.hidden = parseIntList("hidden", v); }});
         d.push_back({{"data", "string", "data set: digits, synthetic:spirals, csv:PATH or idx:DIR", {}},
                      [](const RunSpec& s) { return s.data; },
                      [](RunSpec& s, const std::string& v) { s.data = checkData(v); }});
         integer("embedding_rows", "embed: rows of the hashed (feature, value bin) table, 16..16777216",
                 &RunSpec::embeddingRows, 16, 16777216);
         str("label_column", "csv data: name of the label column", &RunSpec::labelColumn, false);
-        real("val_split", "share of samples held out for validation, > 0 and < 1", &RunSpec::valSplit, 0, true, 1,
-             true);
+        real("val_split", "share of samples held out for validation, > 0 and < 1", &RunSpec::valSplit, 0,
+             true, 1, true);
         integer("epochs", "passes over the training data, 1..100000", &RunSpec::epochs, 1, 100000);
         integer("batch", "samples per step, 1..1000000", &RunSpec::batch, 1, 1000000);
         real("lr", "peak learning rate, > 0 and <= 10", &RunSpec::lr, 0, true, 10, false);
-        choice("optimizer", "sgd (with momentum), adam or adamw", &RunSpec::optimizer, {"sgd", "adam", "adamw"});
+        choice("optimizer", "sgd (with momentum), adam or adamw", &RunSpec::optimizer,
+               {"sgd", "adam", "adamw"});
         real("momentum", "sgd momentum, >= 0 and < 1", &RunSpec::momentum, 0, false, 1, true);
         real("weight_decay", "L2 (sgd, adam) or decoupled (adamw) weight decay, >= 0 and < 1",
              &RunSpec::weightDecay, 0, false, 1, true);
         choice("schedule", "learning-rate schedule: constant, step or cosine", &RunSpec::schedule,
                {"constant", "step", "cosine"});
-        integer("warmup_steps", "linear warm-up steps from 0 to lr, 0..10000000", &RunSpec::warmupSteps, 0, 10000000);
-        integer("step_epochs", "step schedule: multiply lr by gamma every N epochs, 1..100000", &RunSpec::stepEpochs,
-                1, 100000);
+        integer("warmup_steps", "linear warm-up steps from 0 to lr, 0..10000000", &RunSpec::warmupSteps, 0,
+                10000000);
+        integer("step_epochs", "step schedule: multiply lr by gamma every N epochs, 1..100000",
+                &RunSpec::stepEpochs, 1, 100000);
         real("gamma", "step schedule decay factor, > 0 and <= 1", &RunSpec::gamma, 0, true, 1, false);
         real("min_lr", "cosine schedule floor, >= 0 and <= lr", &RunSpec::minLr, 0, false, inf, false);
-        real("clip_grad_norm", "clip the global gradient norm to this value, >= 0 (0 = off)", &RunSpec::clipGradNorm,
-             0, false, inf, false);
+        real("clip_grad_norm", "clip the global gradient norm to this value, >= 0 (0 = off)",
+             &RunSpec::clipGradNorm, 0, false, inf, false);
         integer("seed", "random seed for initialisation, split and shuffling, 0..2^62", &RunSpec::seed, 0,
                 int64_t{1} << 62);
         integer("log_every", "record train/loss every N steps, 1..1000000", &RunSpec::logEvery, 1, 1000000);
@@ -196,20 +209,24 @@ const std::vector<KeyDef>& keyDefs() {
                {"auto", "cpu", "cuda"});
         choice("precision", "fp32, or autocast to bf16 / fp16 with FP32 master weights (fp16 needs a GPU)",
                &RunSpec::precision, {"fp32", "bf16", "fp16"});
-        d.push_back({{"loss_scale", "string",
-                      "auto (dynamic for fp16, else off), dynamic, static:N (1e-30 <= N <= 1e38) or off", {}},
+        d.push_back({{"loss_scale",
+                      "string",
+                      "auto (dynamic for fp16, else off), dynamic, static:N (1e-30 <= N <= 1e38) or off",
+                      {}},
                      [](const RunSpec& s) { return s.lossScale; },
                      [](RunSpec& s, const std::string& v) { s.lossScale = checkLossScale(v); }});
-        real("loss_scale_init", "initial dynamic loss scale, 1e-30..1e38 (default 65536 = 2^16)", &RunSpec::lossScaleInit,
-             1e-30, false, 1e38, false);
-        real("loss_scale_growth", "factor applied after growth_interval clean steps, > 1", &RunSpec::lossScaleGrowth, 1,
-             true, 1e6, false);
+        real("loss_scale_init", "initial dynamic loss scale, 1e-30..1e38 (default 65536 = 2^16)",
+             &RunSpec::lossScaleInit, 1e-30, false, 1e38, false);
+        real("loss_scale_growth", "factor applied after growth_interval clean steps, > 1",
+             &RunSpec::lossScaleGrowth, 1, true, 1e6, false);
         real("loss_scale_backoff", "factor applied on a step with inf/NaN gradients, > 0 and < 1",
              &RunSpec::lossScaleBackoff, 0, true, 1, true);
         integer("loss_scale_growth_interval", "clean steps in a row before the scale grows, 1..100000000",
                 &RunSpec::lossScaleGrowthInterval, 1, 100000000);
-        d.push_back({{"inject_nonfinite", "int-list",
-                      "fault injection: steps (1-based) whose gradient gets an inf, e.g. 5,9 (empty = none)", {}},
+        d.push_back({{"inject_nonfinite",
+                      "int-list",
+                      "fault injection: steps (1-based) whose gradient gets an inf, e.g. 5,9 (empty = none)",
+                      {}},
                      [](const RunSpec& s) {
                          std::string out;
                          for (auto w : s.injectNonfinite) out += (out.empty() ? "" : ",") + std::to_string(w);
@@ -218,42 +235,48 @@ const std::vector<KeyDef>& keyDefs() {
                      [](RunSpec& s, const std::string& v) {
                          s.injectNonfinite.clear();
                          if (v.find_first_not_of(" \t[]") == std::string::npos) return;  // empty list
-                         for (const auto& step : parseIntList("inject_nonfinite", v, 1, int64_t{1} << 62, 1 << 20))
+                         for (const auto& step :
+                              parseIntList("inject_nonfinite", v, 1, int64_t{1} << 62, 1 << 20))
                              s.injectNonfinite.push_back(step);
                      }});
         boolean("activation_checkpointing", "recompute hidden blocks' activations in backward to save memory",
                 &RunSpec::activationCheckpointing);
-        boolean("profile", "record op-level spans and step phases on the profile_* schedule", &RunSpec::profile);
+        boolean("profile", "record op-level spans and step phases on the profile_* schedule",
+                &RunSpec::profile);
         integer("profile_wait", "profiler: steps skipped at the start of each cycle, 0..100000000",
                 &RunSpec::profileWait, 0, 100000000);
-        integer("profile_warmup", "profiler: steps attached but not recorded, 0..100000000", &RunSpec::profileWarmup,
-                0, 100000000);
-        integer("profile_active", "profiler: steps recorded per cycle, 1..100000000", &RunSpec::profileActive, 1,
-                100000000);
+        integer("profile_warmup", "profiler: steps attached but not recorded, 0..100000000",
+                &RunSpec::profileWarmup, 0, 100000000);
+        integer("profile_active", "profiler: steps recorded per cycle, 1..100000000", &RunSpec::profileActive,
+                1, 100000000);
         integer("nproc", "data-parallel worker processes on this machine, 1..256 (batch is per process)",
                 &RunSpec::nproc, 1, 256);
         real("bucket_mb", "gradient all-reduce bucket size in MB, > 0 and <= 1024 (the first bucket is 1 MB)",
              &RunSpec::bucketMb, 0, true, 1024, false);
-        choice("strategy", "gradient exchange: ring (all-reduce), hierarchical (within host, then among hosts) or ps "
-                           "(parameter-server style)",
+        choice("strategy",
+               "gradient exchange: ring (all-reduce), hierarchical (within host, then among hosts) or ps "
+               "(parameter-server style)",
                &RunSpec::strategy, {"ring", "hierarchical", "ps"});
-        choice("backend", "collective engine: auto (NCCL when training on CUDA with a GPU per rank and a LibTorch "
-                          "with NCCL, else Gloo), gloo (CPU; CUDA gradients are staged through host memory) or nccl",
+        choice("backend",
+               "collective engine: auto (NCCL when training on CUDA with a GPU per rank and a LibTorch "
+               "with NCCL, else Gloo), gloo (CPU; CUDA gradients are staged through host memory) or nccl",
                &RunSpec::backend, {"auto", "gloo", "nccl"});
-        integer("ranks_per_host", "hierarchical: ranks per host, 0..4096 (0 = LOCAL_WORLD_SIZE)", &RunSpec::ranksPerHost,
-                0, 4096);
-        integer("ps_ranks", "ps: how many ranks (0..N-1) aggregate gradients, 1..4096", &RunSpec::psRanks, 1, 4096);
-        choice("compress", "gradient compression on the wire: none, fp16, bf16, int8 or int4", &RunSpec::compress,
-               {"none", "fp16", "bf16", "int8", "int4"});
-        choice("error_feedback", "keep each step's compression error and add it to the next: auto (on for int8/int4), "
-                                 "on or off",
+        integer("ranks_per_host", "hierarchical: ranks per host, 0..4096 (0 = LOCAL_WORLD_SIZE)",
+                &RunSpec::ranksPerHost, 0, 4096);
+        integer("ps_ranks", "ps: how many ranks (0..N-1) aggregate gradients, 1..4096", &RunSpec::psRanks, 1,
+                4096);
+        choice("compress", "gradient compression on the wire: none, fp16, bf16, int8 or int4",
+               &RunSpec::compress, {"none", "fp16", "bf16", "int8", "int4"});
+        choice("error_feedback",
+               "keep each step's compression error and add it to the next: auto (on for int8/int4), "
+               "on or off",
                &RunSpec::errorFeedback, {"auto", "on", "off"});
-        integer("compress_chunk", "elements per int8/int4 scale, 8..1048576, a multiple of 8", &RunSpec::compressChunk, 8,
-                1 << 20);
+        integer("compress_chunk", "elements per int8/int4 scale, 8..1048576, a multiple of 8",
+                &RunSpec::compressChunk, 8, 1 << 20);
         boolean("stochastic_rounding", "int8/int4: round stochastically (unbiased) instead of to nearest",
                 &RunSpec::stochasticRounding);
-        integer("profile_repeat", "profiler: cycles, 0..100000000 (0 = until the run ends)", &RunSpec::profileRepeat,
-                0, 100000000);
+        integer("profile_repeat", "profiler: cycles, 0..100000000 (0 = until the run ends)",
+                &RunSpec::profileRepeat, 0, 100000000);
         return d;
     }();
     return defs;
@@ -359,17 +382,23 @@ std::vector<std::string> validate(const RunSpec& spec) {
     // Only the loss scaler checks gradients and skips a step: without it the injected inf would
     // reach the weights and the run would fail later, blaming the learning rate.
     if (!spec.injectNonfinite.empty() && lossScaleMode(spec).kind == LossScaleMode::Kind::Off)
-        problems.push_back("`inject_nonfinite` needs loss scaling, which skips the step it spoils: set `loss_scale` to "
-                           "dynamic or static:N (with precision " + spec.precision + ", auto means off)");
+        problems.push_back(
+            "`inject_nonfinite` needs loss scaling, which skips the step it spoils: set `loss_scale` to "
+            "dynamic or static:N (with precision " +
+            spec.precision + ", auto means off)");
     if (spec.nproc > 1 && spec.strategy == "ps" && spec.psRanks >= spec.nproc)
-        problems.push_back("`ps_ranks` must be below `nproc` (" + std::to_string(spec.psRanks) + " >= " +
-                           std::to_string(spec.nproc) + ")");
-    if (spec.nproc > 1 && spec.strategy == "hierarchical" && spec.ranksPerHost > 0 && spec.nproc % spec.ranksPerHost != 0)
+        problems.push_back("`ps_ranks` must be below `nproc` (" + std::to_string(spec.psRanks) +
+                           " >= " + std::to_string(spec.nproc) + ")");
+    if (spec.nproc > 1 && spec.strategy == "hierarchical" && spec.ranksPerHost > 0 &&
+        spec.nproc % spec.ranksPerHost != 0)
         problems.push_back("`ranks_per_host` must divide `nproc` (" + std::to_string(spec.nproc) + " % " +
                            std::to_string(spec.ranksPerHost) + " != 0)");
     if (spec.compressChunk % 8 != 0)
-        problems.push_back("`compress_chunk` must be a multiple of 8 (got " + std::to_string(spec.compressChunk) + ")");
-    if (spec.minLr > spec.lr) problems.push_back("`min_lr` must be <= `lr` (" + fmtDouble(spec.minLr) + " > " + fmtDouble(spec.lr) + ")");
+        problems.push_back("`compress_chunk` must be a multiple of 8 (got " +
+                           std::to_string(spec.compressChunk) + ")");
+    if (spec.minLr > spec.lr)
+        problems.push_back("`min_lr` must be <= `lr` (" + fmtDouble(spec.minLr) + " > " + fmtDouble(spec.lr) +
+                           ")");
     return problems;
 }
 

@@ -15,7 +15,8 @@ namespace {
 struct Hasher {
     std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx{EVP_MD_CTX_new(), &EVP_MD_CTX_free};
     Hasher() {
-        if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) throw Error("SHA-256 init failed");
+        if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1)
+            throw Error("SHA-256 init failed");
     }
     void update(const void* p, size_t n) {
         if (EVP_DigestUpdate(ctx.get(), p, n) != 1) throw Error("SHA-256 update failed");

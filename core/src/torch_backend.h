@@ -1,7 +1,7 @@
 #pragma once
 // The seam between the torch-free core (liblathe_core) and the torch-backed part (liblathe_torch).
 //
-// Loading LibTorch costs about half a second (292 shared libraries and its operator
+// Loading LibTorch costs about 0.9 s here (292 shared libraries and its operator
 // registration), so `lathectl runs list`, `lathectl --version` and the workbench's first window
 // must not pay for it. Everything that needs LibTorch lives in liblathe_torch and is reached
 // through the table below, which torchBackend() fills on first use by dlopen'ing
@@ -39,7 +39,8 @@ ArtifactInfo importTorchScript(const std::string& file, const std::vector<int64_
                                const std::string& outPath);
 ArtifactInfo readArtifact(const std::string& path);
 ModelVersion registerModel(Registry& registry, const Store* store, const std::string& name, int64_t runId,
-                           const std::string& file, const std::vector<int64_t>& inputShape, int64_t parentVersion);
+                           const std::string& file, const std::vector<int64_t>& inputShape,
+                           int64_t parentVersion);
 std::shared_ptr<serving::LoadedModel> loadModel(const ServedModel& model, int64_t maxBatch,
                                                 const std::string& device, const std::string& expectedSha256,
                                                 int instances, const std::string& optimize);

@@ -4,9 +4,16 @@
 extern "C" __attribute__((visibility("default"))) const lathe::core::TorchBackend* lathe_torch_backend() {
     namespace t = lathe::core::torch_impl;
     static const lathe::core::TorchBackend backend{
-        lathe::core::kTorchBackendAbi, &t::checkRunnable,  &t::cudaDeviceCount, &t::train,
-        &t::setComputeThreads,        &t::exportRunModel, &t::importTorchScript, &t::readArtifact,
-        &t::registerModel,            &t::loadModel,
+        lathe::core::kTorchBackendAbi,
+        &t::checkRunnable,
+        &t::cudaDeviceCount,
+        &t::train,
+        &t::setComputeThreads,
+        &t::exportRunModel,
+        &t::importTorchScript,
+        &t::readArtifact,
+        &t::registerModel,
+        &t::loadModel,
     };
     return &backend;
 }

@@ -47,12 +47,14 @@ const TorchBackend& loadBackend() {
                         "; reinstall Lathe, or run ./packaging/deps-debian.sh if libtorch is missing");
         }
         entry = reinterpret_cast<Entry>(dlsym(handle, "lathe_torch_backend"));
-        if (!entry) throw Error(path + " has no entry point lathe_torch_backend: it is not Lathe's LibTorch part");
+        if (!entry)
+            throw Error(path + " has no entry point lathe_torch_backend: it is not Lathe's LibTorch part");
     }
     const TorchBackend* b = entry();
     if (!b || b->abi != kTorchBackendAbi)
-        throw Error("liblathe_torch.so is from another build of Lathe (interface " + std::to_string(b ? b->abi : -1) +
-                    ", this program needs " + std::to_string(kTorchBackendAbi) + "): rebuild or reinstall");
+        throw Error("liblathe_torch.so is from another build of Lathe (interface " +
+                    std::to_string(b ? b->abi : -1) + ", this program needs " +
+                    std::to_string(kTorchBackendAbi) + "): rebuild or reinstall");
     g_backend.store(b, std::memory_order_release);
     return *b;
 }
@@ -114,14 +116,15 @@ ArtifactInfo importTorchScript(const std::string& file, const std::vector<int64_
 ArtifactInfo readArtifact(const std::string& path) { return torchBackend().readArtifact(path); }
 
 ModelVersion registerModel(Registry& registry, const Store* store, const std::string& name, int64_t runId,
-                           const std::string& file, const std::vector<int64_t>& inputShape, int64_t parentVersion) {
+                           const std::string& file, const std::vector<int64_t>& inputShape,
+                           int64_t parentVersion) {
     return torchBackend().registerModel(registry, store, name, runId, file, inputShape, parentVersion);
 }
 
 std::shared_ptr<serving::LoadedModel> serving::LoadedModel::load(const ServedModel& model, int64_t maxBatch,
                                                                  const std::string& device,
-                                                                 const std::string& expectedSha256, int instances,
-                                                                 const std::string& optimize) {
+                                                                 const std::string& expectedSha256,
+                                                                 int instances, const std::string& optimize) {
     return torchBackend().loadModel(model, maxBatch, device, expectedSha256, instances, optimize);
 }
 

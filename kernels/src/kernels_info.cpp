@@ -34,9 +34,12 @@ CpuIsa detectBest() noexcept {
     CpuIsa best = hwAvx512() ? CpuIsa::Avx512 : hwAvx2() ? CpuIsa::Avx2 : CpuIsa::Scalar;
     if (const char* cap = std::getenv("LATHE_KERNELS_ISA")) {
         CpuIsa wanted = best;
-        if (std::strcmp(cap, "scalar") == 0) wanted = CpuIsa::Scalar;
-        else if (std::strcmp(cap, "avx2") == 0) wanted = CpuIsa::Avx2;
-        else if (std::strcmp(cap, "avx512") == 0) wanted = CpuIsa::Avx512;
+        if (std::strcmp(cap, "scalar") == 0)
+            wanted = CpuIsa::Scalar;
+        else if (std::strcmp(cap, "avx2") == 0)
+            wanted = CpuIsa::Avx2;
+        else if (std::strcmp(cap, "avx512") == 0)
+            wanted = CpuIsa::Avx512;
         if (static_cast<int>(wanted) < static_cast<int>(best)) best = wanted;
     }
     return best;
@@ -46,9 +49,12 @@ CpuIsa detectBest() noexcept {
 
 const char* cpuIsaName(CpuIsa isa) noexcept {
     switch (isa) {
-        case CpuIsa::Scalar: return "scalar";
-        case CpuIsa::Avx2: return "avx2";
-        case CpuIsa::Avx512: return "avx512";
+        case CpuIsa::Scalar:
+            return "scalar";
+        case CpuIsa::Avx2:
+            return "avx2";
+        case CpuIsa::Avx512:
+            return "avx512";
     }
     return "unknown";
 }
@@ -57,9 +63,12 @@ bool cpuIsaAvailable(CpuIsa isa) noexcept {
     static const bool avx2 = hwAvx2();
     static const bool avx512 = hwAvx512();
     switch (isa) {
-        case CpuIsa::Scalar: return true;
-        case CpuIsa::Avx2: return avx2;
-        case CpuIsa::Avx512: return avx512;
+        case CpuIsa::Scalar:
+            return true;
+        case CpuIsa::Avx2:
+            return avx2;
+        case CpuIsa::Avx512:
+            return avx512;
     }
     return false;
 }

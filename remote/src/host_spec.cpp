@@ -54,8 +54,8 @@ HostSpec parseHostSpec(std::string_view text) {
             if (after.front() != ':') bad(text, "expected ':port' after ']'");
             spec.port = parsePort(text, after.substr(1));
         }
-    } else if (const auto colon = rest.find(':'); colon != std::string_view::npos &&
-                                                   rest.find(':', colon + 1) == std::string_view::npos) {
+    } else if (const auto colon = rest.find(':');
+               colon != std::string_view::npos && rest.find(':', colon + 1) == std::string_view::npos) {
         spec.host = std::string(rest.substr(0, colon));
         spec.port = parsePort(text, rest.substr(colon + 1));
     } else {
@@ -63,7 +63,8 @@ HostSpec parseHostSpec(std::string_view text) {
     }
     if (spec.host.empty()) bad(text, "host name is empty");
     for (char c : spec.host)
-        if (c == ' ' || c == '\t' || c == '/' || c == '@') bad(text, std::string("host name contains '") + c + "'");
+        if (c == ' ' || c == '\t' || c == '/' || c == '@')
+            bad(text, std::string("host name contains '") + c + "'");
     return spec;
 }
 

@@ -35,7 +35,9 @@ std::string expandTilde(const std::string& path) {
     return path;
 }
 
-bool contains(const std::string& haystack, const char* needle) { return haystack.find(needle) != std::string::npos; }
+bool contains(const std::string& haystack, const char* needle) {
+    return haystack.find(needle) != std::string::npos;
+}
 
 // Asked for a key's passphrase: refuse. Without a callback, libssh hands OpenSSL a null one, and
 // OpenSSL then prompts on the controlling terminal, blocking a command (or a GUI started from a
@@ -82,19 +84,22 @@ struct SshSession::Impl {
     template <typename T>
     void setOption(ssh_options_e option, const T* value, const char* what) {
         if (ssh_options_set(session, option, value) != SSH_OK)
-            throw SshError(SshError::Kind::Usage, label(), std::string("invalid ") + what + ": " + libsshError());
+            throw SshError(SshError::Kind::Usage, label(),
+                           std::string("invalid ") + what + ": " + libsshError());
     }
 
     void configure() {
         // A HostSpec built in code (not by parseHostSpec) is checked the same way: libssh would
         // read "alice@gpu" as a user and a host, changing the login and the known_hosts entry.
         if (spec.host.empty() || spec.host.find_first_of(" \t/@") != std::string::npos)
-            throw SshError(SshError::Kind::Usage, label(),
-                           "invalid host name '" + spec.host + "' (no spaces, '/' or '@'; give the user separately)");
+            throw SshError(
+                SshError::Kind::Usage, label(),
+                "invalid host name '" + spec.host + "' (no spaces, '/' or '@'; give the user separately)");
         if (spec.port < 1 || spec.port > 65535)
             throw SshError(SshError::Kind::Usage, label(), "invalid port " + std::to_string(spec.port));
         session = ssh_new();
-        if (!session) throw SshError(SshError::Kind::Usage, label(), "cannot create an SSH session (out of memory)");
+        if (!session)
+            throw SshError(SshError::Kind::Usage, label(), "cannot create an SSH session (out of memory)");
         const int verbosity = SSH_LOG_NOLOG;
         const bool processConfig = false;
         const unsigned int port = static_cast<unsigned int>(spec.port);
@@ -139,11 +144,12 @@ struct SshSession::Impl {
             return;
         }
         const std::string err = libsshError();
-        const auto kind =
-            contains(err, "imeout") || contains(err, "timed out") ? SshError::Kind::Timeout : SshError::Kind::Connect;
+        const auto kind = contains(err, "imeout") || contains(err, "timed out") ? SshError::Kind::Timeout
+                                                                                : SshError::Kind::Connect;
         if (kind == SshError::Kind::Timeout)
             throw SshError(kind, label(),
-                           "no answer within " + std::to_string(spec.connectTimeoutSec > 0 ? spec.connectTimeoutSec : 10) +
+                           "no answer within " +
+                               std::to_string(spec.connectTimeoutSec > 0 ? spec.connectTimeoutSec : 10) +
                                " s (" + err + ")");
         throw SshError(kind, label(), "cannot connect: " + err);
     }
@@ -158,7 +164,8 @@ struct SshSession::Impl {
         unsigned char* hash = nullptr;
         size_t hashLen = 0;
         if (ssh_get_publickey_hash(key.get(), SSH_PUBLICKEY_HASH_SHA256, &hash, &hashLen) != SSH_OK)
-            throw HostKeyError(HostKeyError::Reason::Unusable, label(), {}, "cannot hash the server's host key");
+            throw HostKeyError(HostKeyError::Reason::Unusable, label(), {},
+                               "cannot hash the server's host key");
         char* text = ssh_get_fingerprint_hash(SSH_PUBLICKEY_HASH_SHA256, hash, hashLen);
         ssh_clean_pubkey_hash(&hash);
         std::string out = text ? text : "";
@@ -175,37 +182,42 @@ struct SshSession::Impl {
         ssh_string_free_char(khPath);
 
         switch (ssh_session_is_known_server(session)) {
-            case SSH_KNOWN_HOSTS_OK: return;
+            case SSH_KNOWN_HOSTS_OK:
+                return;
             case SSH_KNOWN_HOSTS_CHANGED:
-                throw HostKeyError(HostKeyError::Reason::Changed, label(), fingerprint,
-                                   "host key differs from the one in " + knownHosts + " (server offered " + keyType +
-                                       " " + fingerprint +
-                                       "); someone may be intercepting the connection, or the host was "
-                                       "reinstalled; if so, remove its old line: ssh-keygen -R '" +
-                                       (spec.port == 22 ? spec.host : "[" + spec.host + "]:" + std::to_string(spec.port)) +
-                                       "' -f " + knownHosts);
+                throw HostKeyError(
+                    HostKeyError::Reason::Changed, label(), fingerprint,
+                    "host key differs from the one in " + knownHosts + " (server offered " + keyType + " " +
+                        fingerprint +
+                        "); someone may be intercepting the connection, or the host was "
+                        "reinstalled; if so, remove its old line: ssh-keygen -R '" +
+                        (spec.port == 22 ? spec.host : "[" + spec.host + "]:" + std::to_string(spec.port)) +
+                        "' -f " + knownHosts);
             case SSH_KNOWN_HOSTS_OTHER:
                 throw HostKeyError(HostKeyError::Reason::Other, label(), fingerprint,
-                                   "known_hosts " + knownHosts + " lists a different key type for this host (server "
-                                   "offered " + keyType + " " + fingerprint + ")");
+                                   "known_hosts " + knownHosts +
+                                       " lists a different key type for this host (server "
+                                       "offered " +
+                                       keyType + " " + fingerprint + ")");
             case SSH_KNOWN_HOSTS_NOT_FOUND:
             case SSH_KNOWN_HOSTS_UNKNOWN:
                 if (policy != HostKeyPolicy::TrustOnFirstUse)
-                    throw HostKeyError(HostKeyError::Reason::Unknown, label(), fingerprint,
-                                       "host key " + keyType + " " + fingerprint + " is not in " + knownHosts +
-                                           "; compare it with the host's own (ssh-keygen -lf on the host), then "
-                                           "connect once with trust on first use (lathectl hosts check "
-                                           "--trust-on-first-use) or add it with ssh-keyscan");
+                    throw HostKeyError(
+                        HostKeyError::Reason::Unknown, label(), fingerprint,
+                        "host key " + keyType + " " + fingerprint + " is not in " + knownHosts +
+                            "; compare it with the host's own (ssh-keygen -lf on the host), then "
+                            "connect once with trust on first use (lathectl hosts check "
+                            "--trust-on-first-use) or add it with ssh-keyscan");
                 if (ssh_session_update_known_hosts(session) != SSH_OK)
-                    throw HostKeyError(HostKeyError::Reason::Unusable, label(), fingerprint,
-                                       "cannot add host key " + fingerprint + " to " + knownHosts + ": " +
-                                           libsshError());
+                    throw HostKeyError(
+                        HostKeyError::Reason::Unusable, label(), fingerprint,
+                        "cannot add host key " + fingerprint + " to " + knownHosts + ": " + libsshError());
                 return;
             case SSH_KNOWN_HOSTS_ERROR:
             default:
-                throw HostKeyError(HostKeyError::Reason::Unusable, label(), fingerprint,
-                                   "cannot check host key " + fingerprint + " against " + knownHosts + ": " +
-                                       libsshError());
+                throw HostKeyError(
+                    HostKeyError::Reason::Unusable, label(), fingerprint,
+                    "cannot check host key " + fingerprint + " against " + knownHosts + ": " + libsshError());
         }
     }
 
@@ -226,7 +238,9 @@ struct SshSession::Impl {
             ssh_key raw = nullptr;
             // No passphrase and no prompt callback: an encrypted key fails here, by design; the
             // way to use one is through ssh-agent with identityFile left empty.
-            if (ssh_pki_import_privkey_file(path.c_str(), nullptr, refusePassphrase, nullptr, &raw) != SSH_OK || !raw)
+            if (ssh_pki_import_privkey_file(path.c_str(), nullptr, refusePassphrase, nullptr, &raw) !=
+                    SSH_OK ||
+                !raw)
                 throw SshError(SshError::Kind::Auth, label(),
                                "cannot load identity file " + path +
                                    " (missing, unreadable, not a private key, or passphrase-protected; for a "
@@ -239,14 +253,16 @@ struct SshSession::Impl {
             tried = "keys from ssh-agent and " + homeDir() + "/.ssh";
         }
         switch (rc) {
-            case SSH_AUTH_SUCCESS: return;
+            case SSH_AUTH_SUCCESS:
+                return;
             case SSH_AUTH_DENIED:
                 throw SshError(SshError::Kind::Auth, label(),
                                "authentication failed for user '" + user + "': server rejected " + tried);
             case SSH_AUTH_PARTIAL:
-                throw SshError(SshError::Kind::Auth, label(),
-                               "authentication for user '" + user +
-                                   "' needs a further method (e.g. a one-time code), which lathe does not support");
+                throw SshError(
+                    SshError::Kind::Auth, label(),
+                    "authentication for user '" + user +
+                        "' needs a further method (e.g. a one-time code), which lathe does not support");
             default:
                 throw SshError(SshError::Kind::Auth, label(),
                                "authentication error for user '" + user + "': " + libsshError());
@@ -292,7 +308,8 @@ ExecResult SshSession::exec(const std::string& command, const OutputFn& onStdout
     if (!m_impl) throw SshError(SshError::Kind::Usage, "?", "exec() on a moved-from session");
     Impl& d = *m_impl;
     if (!d.connected)
-        throw SshError(SshError::Kind::Usage, d.label(), "not connected: connect() first (again after a lost connection)");
+        throw SshError(SshError::Kind::Usage, d.label(),
+                       "not connected: connect() first (again after a lost connection)");
 
     // Filled in by libssh callbacks while packets are processed on this thread.
     struct Status {
@@ -301,7 +318,8 @@ ExecResult SshSession::exec(const std::string& command, const OutputFn& onStdout
     } status;
 
     ChannelPtr channel(ssh_channel_new(d.session));
-    if (!channel) throw SshError(SshError::Kind::Channel, d.label(), "cannot create a channel: " + d.libsshError());
+    if (!channel)
+        throw SshError(SshError::Kind::Channel, d.label(), "cannot create a channel: " + d.libsshError());
 
     // Only exit status and signal use callbacks; data stays in libssh's buffers for the reads.
     ssh_channel_callbacks_struct callbacks{};
@@ -311,8 +329,8 @@ ExecResult SshSession::exec(const std::string& command, const OutputFn& onStdout
         st->result.exitStatus = exitStatus;
         st->exited = true;
     };
-    callbacks.channel_exit_signal_function = [](ssh_session, ssh_channel, const char* signal, int, const char*,
-                                                const char*, void* userdata) {
+    callbacks.channel_exit_signal_function = [](ssh_session, ssh_channel, const char* signal, int,
+                                                const char*, const char*, void* userdata) {
         auto* st = static_cast<Status*>(userdata);
         st->result.exitSignal = signal ? signal : "";
         st->result.exitStatus = -1;
@@ -330,7 +348,8 @@ ExecResult SshSession::exec(const std::string& command, const OutputFn& onStdout
     } callbackGuard{channel.get(), &callbacks};
 
     if (ssh_channel_open_session(channel.get()) != SSH_OK)
-        throw SshError(SshError::Kind::Channel, d.label(), "cannot open a session channel: " + d.libsshError());
+        throw SshError(SshError::Kind::Channel, d.label(),
+                       "cannot open a session channel: " + d.libsshError());
     if (ssh_channel_request_exec(channel.get(), command.c_str()) != SSH_OK)
         throw SshError(SshError::Kind::Channel, d.label(), "cannot start the command: " + d.libsshError());
     // Whatever ends this call before the command has exited (an exception from a callback or a
@@ -351,7 +370,8 @@ ExecResult SshSession::exec(const std::string& command, const OutputFn& onStdout
     const auto broken = [&d](const char* when) {
         const std::string why = d.libsshError();
         d.connected = false;  // isConnected() says so; connect() starts afresh
-        return SshError(SshError::Kind::Protocol, d.label(), std::string("connection lost ") + when + ": " + why);
+        return SshError(SshError::Kind::Protocol, d.label(),
+                        std::string("connection lost ") + when + ": " + why);
     };
 
     char buffer[16384];
@@ -375,7 +395,8 @@ ExecResult SshSession::exec(const std::string& command, const OutputFn& onStdout
     };
     Event event{ssh_event_new(), d.session};
     if (!event.ev || ssh_event_add_session(event.ev, d.session) != SSH_OK)
-        throw SshError(SshError::Kind::Protocol, d.label(), "cannot watch the connection: " + d.libsshError());
+        throw SshError(SshError::Kind::Protocol, d.label(),
+                       "cannot watch the connection: " + d.libsshError());
 
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
@@ -400,8 +421,8 @@ ExecResult SshSession::exec(const std::string& command, const OutputFn& onStdout
         }
         if (timeoutSec > 0 && Clock::now() - start > std::chrono::duration<double>(timeoutSec))
             throw SshError(SshError::Kind::Timeout, d.label(),
-                           "the command did not finish within " + std::to_string(static_cast<int64_t>(timeoutSec)) +
-                               " s; it was sent SIGTERM");
+                           "the command did not finish within " +
+                               std::to_string(static_cast<int64_t>(timeoutSec)) + " s; it was sent SIGTERM");
         if (ssh_event_dopoll(event.ev, 50) == SSH_ERROR) throw broken("while waiting for output");
     }
     return status.result;

@@ -69,7 +69,8 @@ int runRank(int rank, int port, bool quick, const std::string& out) {
                     q.mutable_grad() = torch::Tensor();
                     const auto b0 = Clock::now();
                     (q * 1.0f).sum().backward();
-                    backwardOnly.push_back(std::chrono::duration<double, std::milli>(Clock::now() - b0).count());
+                    backwardOnly.push_back(
+                        std::chrono::duration<double, std::milli>(Clock::now() - b0).count());
                 }
                 const double bwd = median(backwardOnly);
                 for (int r = 0; r < reps; ++r) {
@@ -79,12 +80,14 @@ int runRank(int rank, int port, bool quick, const std::string& out) {
                     const auto t0 = Clock::now();
                     (p * 1.0f).sum().backward();
                     const auto stats = red.finish();
-                    times.push_back(std::max(0.0, std::chrono::duration<double, std::milli>(Clock::now() - t0).count() - bwd));
+                    times.push_back(std::max(
+                        0.0, std::chrono::duration<double, std::milli>(Clock::now() - t0).count() - bwd));
                     ratio = stats.compressionRatio;
                 }
             }
             const double ms = median(times);
-            rows.push_back({mode, mb, ms, 2.0 * (2 - 1) / 2 * mb * 1024 * 1024 / 4 * 4 / (ms / 1000) / 1e9, ratio});
+            rows.push_back(
+                {mode, mb, ms, 2.0 * (2 - 1) / 2 * mb * 1024 * 1024 / 4 * 4 / (ms / 1000) / 1e9, ratio});
         }
     }
     if (rank != 0) return 0;
@@ -95,12 +98,15 @@ int runRank(int rank, int port, bool quick, const std::string& out) {
         double base = 0;
         for (const auto& b : rows)
             if (b.mb == r.mb && b.mode == "gloo fp32") base = b.ms;
-        std::printf("%-10s %8.0f %10.3f %12.3f %10.2f %11.2fx\n", r.mode.c_str(), r.mb, r.ms, r.busGBs, r.wireRatio,
-                    base / r.ms);
-        json += std::string(json.size() > 1 ? "," : "") + "{\"mode\":\"" + r.mode + "\",\"mb\":" + std::to_string(r.mb) +
-                ",\"ms\":" + std::to_string(r.ms) + ",\"wire_ratio\":" + std::to_string(r.wireRatio) + "}";
+        std::printf("%-10s %8.0f %10.3f %12.3f %10.2f %11.2fx\n", r.mode.c_str(), r.mb, r.ms, r.busGBs,
+                    r.wireRatio, base / r.ms);
+        json += std::string(json.size() > 1 ? "," : "") + "{\"mode\":\"" + r.mode +
+                "\",\"mb\":" + std::to_string(r.mb) + ",\"ms\":" + std::to_string(r.ms) +
+                ",\"wire_ratio\":" + std::to_string(r.wireRatio) + "}";
     }
-    std::printf("(vs fp32: the plain Gloo all-reduce's time / this mode's time; wire x: fp32 ring bytes / bytes sent)\n");
+    std::printf(
+        "(vs fp32: the plain Gloo all-reduce's time / this mode's time; wire x: fp32 ring bytes / bytes "
+        "sent)\n");
     if (!out.empty()) std::ofstream(out + "/bench_allreduce.json") << json << "]\n";
     return 0;
 }

@@ -30,9 +30,9 @@ double seconds(const std::function<void()>& f) {
 struct Row {
     std::string op;
     double mb;
-    double gbps;      // fp32 bytes processed per second
+    double gbps;  // fp32 bytes processed per second
     double memcpyGbps;
-    double share;     // op throughput / memcpy throughput
+    double share;  // op throughput / memcpy throughput
 };
 
 }  // namespace
@@ -41,11 +41,14 @@ int main(int argc, char** argv) {
     std::string outDir;
     int reps = 9;
     for (int i = 1; i + 1 < argc; ++i) {
-        if (!std::strcmp(argv[i], "--out")) outDir = argv[++i];
-        else if (!std::strcmp(argv[i], "--reps")) reps = std::max(1, std::atoi(argv[++i]));
+        if (!std::strcmp(argv[i], "--out"))
+            outDir = argv[++i];
+        else if (!std::strcmp(argv[i], "--reps"))
+            reps = std::max(1, std::atoi(argv[++i]));
     }
     const std::size_t chunk = kDefaultCompressChunk;
-    std::printf("bench_compression: isa=%s chunk=%zu reps=%d (best of)\n", cpuIsaName(bestCpuIsa()), chunk, reps);
+    std::printf("bench_compression: isa=%s chunk=%zu reps=%d (best of)\n", cpuIsaName(bestCpuIsa()), chunk,
+                reps);
     std::printf("%-14s %8s %10s %12s %8s\n", "op", "MB", "GB/s", "memcpy GB/s", "share");
 
     std::vector<Row> rows;
@@ -72,7 +75,8 @@ int main(int argc, char** argv) {
         const std::vector<std::pair<std::string, std::function<void()>>> ops{
             {"q int8", [&] { quantizeInt8(x.data(), n, c8.data(), scales.data(), p); }},
             {"q int8 sr", [&] { quantizeInt8(x.data(), n, c8.data(), scales.data(), ps); }},
-            {"q int8 ef", [&] { quantizeInt8ErrorFeedback(x.data(), r.data(), n, c8.data(), scales.data(), p); }},
+            {"q int8 ef",
+             [&] { quantizeInt8ErrorFeedback(x.data(), r.data(), n, c8.data(), scales.data(), p); }},
             {"dq int8", [&] { dequantizeInt8(c8.data(), scales.data(), n, chunk, y.data()); }},
             {"dq+ int8", [&] { dequantizeAddInt8(c8.data(), scales.data(), n, chunk, y.data()); }},
             {"q int4", [&] { quantizeInt4(x.data(), n, c4.data(), scales.data(), p); }},
@@ -88,13 +92,15 @@ int main(int argc, char** argv) {
             double bestOp = 1e30, bestCopy = 1e30;
             for (int rep = 0; rep < reps; ++rep) {
                 bestCopy = std::min(bestCopy, seconds([&] {
-                                        for (int k = 0; k < inner; ++k) std::memcpy(y.data(), x.data(), n * 4);
+                                        for (int k = 0; k < inner; ++k)
+                                            std::memcpy(y.data(), x.data(), n * 4);
                                     }));
                 bestOp = std::min(bestOp, seconds([&] {
                                       for (int k = 0; k < inner; ++k) op();
                                   }));
             }
-            Row row{name, mb, n * 4.0 * inner / bestOp / 1e9, n * 4.0 * inner / bestCopy / 1e9, bestCopy / bestOp};
+            Row row{name, mb, n * 4.0 * inner / bestOp / 1e9, n * 4.0 * inner / bestCopy / 1e9,
+                    bestCopy / bestOp};
             std::printf("%-14s %8.0f %10.2f %12.2f %7.0f%%\n", row.op.c_str(), mb, row.gbps, row.memcpyGbps,
                         100 * row.share);
             rows.push_back(row);
@@ -104,18 +110,20 @@ int main(int argc, char** argv) {
     const std::size_t n = 25'000'000;
     std::printf("\nwire bytes for %zu fp32 values (chunk %zu):\n", n, chunk);
     std::string wire;
-    for (CompressFormat f : {CompressFormat::Fp16, CompressFormat::Bf16, CompressFormat::Int8, CompressFormat::Int4}) {
+    for (CompressFormat f :
+         {CompressFormat::Fp16, CompressFormat::Bf16, CompressFormat::Int8, CompressFormat::Int4}) {
         const double ratio = 4.0 * n / compressedBytes(n, chunk, f);
-        std::printf("  %-5s %12zu bytes  %.3fx fewer than fp32\n", compressFormatName(f), compressedBytes(n, chunk, f),
-                    ratio);
+        std::printf("  %-5s %12zu bytes  %.3fx fewer than fp32\n", compressFormatName(f),
+                    compressedBytes(n, chunk, f), ratio);
         char buf[160];
-        std::snprintf(buf, sizeof buf, "%s\"%s\": {\"bytes\": %zu, \"ratio_vs_fp32\": %.4f}", wire.empty() ? "" : ", ",
-                      compressFormatName(f), compressedBytes(n, chunk, f), ratio);
+        std::snprintf(buf, sizeof buf, "%s\"%s\": {\"bytes\": %zu, \"ratio_vs_fp32\": %.4f}",
+                      wire.empty() ? "" : ", ", compressFormatName(f), compressedBytes(n, chunk, f), ratio);
         wire += buf;
     }
     const double r8 = 4.0 * n / compressedBytes(n, chunk, CompressFormat::Int8);
     const double r4 = 4.0 * n / compressedBytes(n, chunk, CompressFormat::Int4);
-    std::printf("targets: int8 >= 3.9x: %s, int4 >= 7.5x: %s\n", r8 >= 3.9 ? "met" : "MISSED", r4 >= 7.5 ? "met" : "MISSED");
+    std::printf("targets: int8 >= 3.9x: %s, int4 >= 7.5x: %s\n", r8 >= 3.9 ? "met" : "MISSED",
+                r4 >= 7.5 ? "met" : "MISSED");
     std::string below;
     std::size_t met = 0;
     for (const Row& row : rows) {
@@ -124,8 +132,8 @@ int main(int argc, char** argv) {
             continue;
         }
         char buf[64];
-        std::snprintf(buf, sizeof buf, "%s%s at %.0f MB (%.0f%%)", below.empty() ? "" : ", ", row.op.c_str(), row.mb,
-                      100 * row.share);
+        std::snprintf(buf, sizeof buf, "%s%s at %.0f MB (%.0f%%)", below.empty() ? "" : ", ", row.op.c_str(),
+                      row.mb, 100 * row.share);
         below += buf;
     }
     std::printf("target: >= 50%% of memcpy: met by %zu of %zu ops x sizes%s%s\n", met, rows.size(),
@@ -134,7 +142,9 @@ int main(int argc, char** argv) {
     if (!outDir.empty()) {
         const std::string path = outDir + "/bench_compression.json";
         if (FILE* f = std::fopen(path.c_str(), "w")) {
-            std::fprintf(f, "{\n  \"bench\": \"compression\",\n  \"isa\": \"%s\",\n  \"chunk\": %zu,\n  \"throughput\": [\n",
+            std::fprintf(f,
+                         "{\n  \"bench\": \"compression\",\n  \"isa\": \"%s\",\n  \"chunk\": %zu,\n  "
+                         "\"throughput\": [\n",
                          cpuIsaName(bestCpuIsa()), chunk);
             for (std::size_t i = 0; i < rows.size(); ++i)
                 std::fprintf(f,

@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "bench_args.h"
 #include "lathe/kernels/compress.h"
 #include "lathe/kernels/cuda_device.h"
 #include "lathe/kernels/info.h"
 #include "lathe/kernels/scale_and_check.h"
-#include "bench_args.h"
 
 using namespace lathe::kernels;
 using Clock = std::chrono::steady_clock;
@@ -56,10 +56,11 @@ int main(int argc, char** argv) {
         const std::size_t n = mb * (std::size_t{1} << 20) / sizeof(float);
         const std::size_t chunk = kDefaultCompressChunk;
         const std::size_t chunks = chunkCount(n, chunk);
-        cuda::DeviceBuffer x(n * 4), y(n * 4), residual(n * 4), codes8(n), codes4(codeBytes(n, CompressFormat::Int4)),
-            half(n * 2), scales(chunks * 4), flag(4);
+        cuda::DeviceBuffer x(n * 4), y(n * 4), residual(n * 4), codes8(n),
+            codes4(codeBytes(n, CompressFormat::Int4)), half(n * 2), scales(chunks * 4), flag(4);
         std::vector<float> host(n);
-        for (std::size_t i = 0; i < n; ++i) host[i] = static_cast<float>((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
+        for (std::size_t i = 0; i < n; ++i)
+            host[i] = static_cast<float>((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
         cuda::copyHostToDevice(x.get(), host.data(), n * 4);
         cuda::deviceMemset(residual.get(), 0, n * 4);
         cuda::deviceMemset(flag.get(), 0, 4);
@@ -83,25 +84,36 @@ int main(int argc, char** argv) {
             {"scaleAndCheck (unscale, in place)", 8.0 * n,
              [&] { cuda::scaleAndCheck(y.as<float>(), n, 0.5f, flag.as<int>()); }},
             {"quantizeInt8", 5.0 * n + sc,
-             [&] { cuda::quantizeInt8(x.as<float>(), nullptr, n, codes8.as<std::int8_t>(), scales.as<float>(), qp); }},
+             [&] {
+                 cuda::quantizeInt8(x.as<float>(), nullptr, n, codes8.as<std::int8_t>(), scales.as<float>(),
+                                    qp);
+             }},
             {"quantizeInt8 stochastic + EF", 13.0 * n + sc,
              [&] {
-                 cuda::quantizeInt8(x.as<float>(), residual.as<float>(), n, codes8.as<std::int8_t>(), scales.as<float>(), sr);
+                 cuda::quantizeInt8(x.as<float>(), residual.as<float>(), n, codes8.as<std::int8_t>(),
+                                    scales.as<float>(), sr);
              }},
             {"dequantizeInt8 accumulate", 9.0 * n + sc,
              [&] {
-                 cuda::dequantizeInt8(codes8.as<std::int8_t>(), scales.as<float>(), n, chunk, y.as<float>(), true);
+                 cuda::dequantizeInt8(codes8.as<std::int8_t>(), scales.as<float>(), n, chunk, y.as<float>(),
+                                      true);
              }},
             {"quantizeInt4", 4.5 * n + sc,
-             [&] { cuda::quantizeInt4(x.as<float>(), nullptr, n, codes4.as<std::uint8_t>(), scales.as<float>(), qp); }},
+             [&] {
+                 cuda::quantizeInt4(x.as<float>(), nullptr, n, codes4.as<std::uint8_t>(), scales.as<float>(),
+                                    qp);
+             }},
             {"dequantizeInt4", 4.5 * n + sc,
              [&] {
-                 cuda::dequantizeInt4(codes4.as<std::uint8_t>(), scales.as<float>(), n, chunk, y.as<float>(), false);
+                 cuda::dequantizeInt4(codes4.as<std::uint8_t>(), scales.as<float>(), n, chunk, y.as<float>(),
+                                      false);
              }},
             {"floatTo16 (fp16)", 6.0 * n,
              [&] { cuda::floatTo16(x.as<float>(), nullptr, n, half.as<std::uint16_t>(), false); }},
             {"floatTo16 (bf16) + EF", 14.0 * n,
-             [&] { cuda::floatTo16(x.as<float>(), residual.as<float>(), n, half.as<std::uint16_t>(), true); }},
+             [&] {
+                 cuda::floatTo16(x.as<float>(), residual.as<float>(), n, half.as<std::uint16_t>(), true);
+             }},
             {"floatFrom16 (fp16) accumulate", 10.0 * n,
              [&] { cuda::floatFrom16(half.as<std::uint16_t>(), n, y.as<float>(), false, true); }},
         };
@@ -110,8 +122,10 @@ int main(int argc, char** argv) {
             const double gbs = c.bytes / s / 1e9;
             std::printf("%-34s %8zu %10.1f %10.1f %7.0f%%\n", c.name, mb, s * 1e6, gbs, 100 * gbs / copyGBs);
             char buf[256];
-            std::snprintf(buf, sizeof buf, "%s{\"kernel\":\"%s\",\"mb\":%zu,\"us\":%.2f,\"gb_per_s\":%.2f,\"share_of_copy\":%.4f}",
-                          json.size() > 1 ? "," : "", c.name, mb, s * 1e6, gbs, gbs / copyGBs);
+            std::snprintf(
+                buf, sizeof buf,
+                "%s{\"kernel\":\"%s\",\"mb\":%zu,\"us\":%.2f,\"gb_per_s\":%.2f,\"share_of_copy\":%.4f}",
+                json.size() > 1 ? "," : "", c.name, mb, s * 1e6, gbs, gbs / copyGBs);
             json += buf;
         }
         std::printf("\n");

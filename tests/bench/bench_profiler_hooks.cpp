@@ -8,8 +8,8 @@
 #include <fstream>
 #include <string>
 
-#include "lathe/core/store.h"
 #include "lathe/core/record.h"
+#include "lathe/core/store.h"
 #include "lathe/core/trainer.h"
 #include "training/profiler.h"
 
@@ -55,12 +55,14 @@ int main(int argc, char** argv) {
 
     const double share = offNs / (stepMs * 1e6);
     std::printf("bench_profiler_hooks: profiler attached to nothing (schedule not recording)\n");
-    std::printf("  off-path cost per step       %8.1f ns   (%d iterations, %zu spans recorded)\n", offNs, kIters, spans);
+    std::printf("  off-path cost per step       %8.1f ns   (%d iterations, %zu spans recorded)\n", offNs,
+                kIters, spans);
     std::printf("  digits MLP step (same process) %7.3f ms\n", stepMs);
     std::printf("ratio off-path / step time: %.4f%%  (target < 1%%)\n", 100.0 * share);
     if (!out.empty()) {
         std::ofstream f(out + "/bench_profiler_hooks.json");
-        f << "{\"off_path_ns\": " << offNs << ", \"step_ms\": " << stepMs << ", \"share\": " << share << "}\n";
+        f << "{\"off_path_ns\": " << offNs << ", \"step_ms\": " << stepMs << ", \"share\": " << share
+          << "}\n";
     }
     return spans == 0 ? 0 : 1;
 }

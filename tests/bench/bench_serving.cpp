@@ -9,10 +9,10 @@
 // extension (what tritonclient sends by default), which takes number parsing off the server.
 // Client, server and baseline share this process and the machine's cores, so the server's share
 // is a lower bound of what it does with the cores to itself.
-#include <torch/script.h>
-#include <torch/torch.h>
 #include <dlfcn.h>
 #include <sys/resource.h>
+#include <torch/script.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,10 +25,10 @@
 #include <thread>
 #include <vector>
 
+#include "bench_args.h"
 #include "lathe/core/loadgen.h"
 #include "lathe/core/model_artifact.h"
 #include "lathe/core/server.h"
-#include "bench_args.h"
 #include "serving/artifact_io.h"
 #include "serving/infer_protocol.h"
 #include "serving_fixture.h"
@@ -50,7 +50,9 @@ struct Model {
 Model makeWideMlp(const lathe::test::TempDir& dir) {
     torch::manual_seed(7);
     torch::jit::Module m("WideMlp");
-    auto init = [](int64_t in, int64_t out) { return torch::randn({out, in}) / std::sqrt(static_cast<double>(in)); };
+    auto init = [](int64_t in, int64_t out) {
+        return torch::randn({out, in}) / std::sqrt(static_cast<double>(in));
+    };
     m.register_parameter("w1", init(1024, 1024), false);
     m.register_parameter("b1", torch::zeros({1024}), false);
     m.register_parameter("w2", init(1024, 1024), false);
@@ -93,8 +95,8 @@ void setThreads(int n) {
 // LibTorch alone: forward of `batch` rows in a loop on `threads` intra-op and BLAS threads, of
 // the module as loaded or (`optimized`) frozen and optimised for inference as the server may run it.
 // Returns rows/s; `batchMs` gets the median time of one forward.
-double rawRowsPerS(const Model& model, int64_t batch, double seconds, int threads, bool optimized, double& batchMs,
-                   double& cores) {
+double rawRowsPerS(const Model& model, int64_t batch, double seconds, int threads, bool optimized,
+                   double& batchMs, double& cores) {
     setThreads(threads);
     auto module = torch::jit::load(model.path);
     module.eval();
@@ -125,7 +127,8 @@ double parseUs(int64_t elems, bool binary) {
     ModelSignature sig;
     sig.inputs = {{"x", "FP32", {-1, elems}}};
     sig.outputs = {{"y", "FP32", {-1, 10}}};
-    std::string body = R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,)" + std::to_string(elems) + "]";
+    std::string body =
+        R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,)" + std::to_string(elems) + "]";
     auto x = torch::randn({elems});
     std::optional<std::string> headerLength;
     if (binary) {
@@ -142,8 +145,9 @@ double parseUs(int64_t elems, bool binary) {
     int64_t n = 0;
     const auto t0 = Clock::now();
     while (Clock::now() - t0 < std::chrono::milliseconds(400)) {
-        if (!serving::parseInferRequest(body, sig, 32, req, err,
-                                        headerLength ? std::optional<std::string_view>(*headerLength) : std::nullopt))
+        if (!serving::parseInferRequest(
+                body, sig, 32, req, err,
+                headerLength ? std::optional<std::string_view>(*headerLength) : std::nullopt))
             throw std::runtime_error(err.message);
         ++n;
     }
@@ -169,7 +173,8 @@ double metricTotal(const std::string& text, const std::string& series) {
         const size_t eol = text.find('\n', pos);
         const std::string line = text.substr(pos, eol == std::string::npos ? std::string::npos : eol - pos);
         pos += series.size();
-        if (!lineStart || (line.size() > series.size() && line[series.size()] != '{' && line[series.size()] != ' '))
+        if (!lineStart ||
+            (line.size() > series.size() && line[series.size()] != '{' && line[series.size()] != ' '))
             continue;
         total += std::stod(line.substr(line.rfind(' ') + 1));
     }
@@ -179,8 +184,8 @@ double metricTotal(const std::string& text, const std::string& series) {
 // --io-threads / --compute-threads: the server's split of the cores (0 = its default).
 int g_ioThreads = 0, g_computeThreads = 0, g_instances = 0;
 
-Run loadServer(const Model& model, int64_t maxBatch, double maxDelayMs, double rate, int users, double seconds,
-               bool binary = false) {
+Run loadServer(const Model& model, int64_t maxBatch, double maxDelayMs, double rate, int users,
+               double seconds, bool binary = false) {
     ServeOptions so;
     so.port = 0;
     so.maxBatch = maxBatch;
@@ -229,13 +234,14 @@ int main(int argc, char** argv) {
     const auto [out, quick] = lathe::test::benchArgs(argc, argv);
     for (int i = 1; i < argc; ++i) {
         if (std::string(argv[i]) == "--io-threads" && i + 1 < argc) g_ioThreads = std::atoi(argv[++i]);
-        if (std::string(argv[i]) == "--compute-threads" && i + 1 < argc) g_computeThreads = std::atoi(argv[++i]);
+        if (std::string(argv[i]) == "--compute-threads" && i + 1 < argc)
+            g_computeThreads = std::atoi(argv[++i]);
         if (std::string(argv[i]) == "--instances" && i + 1 < argc) g_instances = std::atoi(argv[++i]);
     }
-    const double satS = quick ? 2.5 : 4;   // seconds per saturation run
-    const double halfS = quick ? 3 : 5;    // seconds for the half-load latency run
+    const double satS = quick ? 2.5 : 4;  // seconds per saturation run
+    const double halfS = quick ? 3 : 5;   // seconds for the half-load latency run
     const double rawS = quick ? 1.5 : 3;
-    const int satUsers = 128;              // > 2 × max-batch: a full batch waits while one computes
+    const int satUsers = 128;  // > 2 × max-batch: a full batch waits while one computes
     const double maxDelayMs = 5;
 
     lathe::test::TempDir dir;
@@ -247,30 +253,32 @@ int main(int argc, char** argv) {
         models.push_back({"digits", ws.version().path, 64});
     }
     const double loadBefore = loadAverage();
-    std::printf("bench_serving: %u hardware threads; the client (1 I/O thread), the server (%d I/O threads, %d "
-                "instance(s)) and the baseline share this process. Saturated runs send at 10^6 req/s on %d "
-                "connections: their latencies only grow with the run and are not shown.\n\n",
-                std::thread::hardware_concurrency(), g_ioThreads > 0 ? g_ioThreads : ServeOptions{}.ioThreads,
-                g_instances > 0 ? g_instances : ServeOptions{}.instances, satUsers);
+    std::printf(
+        "bench_serving: %u hardware threads; the client (1 I/O thread), the server (%d I/O threads, %d "
+        "instance(s)) and the baseline share this process. Saturated runs send at 10^6 req/s on %d "
+        "connections: their latencies only grow with the run and are not shown.\n\n",
+        std::thread::hardware_concurrency(), g_ioThreads > 0 ? g_ioThreads : ServeOptions{}.ioThreads,
+        g_instances > 0 ? g_instances : ServeOptions{}.instances, satUsers);
 
     nlohmann::json results = nlohmann::json::array();
-    std::printf("%-8s %-34s %9s %8s %8s %6s %6s %7s %5s %6s %6s\n", "model", "measurement", "rows/s", "p50 ms", "p99 ms",
-                "errors", "batch", "fwd ms", "busy", "cores", "client");
+    std::printf("%-8s %-34s %9s %8s %8s %6s %6s %7s %5s %6s %6s\n", "model", "measurement", "rows/s",
+                "p50 ms", "p99 ms", "errors", "batch", "fwd ms", "busy", "cores", "client");
     auto row = [](const Model& m, const std::string& what, const Run& r, bool saturated) {
         char p50[16] = "-", p99[16] = "-";
         if (!saturated) {
             std::snprintf(p50, sizeof p50, "%.2f", r.report.p50Ms);
             std::snprintf(p99, sizeof p99, "%.2f", r.report.p99Ms);
         }
-        std::printf("%-8s %-34s %9.0f %8s %8s %6lld %6.1f %7.2f %4.0f%% %6.2f %6.2f\n", m.name.c_str(), what.c_str(),
-                    r.rowsPerS, p50, p99, static_cast<long long>(r.report.errors), r.meanBatch, r.meanComputeMs,
-                    100 * r.computeShare, r.cores, r.clientCores);
+        std::printf("%-8s %-34s %9.0f %8s %8s %6lld %6.1f %7.2f %4.0f%% %6.2f %6.2f\n", m.name.c_str(),
+                    what.c_str(), r.rowsPerS, p50, p99, static_cast<long long>(r.report.errors), r.meanBatch,
+                    r.meanComputeMs, 100 * r.computeShare, r.cores, r.clientCores);
         std::fflush(stdout);
     };
     struct Ratios {
         std::string model;
         double batching, share, p99, shareBin, p99Bin, budget, parseUs, parseBinUs;
-        double rawRows, computeUsPerRow, httpUs, httpBinUs, halfForwardMs, halfForwardBinMs, halfBatch, halfBatchBin;
+        double rawRows, computeUsPerRow, httpUs, httpBinUs, halfForwardMs, halfForwardBinMs, halfBatch,
+            halfBatchBin;
     };
     std::vector<Ratios> ratios;
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -295,8 +303,8 @@ int main(int argc, char** argv) {
                     char label[64];
                     std::snprintf(label, sizeof label, "LibTorch%s forward, %d thread%s (%s)",
                                   optimized ? " opt." : "", threads, threads > 1 ? "s" : "", when);
-                    std::printf("%-8s %-34s %9.0f %8s %8s %6s %6d %7.2f %4.0f%% %6.2f %6s\n", m.name.c_str(), label,
-                                rows, "-", "-", "-", 32, ms, 100.0, rawCores, "-");
+                    std::printf("%-8s %-34s %9.0f %8s %8s %6s %6d %7.2f %4.0f%% %6.2f %6s\n", m.name.c_str(),
+                                label, rows, "-", "-", "-", 32, ms, 100.0, rawCores, "-");
                 }
             }
         };
@@ -322,15 +330,17 @@ int main(int argc, char** argv) {
         // Everything but the forward, per request, in CPU time of the whole process (client and
         // server): the saturated run's cores less the batch worker's busy share. Preemption makes
         // that share read high, so this errs low, and the ceiling below errs high.
-        auto httpUs = [](const Run& r) { return 1e6 * std::max(0.0, r.cores - r.computeShare) / std::max(1.0, r.rowsPerS); };
+        auto httpUs = [](const Run& r) {
+            return 1e6 * std::max(0.0, r.cores - r.computeShare) / std::max(1.0, r.rowsPerS);
+        };
         ratios.push_back({m.name, batched.rowsPerS / std::max(1e-9, single.rowsPerS), batched.rowsPerS / raw,
-                          half.report.p99Ms, batchedBin.rowsPerS / raw, halfBin.report.p99Ms, budget, parse, parseBin,
-                          raw, computeUsPerRow, httpUs(batched), httpUs(batchedBin), half.meanComputeMs,
-                          halfBin.meanComputeMs, half.meanBatch, halfBin.meanBatch});
+                          half.report.p99Ms, batchedBin.rowsPerS / raw, halfBin.report.p99Ms, budget, parse,
+                          parseBin, raw, computeUsPerRow, httpUs(batched), httpUs(batchedBin),
+                          half.meanComputeMs, halfBin.meanComputeMs, half.meanBatch, halfBin.meanBatch});
         auto runJson = [](const Run& r) {
-            return nlohmann::json{{"rows_per_s", r.rowsPerS},   {"p50_ms", r.report.p50Ms},
-                                  {"p99_ms", r.report.p99Ms},   {"errors", r.report.errors},
-                                  {"mean_batch", r.meanBatch},  {"forward_ms", r.meanComputeMs},
+            return nlohmann::json{{"rows_per_s", r.rowsPerS},       {"p50_ms", r.report.p50Ms},
+                                  {"p99_ms", r.report.p99Ms},       {"errors", r.report.errors},
+                                  {"mean_batch", r.meanBatch},      {"forward_ms", r.meanComputeMs},
                                   {"forward_busy", r.computeShare}, {"cores", r.cores},
                                   {"client_cores", r.clientCores}};
         };
@@ -351,45 +361,55 @@ int main(int argc, char** argv) {
                            {"server_share_of_raw", ratios.back().share},
                            {"server_share_of_raw_binary", ratios.back().shareBin}});
     }
-    std::printf("\nratios (targets: batching >= 5x; server >= 70%% of raw forward; P99 at half load <= max-delay + "
-                "one batch-32 forward)\n");
+    std::printf(
+        "\nratios (targets: batching >= 5x; server >= 70%% of raw forward; P99 at half load <= max-delay + "
+        "one batch-32 forward)\n");
     for (const auto& r : ratios) {
-        std::printf("  %-8s batching %5.1fx   server/raw %5.0f%% JSON, %5.0f%% binary\n", r.model.c_str(), r.batching,
-                    100 * r.share, 100 * r.shareBin);
-        std::printf("  %-8s P99 at half load %.2f ms JSON, %.2f ms binary vs %.1f + %.2f = %.2f ms (%.2fx, %.2fx)\n",
-                    "", r.p99, r.p99Bin, maxDelayMs, r.budget - maxDelayMs, r.budget, r.p99 / r.budget,
-                    r.p99Bin / r.budget);
+        std::printf("  %-8s batching %5.1fx   server/raw %5.0f%% JSON, %5.0f%% binary\n", r.model.c_str(),
+                    r.batching, 100 * r.share, 100 * r.shareBin);
+        std::printf(
+            "  %-8s P99 at half load %.2f ms JSON, %.2f ms binary vs %.1f + %.2f = %.2f ms (%.2fx, %.2fx)\n",
+            "", r.p99, r.p99Bin, maxDelayMs, r.budget - maxDelayMs, r.budget, r.p99 / r.budget,
+            r.p99Bin / r.budget);
     }
     // What this machine allows at all, from the run's own measurements: with client, server and
     // forward sharing `cores`, no server can answer more rows/s than cores / (request CPU +
     // forward CPU per row); and under Triton's rule a batch closed by its delay answers its
     // oldest request no sooner than max-delay + the batch's forward as the server runs it.
-    std::printf("\nwhat bounds (b) and (c) on this machine (%d cores shared by client, server and forward):\n", cores);
+    std::printf(
+        "\nwhat bounds (b) and (c) on this machine (%d cores shared by client, server and forward):\n",
+        cores);
     for (size_t i = 0; i < ratios.size(); ++i) {
         const auto& r = ratios[i];
         for (int bin = 0; bin < 2; ++bin) {
             const double h = bin ? r.httpBinUs : r.httpUs;
             const double ceiling = cores * 1e6 / (h + r.computeUsPerRow);
-            std::printf("  %-8s %-6s (b) <= %d cores / (%.0f us per request + %.0f us forward per row) = %.0f rows/s"
-                        " = %.0f%% of raw\n",
-                        r.model.c_str(), bin ? "binary" : "JSON", cores, h, r.computeUsPerRow, ceiling,
-                        100 * ceiling / r.rawRows);
+            std::printf(
+                "  %-8s %-6s (b) <= %d cores / (%.0f us per request + %.0f us forward per row) = %.0f rows/s"
+                " = %.0f%% of raw\n",
+                r.model.c_str(), bin ? "binary" : "JSON", cores, h, r.computeUsPerRow, ceiling,
+                100 * ceiling / r.rawRows);
             results[i][bin ? "ceiling_share_of_raw_binary" : "ceiling_share_of_raw"] = ceiling / r.rawRows;
         }
         for (int bin = 0; bin < 2; ++bin) {
-            const double batch = bin ? r.halfBatchBin : r.halfBatch, fwd = bin ? r.halfForwardBinMs : r.halfForwardMs;
+            const double batch = bin ? r.halfBatchBin : r.halfBatch,
+                         fwd = bin ? r.halfForwardBinMs : r.halfForwardMs;
             if (batch <= 0) continue;
-            if (batch < 0.95 * 32)  // batches closed by the delay: each one's oldest request (1 in ~batch) waited it
-                std::printf("  %-8s %-6s (c) 1 request in %.0f waits the %.0f ms delay, then its batch's forward (%.2f ms "
-                            "in the server at half load): P99 ~>= %.2f ms vs budget %.2f ms\n",
-                            r.model.c_str(), bin ? "binary" : "JSON", batch, maxDelayMs, fwd, maxDelayMs + fwd, r.budget);
+            if (batch <
+                0.95 * 32)  // batches closed by the delay: each one's oldest request (1 in ~batch) waited it
+                std::printf(
+                    "  %-8s %-6s (c) 1 request in %.0f waits the %.0f ms delay, then its batch's forward "
+                    "(%.2f ms "
+                    "in the server at half load): P99 ~>= %.2f ms vs budget %.2f ms\n",
+                    r.model.c_str(), bin ? "binary" : "JSON", batch, maxDelayMs, fwd, maxDelayMs + fwd,
+                    r.budget);
             else
-                std::printf("  %-8s %-6s (c) batches filled before the delay (mean %.1f rows)\n", r.model.c_str(),
-                            bin ? "binary" : "JSON", batch);
+                std::printf("  %-8s %-6s (c) batches filled before the delay (mean %.1f rows)\n",
+                            r.model.c_str(), bin ? "binary" : "JSON", batch);
         }
     }
-    std::printf("\nload average before/after: %.2f / %.2f (other processes compete for the same cores)\n", loadBefore,
-                loadAverage());
+    std::printf("\nload average before/after: %.2f / %.2f (other processes compete for the same cores)\n",
+                loadBefore, loadAverage());
     std::printf("the server's parse of one single-row request (one core), JSON / binary:");
     for (const auto& r : ratios) std::printf("  %s %.1f / %.2f us", r.model.c_str(), r.parseUs, r.parseBinUs);
     std::printf("\n");

@@ -35,9 +35,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double secondsSince(Clock::time_point t0) {
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+double secondsSince(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 double peakRssMiB() {
     rusage ru{};
@@ -46,11 +44,11 @@ double peakRssMiB() {
 }
 
 struct Options {
-    int64_t points = 1'000'000;   // (a): over `keys` keys
+    int64_t points = 1'000'000;  // (a): over `keys` keys
     int keys = 8;
-    int64_t baselineRows = 20'000; // (b)
-    int64_t readPoints = 1'000'000; // (d): one key
-    bool reference = true;         // (c)
+    int64_t baselineRows = 20'000;   // (b)
+    int64_t readPoints = 1'000'000;  // (d): one key
+    bool reference = true;           // (c)
     std::string out;
 };
 
@@ -67,15 +65,27 @@ Options parse(int argc, char** argv) {
             if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
             return argv[++i];
         };
-        if (a == "--points") o.points = std::stoll(next());
-        else if (a == "--keys") o.keys = std::stoi(next());
-        else if (a == "--baseline-rows") o.baselineRows = std::stoll(next());
-        else if (a == "--read-points") o.readPoints = std::stoll(next());
-        else if (a == "--no-reference") o.reference = false;
-        else if (a == "--quick") { o.points = 200'000; o.baselineRows = 5'000; o.readPoints = 200'000; }
-        else if (a == "--out") o.out = next();
-        else if (a == "-h" || a == "--help") { usage(); std::exit(0); }
-        else throw std::invalid_argument("unknown argument " + a);
+        if (a == "--points")
+            o.points = std::stoll(next());
+        else if (a == "--keys")
+            o.keys = std::stoi(next());
+        else if (a == "--baseline-rows")
+            o.baselineRows = std::stoll(next());
+        else if (a == "--read-points")
+            o.readPoints = std::stoll(next());
+        else if (a == "--no-reference")
+            o.reference = false;
+        else if (a == "--quick") {
+            o.points = 200'000;
+            o.baselineRows = 5'000;
+            o.readPoints = 200'000;
+        } else if (a == "--out")
+            o.out = next();
+        else if (a == "-h" || a == "--help") {
+            usage();
+            std::exit(0);
+        } else
+            throw std::invalid_argument("unknown argument " + a);
     }
     if (o.points <= 0 || o.keys <= 0 || o.baselineRows <= 0 || o.readPoints <= 0)
         throw std::invalid_argument("counts must be positive");
@@ -119,9 +129,8 @@ sqlite3* openRaw(const std::string& path, int keys) {
          " step INTEGER NOT NULL, wall_time REAL NOT NULL, value REAL);"
          "CREATE INDEX metrics_by_key_step ON metrics(key_id, step);");
     for (int k = 0; k < keys; ++k) {
-        const std::string sql =
-            "INSERT INTO metric_keys(id, run_id, key) VALUES(" + std::to_string(k + 1) + ", 1, 'key" +
-            std::to_string(k) + "')";
+        const std::string sql = "INSERT INTO metric_keys(id, run_id, key) VALUES(" + std::to_string(k + 1) +
+                                ", 1, 'key" + std::to_string(k) + "')";
         exec(db, sql.c_str());
     }
     return db;
@@ -131,8 +140,8 @@ sqlite3* openRaw(const std::string& path, int keys) {
 double rawInsert(const std::string& path, int keys, int64_t rows, bool oneTxn) {
     sqlite3* db = openRaw(path, keys);
     sqlite3_stmt* st = nullptr;
-    check(sqlite3_prepare_v2(db, "INSERT INTO metrics(key_id, step, wall_time, value) VALUES(?,?,?,?)", -1, &st,
-                             nullptr),
+    check(sqlite3_prepare_v2(db, "INSERT INTO metrics(key_id, step, wall_time, value) VALUES(?,?,?,?)", -1,
+                             &st, nullptr),
           db, "prepare");
     const auto t0 = Clock::now();
     if (oneTxn) exec(db, "BEGIN IMMEDIATE");
@@ -162,7 +171,8 @@ double rawInsert(const std::string& path, int keys, int64_t rows, bool oneTxn) {
     sqlite3_close_v2(db);
     removeDb(path);
     if (n != rows)
-        throw std::runtime_error("raw insert: expected " + std::to_string(rows) + " rows, found " + std::to_string(n));
+        throw std::runtime_error("raw insert: expected " + std::to_string(rows) + " rows, found " +
+                                 std::to_string(n));
     return secs;
 }
 
@@ -210,21 +220,24 @@ int main(int argc, char** argv) {
             store.flush();
             const auto t0 = Clock::now();
             for (int64_t i = 0; i < opt.points; ++i)
-                store.appendMetric(run, keyNames[i % opt.keys], i / opt.keys, 1.7e9 + i * 1e-3, std::sin(i * 1e-3));
+                store.appendMetric(run, keyNames[i % opt.keys], i / opt.keys, 1.7e9 + i * 1e-3,
+                                   std::sin(i * 1e-3));
             enqueueSecs = secondsSince(t0);
             store.flush();
             ingestSecs = secondsSince(t0);
             rssAfterIngest = peakRssMiB();
             // Verify: every key holds its share, values intact.
             int64_t total = 0;
-            for (int k = 0; k < opt.keys; ++k) total += static_cast<int64_t>(store.metrics(run, keyNames[k]).size());
+            for (int k = 0; k < opt.keys; ++k)
+                total += static_cast<int64_t>(store.metrics(run, keyNames[k]).size());
             if (total != opt.points)
-                throw std::runtime_error("store ingest: expected " + std::to_string(opt.points) + " points, read " +
-                                         std::to_string(total));
+                throw std::runtime_error("store ingest: expected " + std::to_string(opt.points) +
+                                         " points, read " + std::to_string(total));
         }
 
         // ---- (b) baseline: raw sqlite3, one row per transaction ---------------------------
-        const double baseSecs = rawInsert((dir / "raw-autocommit.db").string(), opt.keys, opt.baselineRows, false);
+        const double baseSecs =
+            rawInsert((dir / "raw-autocommit.db").string(), opt.keys, opt.baselineRows, false);
 
         // ---- (c) reference: raw sqlite3, one transaction for everything -------------------
         double refSecs = 0;
@@ -245,8 +258,8 @@ int main(int argc, char** argv) {
             const auto pts = store.metrics(run, "train/loss");
             readSecs = secondsSince(t1);
             if (static_cast<int64_t>(pts.size()) != opt.readPoints)
-                throw std::runtime_error("read-back: expected " + std::to_string(opt.readPoints) + " points, got " +
-                                         std::to_string(pts.size()));
+                throw std::runtime_error("read-back: expected " + std::to_string(opt.readPoints) +
+                                         " points, got " + std::to_string(pts.size()));
             for (int64_t i : {int64_t{0}, opt.readPoints / 2, opt.readPoints - 1}) {
                 const auto& p = pts[static_cast<size_t>(i)];
                 if (p.step != i || p.value != 1.0 / (1.0 + i))
@@ -265,7 +278,8 @@ int main(int argc, char** argv) {
         std::printf("\n%-58s %10s %9s %12s\n", "case", "points", "seconds", "points/s");
         std::printf("%s\n", std::string(92, '-').c_str());
         auto row = [](const char* name, int64_t n, double s) {
-            std::printf("%-58s %10lld %9.3f %s\n", name, static_cast<long long>(n), s, fmtRate(n / s).c_str());
+            std::printf("%-58s %10lld %9.3f %s\n", name, static_cast<long long>(n), s,
+                        fmtRate(n / s).c_str());
         };
         char label[128];
         std::snprintf(label, sizeof label, "(a) Store::appendMetric + flush, %d keys", opt.keys);
@@ -286,16 +300,22 @@ int main(int argc, char** argv) {
         nlohmann::json j;
         j["name"] = "bench_store";
         j["sqlite_version"] = sqlite3_libversion();
-        j["config"] = {{"points", opt.points}, {"keys", opt.keys}, {"baseline_rows", opt.baselineRows},
+        j["config"] = {{"points", opt.points},
+                       {"keys", opt.keys},
+                       {"baseline_rows", opt.baselineRows},
                        {"read_points", opt.readPoints}};
-        j["store_ingest"] = {{"points", opt.points}, {"seconds", ingestSecs}, {"enqueue_seconds", enqueueSecs},
-                             {"points_per_s", storeRate}, {"peak_rss_mib", rssAfterIngest},
-                             {"peak_rss_before_mib", rssBefore}};
-        j["baseline_autocommit"] = {{"rows", opt.baselineRows}, {"seconds", baseSecs}, {"rows_per_s", baseRate}};
+        j["store_ingest"] = {{"points", opt.points},           {"seconds", ingestSecs},
+                             {"enqueue_seconds", enqueueSecs}, {"points_per_s", storeRate},
+                             {"peak_rss_mib", rssAfterIngest}, {"peak_rss_before_mib", rssBefore}};
+        j["baseline_autocommit"] = {
+            {"rows", opt.baselineRows}, {"seconds", baseSecs}, {"rows_per_s", baseRate}};
         if (opt.reference)
             j["reference_single_txn"] = {{"rows", opt.points}, {"seconds", refSecs}, {"rows_per_s", refRate}};
-        j["readback"] = {{"points", opt.readPoints}, {"seconds", readSecs}, {"points_per_s", readRate},
-                         {"fill_seconds", fillSecs}, {"fill_points_per_s", fillRate}};
+        j["readback"] = {{"points", opt.readPoints},
+                         {"seconds", readSecs},
+                         {"points_per_s", readRate},
+                         {"fill_seconds", fillSecs},
+                         {"fill_points_per_s", fillRate}};
         j["ratios"] = {{"store_vs_autocommit", ratio}};
         if (opt.reference) j["ratios"]["store_vs_single_txn"] = ratioRef;
 

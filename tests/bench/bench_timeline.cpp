@@ -38,9 +38,9 @@ std::vector<ProfileSpan> makeSpans(int64_t target) {
     std::mt19937_64 rng(7);
     std::uniform_int_distribution<int> pick(0, 11);
     std::uniform_int_distribution<int64_t> len(800, 30000);
-    const char* ops[] = {"aten::addmm", "aten::mm",    "aten::relu", "aten::add_", "aten::mul_",
-                         "aten::copy_", "aten::t",     "aten::sum",  "aten::to",   "aten::linear",
-                         "aten::div",   "aten::empty"};
+    const char* ops[] = {"aten::addmm", "aten::mm",     "aten::relu", "aten::add_",
+                         "aten::mul_",  "aten::copy_",  "aten::t",    "aten::sum",
+                         "aten::to",    "aten::linear", "aten::div",  "aten::empty"};
     const char* phases[] = {"data", "forward", "backward", "optimizer"};
     std::vector<ProfileSpan> out;
     out.reserve(size_t(target) + 200);
@@ -121,10 +121,11 @@ int main(int argc, char** argv) {
     const double s0 = double(layout->steps[layout->steps.size() / 2].startNs);
     const double s1 = double(layout->steps[layout->steps.size() / 2 + 3].startNs);
     timeline.fitAll();
-    const Case cases[] = {{"full view", timeline.viewStart(), timeline.viewEnd()}, {"zoomed (3 steps)", s0, s1}};
+    const Case cases[] = {{"full view", timeline.viewStart(), timeline.viewEnd()},
+                          {"zoomed (3 steps)", s0, s1}};
 
-    std::printf("bench_timeline: %zu spans in %zu rows, %dx%d px, median of %d paints\n", layout->spans.size(),
-                layout->rows.size(), timeline.width(), timeline.height(), reps);
+    std::printf("bench_timeline: %zu spans in %zu rows, %dx%d px, median of %d paints\n",
+                layout->spans.size(), layout->rows.size(), timeline.width(), timeline.height(), reps);
     std::printf("  layout (TimelineLayout::build)        %9.2f ms\n", buildMs);
     std::printf("  %-18s %14s %14s %9s %10s %10s\n", "view", "culled+merged", "every span", "speed-up",
                 "rects", "baseline");

@@ -34,16 +34,21 @@ int main(int argc, char** argv) {
     torch::set_num_threads(1);
     std::printf("bench_unscale: CPU paths %s (best: %s), 1 thread\n", lathe::kernels::cpuFeatures().c_str(),
                 lathe::kernels::cpuIsaName(lathe::kernels::bestCpuIsa()));
-    std::printf("%-10s %14s %14s %14s %9s\n", "floats", "fused (ms)", "scalar (ms)", "torch (ms)", "torch/fused");
+    std::printf("%-10s %14s %14s %14s %9s\n", "floats", "fused (ms)", "scalar (ms)", "torch (ms)",
+                "torch/fused");
     std::string json = "[";
     for (int64_t n : {int64_t{1} << 16, int64_t{1} << 20, int64_t{1} << 24}) {
         auto g = torch::randn({n});
         const int reps = n >= (1 << 24) ? 15 : 101;
         bool sink = false;
         // Scale by 1.0: values stay the same across repetitions, and the work is identical.
-        const double fused = medianMs([&] { sink ^= lathe::kernels::scaleAndCheck(g.data_ptr<float>(), n, 1.0f); }, reps);
+        const double fused =
+            medianMs([&] { sink ^= lathe::kernels::scaleAndCheck(g.data_ptr<float>(), n, 1.0f); }, reps);
         const double scalar = medianMs(
-            [&] { sink ^= lathe::kernels::scaleAndCheck(g.data_ptr<float>(), n, 1.0f, lathe::kernels::CpuIsa::Scalar); },
+            [&] {
+                sink ^= lathe::kernels::scaleAndCheck(g.data_ptr<float>(), n, 1.0f,
+                                                      lathe::kernels::CpuIsa::Scalar);
+            },
             reps);
         const double aten = medianMs(
             [&] {
@@ -51,9 +56,11 @@ int main(int argc, char** argv) {
                 sink ^= !torch::isfinite(g).all().item<bool>();
             },
             reps);
-        std::printf("%-10lld %14.3f %14.3f %14.3f %8.2fx\n", static_cast<long long>(n), fused, scalar, aten, aten / fused);
-        json += std::string(json.size() > 1 ? "," : "") + "{\"floats\":" + std::to_string(n) + ",\"fused_ms\":" +
-                std::to_string(fused) + ",\"scalar_ms\":" + std::to_string(scalar) + ",\"torch_ms\":" + std::to_string(aten) + "}";
+        std::printf("%-10lld %14.3f %14.3f %14.3f %8.2fx\n", static_cast<long long>(n), fused, scalar, aten,
+                    aten / fused);
+        json += std::string(json.size() > 1 ? "," : "") + "{\"floats\":" + std::to_string(n) +
+                ",\"fused_ms\":" + std::to_string(fused) + ",\"scalar_ms\":" + std::to_string(scalar) +
+                ",\"torch_ms\":" + std::to_string(aten) + "}";
         if (sink) std::printf("(non-finite found)\n");
     }
     json += "]";

@@ -6,8 +6,8 @@
 #include <set>
 
 #include "lathe/core/error.h"
-#include "lathe/core/store.h"
 #include "lathe/core/record.h"
+#include "lathe/core/store.h"
 #include "lathe/core/trainer.h"
 #include "temp_dir.h"
 
@@ -170,7 +170,8 @@ TEST_CASE("bf16 autocast trains on the CPU, fp16 without a GPU is refused with a
 
     spec.precision = "fp16";
     if (cudaDeviceCount() == 0)  // with a GPU, fp16 runs: tests/integration/test_gpu.cpp
-        CHECK_THROWS_WITH(trainAndRecord(store, spec, {}), Catch::Contains("fp16 needs a CUDA GPU") && Catch::Contains("bf16"));
+        CHECK_THROWS_WITH(trainAndRecord(store, spec, {}),
+                          Catch::Contains("fp16 needs a CUDA GPU") && Catch::Contains("bf16"));
 }
 
 TEST_CASE("activation checkpointing gives the same gradients and saves activation memory", "[amp]") {

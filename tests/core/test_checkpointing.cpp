@@ -8,12 +8,13 @@
 
 using namespace lathe::core;
 
-TEST_CASE("activation checkpointing replays dropout's random numbers in the recompute", "[amp][checkpointing]") {
+TEST_CASE("activation checkpointing replays dropout's random numbers in the recompute",
+          "[amp][checkpointing]") {
     namespace nn = torch::nn;
     torch::manual_seed(1);
     nn::Sequential model(nn::Linear(16, 32), nn::ReLU(), nn::Dropout(0.5), nn::Linear(32, 32), nn::ReLU(),
-                         nn::Dropout(0.5), nn::Linear(32, 32), nn::ReLU(), nn::Dropout(0.5), nn::Linear(32, 32),
-                         nn::ReLU(), nn::Linear(32, 4));
+                         nn::Dropout(0.5), nn::Linear(32, 32), nn::ReLU(), nn::Dropout(0.5),
+                         nn::Linear(32, 32), nn::ReLU(), nn::Linear(32, 4));
     model->train();
     const auto x = torch::randn({8, 16});
     // Gradients of one step from a fixed generator state, and the generator's next draw after it.

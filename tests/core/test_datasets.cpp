@@ -80,7 +80,8 @@ TEST_CASE("csv data: numeric features and a named label column", "[data]") {
 TEST_CASE("malformed csv files give a clear error with line and column", "[data]") {
     TempDir dir;
     const auto path = dir.file("bad.csv");
-    auto expectError = [&](const std::string& content, const std::string& fragment, const std::string& label = "y") {
+    auto expectError = [&](const std::string& content, const std::string& fragment,
+                           const std::string& label = "y") {
         writeFile(path, content);
         CHECK_THROWS_WITH(describe("csv:" + path, label), Catch::Contains(fragment));
     };
@@ -95,7 +96,8 @@ TEST_CASE("malformed csv files give a clear error with line and column", "[data]
     // Finite as a double, infinite as the float it is trained in.
     expectError("a,b,y\n1,1e39,0\n2,3,1\n", "line 2 column 'b': '1e39' is out of the float range");
     CHECK_THROWS_WITH(describe("csv:" + dir.file("missing.csv")), Catch::Contains("does not exist"));
-    writeFile(dir.file("trunc.csv.gz"), std::string("\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03", 10) + "garbage");
+    writeFile(dir.file("trunc.csv.gz"),
+              std::string("\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03", 10) + "garbage");
     CHECK_THROWS_AS(describe("csv:" + dir.file("trunc.csv.gz")), DataError);
 }
 
@@ -147,7 +149,8 @@ TEST_CASE("crafted idx dimensions cannot overflow, and a CSV byte-order mark is 
     TempDir dir;
     writeFile(dir.file("train-labels-idx1-ubyte"), idxLabels(10));
     // 131072 * 65536 * 2^31 = 2^64 would wrap to 0 and match an empty body.
-    writeFile(dir.file("train-images-idx3-ubyte"), be32(0x803) + be32(131072) + be32(65536) + be32(0x80000000u));
+    writeFile(dir.file("train-images-idx3-ubyte"),
+              be32(0x803) + be32(131072) + be32(65536) + be32(0x80000000u));
     CHECK_THROWS_WITH(describe("idx:" + dir.path()), Catch::Contains("implausibly large"));
     writeFile(dir.file("train-images-idx3-ubyte"), be32(0x803) + be32(10) + be32(0) + be32(5));
     CHECK_THROWS_WITH(describe("idx:" + dir.path()), Catch::Contains("is zero"));

@@ -37,7 +37,8 @@ TEST_CASE("non-finite metric values survive the stream", "[events]") {
 TEST_CASE("bad records are rejected with a clear message", "[events]") {
     CHECK_THROWS_WITH(decodeEvent("{not json"), Catch::Contains("not JSON"));
     CHECK_THROWS_WITH(decodeEvent("[1,2]"), Catch::Contains("not a JSON object"));
-    CHECK_THROWS_WITH(decodeEvent(R"({"v":99,"type":"metric"})"), Catch::Contains("version 99") && Catch::Contains("upgrade"));
+    CHECK_THROWS_WITH(decodeEvent(R"({"v":99,"type":"metric"})"),
+                      Catch::Contains("version 99") && Catch::Contains("upgrade"));
     CHECK_THROWS_WITH(decodeEvent(R"({"v":1,"type":"teleport"})"), Catch::Contains("unknown record type"));
     CHECK_THROWS_WITH(decodeEvent(R"({"v":1,"type":"metric","key":"a","step":"x","value":1})"),
                       Catch::Contains("\"step\""));
@@ -46,20 +47,23 @@ TEST_CASE("bad records are rejected with a clear message", "[events]") {
 
 TEST_CASE("a stream reader names the line of a bad record", "[events]") {
     std::stringstream in;
-    in << encodeEvent(Event::status(lathe::core::RunStatus::Running)) << "\n\n" << encodeEvent(Event::metric("a", 1, 2)) << "\n{oops\n";
+    in << encodeEvent(Event::status(lathe::core::RunStatus::Running)) << "\n\n"
+       << encodeEvent(Event::metric("a", 1, 2)) << "\n{oops\n";
     int seen = 0;
     CHECK_THROWS_WITH(readEventStream(in, [&](const Event&) { ++seen; }), Catch::Contains("line 4"));
     CHECK(seen == 2);
 }
 
 TEST_CASE("fields of the wrong type are stream errors, not crashes", "[events]") {
-    CHECK_THROWS_AS(decodeEvent(R"({"v":1,"type":"status","status":"running","step":"5"})"), EventStreamError);
+    CHECK_THROWS_AS(decodeEvent(R"({"v":1,"type":"status","status":"running","step":"5"})"),
+                    EventStreamError);
     CHECK_THROWS_AS(decodeEvent(R"({"v":1,"type":"log","msg":"x","t":null})"), EventStreamError);
     CHECK_THROWS_AS(decodeEvent(R"({"v":1,"type":"run","config":"","host":7})"), EventStreamError);
     // Numbers are not bent into integers: 1.9 is not step 1, and 2^32 + 2 is not version 2.
     CHECK_THROWS_WITH(decodeEvent(R"({"v":1,"type":"metric","key":"a","step":1.9,"value":1})"),
                       Catch::Contains("\"step\" must be a whole number"));
-    CHECK_THROWS_WITH(decodeEvent(R"({"v":4294967298,"type":"log","msg":"x"})"), Catch::Contains("\"v\" is out of range"));
+    CHECK_THROWS_WITH(decodeEvent(R"({"v":4294967298,"type":"log","msg":"x"})"),
+                      Catch::Contains("\"v\" is out of range"));
     CHECK_THROWS_WITH(decodeEvent(R"({"v":1,"type":"metric","key":"a","step":-3,"value":1})"),
                       Catch::Contains("must not be negative"));
     CHECK_THROWS_WITH(decodeEvent(R"({"v":1,"type":"checkpoint","path":"p","epoch":1e300})"),
@@ -68,7 +72,8 @@ TEST_CASE("fields of the wrong type are stream errors, not crashes", "[events]")
 
 TEST_CASE("a line longer than any record is refused without being read whole", "[events]") {
     std::stringstream in;
-    in << encodeEvent(Event::status(lathe::core::RunStatus::Running)) << "\n" << std::string(kMaxEventLine + 10, 'x') << "\n";
+    in << encodeEvent(Event::status(lathe::core::RunStatus::Running)) << "\n"
+       << std::string(kMaxEventLine + 10, 'x') << "\n";
     int seen = 0;
     CHECK_THROWS_WITH(readEventStream(in, [&](const Event&) { ++seen; }),
                       Catch::Contains("line 2") && Catch::Contains("longer than 16 MiB"));
@@ -83,8 +88,8 @@ TEST_CASE("a line longer than any record is refused without being read whole", "
 
 TEST_CASE("run statuses have one name each, and a stream may report only a worker's", "[events]") {
     using lathe::core::RunStatus;
-    for (auto s : {RunStatus::Created, RunStatus::Running, RunStatus::Completed, RunStatus::Stopped, RunStatus::Failed,
-                   RunStatus::Interrupted})
+    for (auto s : {RunStatus::Created, RunStatus::Running, RunStatus::Completed, RunStatus::Stopped,
+                   RunStatus::Failed, RunStatus::Interrupted})
         CHECK(lathe::core::runStatusFromString(lathe::core::toString(s)) == s);
     CHECK_FALSE(lathe::core::runStatusFromString("paused").has_value());
     CHECK_FALSE(lathe::core::runStatusFromString("").has_value());

@@ -37,11 +37,11 @@ TEST_CASE("the dynamic scale follows GradScaler's rule step by step", "[amp][los
     REQUIRE_FALSE(s.isStatic());
     // (non-finite gradients this step?, the scale GradScaler holds after update())
     const std::vector<std::pair<bool, double>> steps = {
-        {false, 65536},  {false, 65536}, {false, 131072},  // third clean step in a row: grow
-        {true, 65536},                                     // back off, count restarts
-        {false, 65536},  {false, 65536}, {true, 32768},    // two clean steps do not grow
-        {false, 32768},  {false, 32768}, {false, 65536},   //
-        {true, 32768},   {true, 16384},                    // each overflow backs off again
+        {false, 65536}, {false, 65536}, {false, 131072},  // third clean step in a row: grow
+        {true, 65536},                                    // back off, count restarts
+        {false, 65536}, {false, 65536}, {true, 32768},    // two clean steps do not grow
+        {false, 32768}, {false, 32768}, {false, 65536},   //
+        {true, 32768},  {true, 16384},                    // each overflow backs off again
     };
     REQUIRE(steps.size() == 12);
     for (size_t i = 0; i < steps.size(); ++i) {

@@ -442,7 +442,8 @@ IntervalStats counted(double t, double requests, double errors) {
 }
 }  // namespace
 
-TEST_CASE("error-rate alert: quiet intervals are pooled, idle ones neither fire nor resolve it", "[monitor][alerts]") {
+TEST_CASE("error-rate alert: quiet intervals are pooled, idle ones neither fire nor resolve it",
+          "[monitor][alerts]") {
     AlertEvaluator ev;  // +5 points within 300 s, rates over >= 20 requests
     double t = 0;
     // 3 requests a second with a failure now and then (3 in 147): a second with one reads 33%
@@ -532,7 +533,8 @@ TEST_CASE("alert rules from TOML, bad keys and values refused as ConfigError", "
     CHECK(r.p99Samples == 5);
     CHECK(r.gpuIdleWindowS == 60.5);
     CHECK(r.errorRateRisePoints == AlertRules{}.errorRateRisePoints);  // untouched keys keep defaults
-    r = alertRulesFromToml("[alerts]\nerror_rate_rise_points = 2.5\nerror_rate_window_s = 60\nerror_rate_min_requests = 5\n");
+    r = alertRulesFromToml(
+        "[alerts]\nerror_rate_rise_points = 2.5\nerror_rate_window_s = 60\nerror_rate_min_requests = 5\n");
     CHECK(r.errorRateRisePoints == 2.5);
     CHECK(r.errorRateWindowS == 60);
     CHECK(r.errorRateMinRequests == 5);

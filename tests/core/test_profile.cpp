@@ -1,17 +1,17 @@
 // The profiler: schedule, recorded spans, top-ops summary and Chrome trace export.
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <map>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include <atomic>
 
 #include "lathe/core/error.h"
 #include "lathe/core/profile_analysis.h"
-#include "lathe/core/store.h"
 #include "lathe/core/record.h"
+#include "lathe/core/store.h"
 #include "lathe/core/trainer.h"
 #include "temp_dir.h"
 
@@ -70,8 +70,8 @@ TEST_CASE("the profiler schedule waits, warms up, records and repeats", "[profil
 
 TEST_CASE("top ops split self from total time by nesting, per thread", "[profile]") {
     // thread 0: linear [0,100) contains addmm [10,70) which contains copy [20,30); thread 1: copy [5,25)
-    std::vector<ProfileSpan> spans{op("aten::linear", 0, 100), op("aten::addmm", 10, 60), op("aten::copy_", 20, 10),
-                                   op("aten::copy_", 5, 20, 1)};
+    std::vector<ProfileSpan> spans{op("aten::linear", 0, 100), op("aten::addmm", 10, 60),
+                                   op("aten::copy_", 20, 10), op("aten::copy_", 5, 20, 1)};
     ProfileSpan phase = op("forward", 0, 120);
     phase.kind = ProfileSpan::Kind::Phase;
     spans.push_back(phase);  // phases are not ops
@@ -97,8 +97,8 @@ TEST_CASE("top ops split self from total time by nesting, per thread", "[profile
 TEST_CASE("device times of ops measured on a GPU split into self and total like host times", "[profile]") {
     // linear [0,100) with 80 ns on the device contains addmm [10,70) with 60, which contains
     // copy [20,30) with 5; a second addmm has no device time (-1: not measured).
-    std::vector<ProfileSpan> spans{op("aten::linear", 0, 100), op("aten::addmm", 10, 60), op("aten::copy_", 20, 10),
-                                   op("aten::addmm", 200, 10)};
+    std::vector<ProfileSpan> spans{op("aten::linear", 0, 100), op("aten::addmm", 10, 60),
+                                   op("aten::copy_", 20, 10), op("aten::addmm", 200, 10)};
     spans[0].cudaNs = 80;
     spans[1].cudaNs = 60;
     spans[2].cudaNs = 5;
@@ -194,7 +194,8 @@ TEST_CASE("an unprofiled run has no spans, and profile spans travel through the 
     CHECK(back.span.cudaNs == 11);
 }
 
-TEST_CASE("a resumed profiled run replaces the replayed steps' spans instead of overlapping them", "[profile]") {
+TEST_CASE("a resumed profiled run replaces the replayed steps' spans instead of overlapping them",
+          "[profile]") {
     TempDir dir;
     Store store(dir.file("lathe.db"));
     RunSpec spec;
@@ -234,11 +235,16 @@ TEST_CASE("a resumed profiled run replaces the replayed steps' spans instead of 
 }
 
 TEST_CASE("span records out of range are refused", "[profile][events]") {
-    CHECK_THROWS_AS(decodeEvent(R"({"v":2,"type":"span","kind":"op","name":"x","step":1,"start_ns":5,"dur_ns":-3})"),
-                    EventStreamError);
-    CHECK_THROWS_AS(decodeEvent(R"({"v":2,"type":"span","kind":"op","name":"x","step":1,"start_ns":5,"dur_ns":3,"thread":99999})"),
-                    EventStreamError);
-    CHECK_THROWS_AS(decodeEvent(R"({"v":2,"type":"span","kind":"blob","name":"x","step":1,"start_ns":5,"dur_ns":3})"),
-                    EventStreamError);
-    CHECK(decodeEvent(R"({"v":1,"type":"status","status":"running"})").text == "running");  // version 1 still reads
+    CHECK_THROWS_AS(
+        decodeEvent(R"({"v":2,"type":"span","kind":"op","name":"x","step":1,"start_ns":5,"dur_ns":-3})"),
+        EventStreamError);
+    CHECK_THROWS_AS(
+        decodeEvent(
+            R"({"v":2,"type":"span","kind":"op","name":"x","step":1,"start_ns":5,"dur_ns":3,"thread":99999})"),
+        EventStreamError);
+    CHECK_THROWS_AS(
+        decodeEvent(R"({"v":2,"type":"span","kind":"blob","name":"x","step":1,"start_ns":5,"dur_ns":3})"),
+        EventStreamError);
+    CHECK(decodeEvent(R"({"v":1,"type":"status","status":"running"})").text ==
+          "running");  // version 1 still reads
 }

@@ -25,7 +25,8 @@ TEST_CASE("flag values are validated with the key and its range", "[spec]") {
     RunSpec spec;
     CHECK_THROWS_WITH(setSpecValue(spec, "lr", "-1"), Catch::Contains("`lr`") && Catch::Contains("> 0"));
     CHECK_THROWS_WITH(setSpecValue(spec, "lr", "fast"), Catch::Contains("`lr`"));
-    CHECK_THROWS_WITH(setSpecValue(spec, "epochs", "0"), Catch::Contains("`epochs`") && Catch::Contains("1 to 100000"));
+    CHECK_THROWS_WITH(setSpecValue(spec, "epochs", "0"),
+                      Catch::Contains("`epochs`") && Catch::Contains("1 to 100000"));
     CHECK_THROWS_WITH(setSpecValue(spec, "batch", "12abc"), Catch::Contains("`batch`"));
     CHECK_THROWS_WITH(setSpecValue(spec, "optimizer", "lbfgs"), Catch::Contains("sgd, adam, adamw"));
     CHECK_THROWS_WITH(setSpecValue(spec, "data", "mnist"), Catch::Contains("csv:PATH"));
@@ -66,7 +67,8 @@ TEST_CASE("TOML errors name the file, the line and the key", "[spec]") {
 
 TEST_CASE("every shipped config in resources/configs is valid", "[spec]") {
     int n = 0;
-    for (const auto& entry : std::filesystem::directory_iterator(std::string(LATHE_SOURCE_DIR) + "/resources/configs")) {
+    for (const auto& entry :
+         std::filesystem::directory_iterator(std::string(LATHE_SOURCE_DIR) + "/resources/configs")) {
         if (entry.path().extension() != ".toml") continue;
         INFO(entry.path());
         CHECK_NOTHROW(loadRunSpec(entry.path().string()));

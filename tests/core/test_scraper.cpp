@@ -13,8 +13,8 @@
 #include "lathe/core/error.h"
 #include "lathe/core/http_client.h"
 #include "lathe/core/monitor.h"
-#include "lathe/core/scraper.h"
 #include "lathe/core/registry.h"
+#include "lathe/core/scraper.h"
 #include "temp_dir.h"
 
 using namespace lathe::core;

@@ -4,9 +4,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
-#include <catch2/catch.hpp>
 #include <thread>
 
 #include "lathe/core/error.h"
@@ -112,7 +112,8 @@ TEST_CASE("files that are not Lathe workspaces are refused and left untouched", 
     TempDir dir;
     SECTION("a text file") {
         const auto path = dir.file("notes.db");
-        writeFile(path, "just some notes, not a database at all.................................................");
+        writeFile(path,
+                  "just some notes, not a database at all.................................................");
         const auto before = readFile(path);
         CHECK_THROWS_WITH(Store(path), Catch::Contains("not a Lathe workspace"));
         CHECK(readFile(path) == before);
@@ -130,12 +131,11 @@ TEST_CASE("files that are not Lathe workspaces are refused and left untouched", 
         { Store s(path); }
         sqlExec(path, "PRAGMA user_version = 99");
         const auto before = readFile(path);
-        CHECK_THROWS_WITH(Store(path), Catch::Contains("schema version 99") && Catch::Contains("upgrade Lathe"));
+        CHECK_THROWS_WITH(Store(path),
+                          Catch::Contains("schema version 99") && Catch::Contains("upgrade Lathe"));
         CHECK(readFile(path) == before);
     }
-    SECTION("a directory") {
-        CHECK_THROWS_WITH(Store(dir.path()), Catch::Contains("is a directory"));
-    }
+    SECTION("a directory") { CHECK_THROWS_WITH(Store(dir.path()), Catch::Contains("is a directory")); }
 }
 
 TEST_CASE("an empty SQLite file is migrated to the current schema", "[store]") {
@@ -207,10 +207,11 @@ TEST_CASE("a schema-1 workspace is migrated forward and keeps its runs", "[store
         s.flush();
     }
     // Turn it back into what Lathe 0.1 with schema 1 wrote.
-    sqlExec(path,
-            "DROP TABLE profile_spans; DROP TABLE models; DROP TABLE model_versions; DROP TABLE model_aliases; "
-            "DROP TABLE deployments; DROP TABLE serving_metrics; DROP TABLE alerts; DROP TABLE workspace; "
-            "PRAGMA user_version = 1;");
+    sqlExec(
+        path,
+        "DROP TABLE profile_spans; DROP TABLE models; DROP TABLE model_versions; DROP TABLE model_aliases; "
+        "DROP TABLE deployments; DROP TABLE serving_metrics; DROP TABLE alerts; DROP TABLE workspace; "
+        "PRAGMA user_version = 1;");
     Store s(path);
     CHECK(s.schemaVersion() == Store::kSchemaVersion);
     CHECK(s.run(id)->name == "from-v1");
@@ -271,7 +272,8 @@ TEST_CASE("a full disk fails the writes loudly after retries and loses nothing c
     s.appendLog(id, 0, "info", std::string(1 << 20, 'x'));
     for (int i = 1; i <= 1000; ++i) s.appendMetric(id, "k", i, 0, i);
     // The writer retries the batch, then gives it up and says so before anyone flushes.
-    for (int i = 0; i < 200 && !s.writeFailed(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (int i = 0; i < 200 && !s.writeFailed(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
     CHECK(s.writeFailed());
     CHECK_THROWS_WITH(s.flush(), Catch::Contains("could not be written after 5 attempts") &&
                                      Catch::Contains("full") && Catch::Contains(path));

@@ -7,8 +7,8 @@
 
 #include "lathe/core/checkpoint.h"
 #include "lathe/core/error.h"
-#include "lathe/core/store.h"
 #include "lathe/core/record.h"
+#include "lathe/core/store.h"
 #include "lathe/core/trainer.h"
 #include "temp_dir.h"
 
@@ -46,7 +46,8 @@ TEST_CASE("the default MLP learns digits to at least 95% validation accuracy", "
     REQUIRE(rec.result.status == lathe::core::RunStatus::Completed);
     CHECK(rec.result.epochsDone == 20);
     CHECK(rec.result.finalMetrics.at("val/accuracy") >= 0.95);
-    for (const char* key : {"train/loss", "train/accuracy", "val/loss", "val/accuracy", "perf/samples_per_s", "perf/step_ms"})
+    for (const char* key :
+         {"train/loss", "train/accuracy", "val/loss", "val/accuracy", "perf/samples_per_s", "perf/step_ms"})
         CHECK(store.metrics(rec.runId, key).size() >= 20);
     const auto loss = values(store, rec.runId, "val/loss");
     CHECK(loss.back() < loss.front() / 5);
@@ -159,7 +160,8 @@ TEST_CASE("a corrupt checkpoint is refused and the run's history is kept", "[tra
     again.resumeRunId = rec.runId;
     CHECK_THROWS_AS(trainAndRecord(store, spec, again), CheckpointError);
     CHECK(store.metrics(rec.runId, "train/loss").size() == pointsBefore);
-    CHECK(store.run(rec.runId)->status == lathe::core::RunStatus::Completed);  // the failed resume changed nothing
+    CHECK(store.run(rec.runId)->status ==
+          lathe::core::RunStatus::Completed);  // the failed resume changed nothing
     // Truncation is named as such.
     std::filesystem::resize_file(ckpt, std::filesystem::file_size(ckpt) / 2);
     CHECK_THROWS_WITH(readCheckpointInfo(ckpt), Catch::Contains("truncated"));
@@ -206,8 +208,9 @@ TEST_CASE("a resume that does not fit the checkpoint leaves the run as it was", 
     other.epochs = 4;
     other.lr = 0.5;
     other.batch = 16;
-    CHECK_THROWS_WITH(trainAndRecord(store, other, again),
-                      Catch::Contains("`batch` 64 -> 16") && Catch::Contains("`lr`") && Catch::Contains("Start a new run"));
+    CHECK_THROWS_WITH(trainAndRecord(store, other, again), Catch::Contains("`batch` 64 -> 16") &&
+                                                               Catch::Contains("`lr`") &&
+                                                               Catch::Contains("Start a new run"));
     CHECK(store.run(rec.runId)->status == lathe::core::RunStatus::Completed);
     CHECK(store.metrics(rec.runId, "train/loss").size() == before);
 
@@ -276,7 +279,8 @@ TEST_CASE("a run is trained by one process at a time, and resumes from a checkpo
     {
         RecordOptions again;
         again.resumeRunId = partial.runId;
-        CHECK_THROWS_WITH(trainAndRecord(store, spec, again), Catch::Contains("belongs to run " + std::to_string(other.runId)));
+        CHECK_THROWS_WITH(trainAndRecord(store, spec, again),
+                          Catch::Contains("belongs to run " + std::to_string(other.runId)));
     }
     lathe::test::writeFile(ckpt, saved);
     // The process was killed after it wrote a newer checkpoint but before the workspace recorded
@@ -294,7 +298,8 @@ TEST_CASE("a run is trained by one process at a time, and resumes from a checkpo
     const auto resumed = trainAndRecord(store, spec, again);
     CHECK(resumed.result.status == lathe::core::RunStatus::Completed);
     bool noted = false;
-    for (const auto& l : store.logs(partial.runId)) noted |= l.text.find("newer than the one recorded") != std::string::npos;
+    for (const auto& l : store.logs(partial.runId))
+        noted |= l.text.find("newer than the one recorded") != std::string::npos;
     CHECK(noted);
 }
 

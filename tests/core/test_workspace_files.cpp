@@ -40,7 +40,8 @@ RecordedRun trainRun(Store& store, int64_t epochs, uint64_t seed, int64_t stopAf
     RecordOptions o;
     o.stop = &stop;
     return trainAndRecord(store, spec, o, [&](const Event& e) {
-        if (stopAfter > 0 && e.type == Event::Type::Checkpoint && e.value == static_cast<double>(stopAfter)) stop = true;
+        if (stopAfter > 0 && e.type == Event::Type::Checkpoint && e.value == static_cast<double>(stopAfter))
+            stop = true;
     });
 }
 
@@ -100,9 +101,9 @@ TEST_CASE("two workspaces in one folder keep their own files and resume only the
         spec.seed = 1;
         RecordOptions o;
         o.resumeRunId = 1;
-        CHECK_THROWS_WITH(trainAndRecord(a, spec, o),
-                          Catch::Contains("another workspace") && Catch::Contains(b.workspaceId()) &&
-                              Catch::Contains("refusing to resume"));
+        CHECK_THROWS_WITH(trainAndRecord(a, spec, o), Catch::Contains("another workspace") &&
+                                                          Catch::Contains(b.workspaceId()) &&
+                                                          Catch::Contains("refusing to resume"));
         CHECK(a.run(1)->status == lathe::core::RunStatus::Stopped);  // nothing changed
     }
 }
@@ -124,7 +125,8 @@ TEST_CASE("files of the old shared layout are adopted into the workspace's own d
     fs::create_directories(fs::path(legacy).parent_path());
     fs::rename(ownCkpt, legacy);
     fs::remove_all(dir.file("old.db-files"));
-    sqlExec(path, "UPDATE artifacts SET path = '" + legacy + "'; DROP TABLE workspace; PRAGMA user_version = 4;");
+    sqlExec(path,
+            "UPDATE artifacts SET path = '" + legacy + "'; DROP TABLE workspace; PRAGMA user_version = 4;");
 
     SECTION("a file that is still the recorded one is linked in and the record repointed") {
         Store s(path);

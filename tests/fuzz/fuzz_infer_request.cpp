@@ -2,9 +2,9 @@
 // sanitizer reports, it checks the parser's promises: an accepted request holds exactly
 // rows × 64 values with 1 <= rows <= max batch; a refused one carries a 4xx status and a message;
 // both response forms (JSON, binary tensor data) are well framed.
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <algorithm>
 #include <optional>
 #include <string_view>
 
@@ -33,13 +33,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         body.remove_prefix(std::min(nl == std::string_view::npos ? body.size() : nl + 1, body.size()));
     }
     if (serving::parseInferRequest(body, signature, 8, req, err, headerLength)) {
-        if (req.rows < 1 || req.rows > 8 || req.data.size() != static_cast<size_t>(req.rows) * 64) std::abort();
+        if (req.rows < 1 || req.rows > 8 || req.data.size() != static_cast<size_t>(req.rows) * 64)
+            std::abort();
         // The response writer must cope with whatever values came in (NaN is not JSON).
         std::vector<float> out(static_cast<size_t>(req.rows) * 10, req.data.empty() ? 0.0f : req.data[0]);
-        const auto text = serving::inferResponse("digits", 1, req.id, signature.outputs[0], req.rows, out.data(), 10).body;
+        const auto text =
+            serving::inferResponse("digits", 1, req.id, signature.outputs[0], req.rows, out.data(), 10).body;
         if (text.empty() || text.front() != '{' || text.back() != '}') std::abort();
-        const auto bin = serving::inferResponse("digits", 1, req.id, signature.outputs[0], req.rows, out.data(), 10, true);
-        if (bin.jsonLength < 2 || bin.body.size() != static_cast<size_t>(bin.jsonLength) + out.size() * sizeof(float) ||
+        const auto bin =
+            serving::inferResponse("digits", 1, req.id, signature.outputs[0], req.rows, out.data(), 10, true);
+        if (bin.jsonLength < 2 ||
+            bin.body.size() != static_cast<size_t>(bin.jsonLength) + out.size() * sizeof(float) ||
             bin.body[static_cast<size_t>(bin.jsonLength) - 1] != '}')
             std::abort();
     } else {

@@ -30,7 +30,8 @@ std::string modelWithMeta(const TempDir& dir, const std::string& fileName, const
     return path;
 }
 
-std::string meta(const std::string& inputShape, const std::string& outputShape, const std::string& more = "") {
+std::string meta(const std::string& inputShape, const std::string& outputShape,
+                 const std::string& more = "") {
     return R"({"format":1,"signature":{"inputs":[{"name":"x","datatype":"FP32","shape":)" + inputShape +
            R"(}],"outputs":[{"name":"y","datatype":"FP32","shape":)" + outputShape + "}]}" + more + "}";
 }
@@ -47,14 +48,16 @@ TEST_CASE("hostile or damaged artifact metadata is refused with a reason, never 
     // Nested a million deep: nlohmann's dump would recurse until the stack ran out.
     refused(R"({"format":1,"signature":)" + std::string(1000000, '[') + std::string(1000000, ']') + "}",
             "at most 1 MiB");
-    refused(R"({"format":1,"signature":)" + std::string(100, '[') + std::string(100, ']') + "}", "nested too deeply");
+    refused(R"({"format":1,"signature":)" + std::string(100, '[') + std::string(100, ']') + "}",
+            "nested too deeply");
     // Buffers a server would size from the signature.
     refused(meta("[-1,268435456]", "[-1,2]"), "has dimension 268435456");
     refused(meta("[-1,65536,65536]", "[-1,2]"), "more than 16777216 values per row");
     refused(meta("[-1,0]", "[-1,2]"), "has dimension 0");
     refused(meta("[4]", "[-1,2]"), "the batch (-1) first");
-    refused(R"({"format":1,"signature":{"inputs":[],"outputs":[{"name":"y","datatype":"FP32","shape":[-1,2]}]}})",
-            "lists no input");
+    refused(
+        R"({"format":1,"signature":{"inputs":[],"outputs":[{"name":"y","datatype":"FP32","shape":[-1,2]}]}})",
+        "lists no input");
     refused("[1,2,3]", "not an object");
 
     // A sound file is accepted; the run it names belongs to another workspace and is not kept.
@@ -81,7 +84,8 @@ TEST_CASE("a failed registration leaves no artifact behind", "[serving][artifact
     CHECK(std::filesystem::exists(v.path));
 }
 
-TEST_CASE("a server refuses batch buffers beyond 2^30 values before allocating them", "[serving][artifacts]") {
+TEST_CASE("a server refuses batch buffers beyond 2^30 values before allocating them",
+          "[serving][artifacts]") {
     TempDir dir;
     core::Registry registry(dir.file("ws.db"));
     const auto file = modelWithMeta(dir, "m.pt", meta("[-1,4]", "[-1,2]"));
@@ -93,7 +97,8 @@ TEST_CASE("a server refuses batch buffers beyond 2^30 values before allocating t
     so.maxBatch = 4096;
     so.maxQueue = 4096;
     core::InferenceServer server(so);
-    CHECK_THROWS_WITH(server.load({"wide", 0, w.path}), Catch::Contains("exceed 2^30 values per batch buffer"));
+    CHECK_THROWS_WITH(server.load({"wide", 0, w.path}),
+                      Catch::Contains("exceed 2^30 values per batch buffer"));
     server.load({"tiny", 0, v.path});
     CHECK(server.servedVersion("tiny") == 0);
 }

@@ -54,16 +54,20 @@ TEST_CASE("lathectl train --json prints one object with the run id, status and f
 
 TEST_CASE("lathectl prints plain progress lines when not on a terminal", "[cli]") {
     TempDir dir;
-    const auto r = runShell(lathectl("train --db " + dir.file("l.db") + " --epochs 2 --data synthetic:spirals"));
+    const auto r =
+        runShell(lathectl("train --db " + dir.file("l.db") + " --epochs 2 --data synthetic:spirals"));
     REQUIRE(r.exitCode == 0);
-    CHECK_THAT(r.out, Catch::Contains("epoch 1/2") && Catch::Contains("epoch 2/2") && Catch::Contains("run 1 completed"));
+    CHECK_THAT(r.out, Catch::Contains("epoch 1/2") && Catch::Contains("epoch 2/2") &&
+                          Catch::Contains("run 1 completed"));
     CHECK(r.out.find('\r') == std::string::npos);
 }
 
 TEST_CASE("a TOML config is read and flags override it", "[cli]") {
     TempDir dir;
-    lathe::test::writeFile(dir.file("run.toml"), "epochs = 5\nbatch = 32\ndata = \"synthetic:spirals\"\nname = \"from-file\"\n");
-    const auto r = runShell(lathectl("train " + dir.file("run.toml") + " --epochs 2 --json --db " + dir.file("l.db")));
+    lathe::test::writeFile(dir.file("run.toml"),
+                           "epochs = 5\nbatch = 32\ndata = \"synthetic:spirals\"\nname = \"from-file\"\n");
+    const auto r =
+        runShell(lathectl("train " + dir.file("run.toml") + " --epochs 2 --json --db " + dir.file("l.db")));
     REQUIRE(r.exitCode == 0);
     CHECK(json::parse(r.out).at("epochs") == 2);
     lathe::core::Store store(dir.file("l.db"));
@@ -112,7 +116,8 @@ TEST_CASE("a run that fails exits with 1 and is recorded as failed", "[cli]") {
 TEST_CASE("a foreign --db file is refused with exit code 2 and left untouched", "[cli]") {
     TempDir dir;
     const auto path = dir.file("notes.txt");
-    lathe::test::writeFile(path, "shopping list: eggs, flour, milk, and a very long line to look like a file......");
+    lathe::test::writeFile(
+        path, "shopping list: eggs, flour, milk, and a very long line to look like a file......");
     const auto r = runShell(lathectl("runs list --db " + path));
     CHECK(r.exitCode == 2);
     CHECK_THAT(r.err, Catch::Contains("not a Lathe workspace"));
@@ -146,9 +151,10 @@ TEST_CASE("Ctrl+C stops the run cleanly and records it as stopped", "[cli]") {
     // SIGINT arrives while training (a long run); lathectl finishes the step and exits 130. It is
     // sent once the run is recorded as running: sooner, a loaded machine could deliver it before
     // the handler is installed, to a background job whose SIGINT the shell ignores.
-    const auto r = runShell("(" + lathectl("train --epochs 100000 -q --json --db " + db) +
-                            " & pid=$!; for i in $(seq 600); do " + lathectl("runs list --db " + db) +
-                            " 2>/dev/null | grep -q running && break; sleep 0.1; done; kill -INT $pid; wait $pid)");
+    const auto r =
+        runShell("(" + lathectl("train --epochs 100000 -q --json --db " + db) +
+                 " & pid=$!; for i in $(seq 600); do " + lathectl("runs list --db " + db) +
+                 " 2>/dev/null | grep -q running && break; sleep 0.1; done; kill -INT $pid; wait $pid)");
     CHECK(r.exitCode == 130);
     CHECK(json::parse(r.out).at("status") == "stopped");
     lathe::core::Store store(db);
@@ -170,7 +176,8 @@ TEST_CASE("lathectl worker writes the event stream and ingest records it", "[cli
     CHECK(store.metrics(run->id, "val/accuracy").size() == 2);
 
     // A stream cut short (a killed worker) keeps what arrived and fails the run with the reason.
-    const auto cut = runShell(lathectl("worker --epochs 2") + " | head -n 6 | " + lathectl("ingest --db " + db));
+    const auto cut =
+        runShell(lathectl("worker --epochs 2") + " | head -n 6 | " + lathectl("ingest --db " + db));
     CHECK(cut.exitCode == 1);
     CHECK_THAT(cut.out, Catch::Contains("ended before the run finished"));
     const auto runs = store.listRuns();
@@ -182,8 +189,11 @@ TEST_CASE("lathectl worker writes the event stream and ingest records it", "[cli
     // A failed run keeps its error message (the final status event carries none).
     const auto head = runShell(lathectl("worker --epochs 1 --data synthetic:spirals") + " | head -n 1");
     REQUIRE(head.exitCode == 0);
-    lathe::test::writeFile(dir.file("failed.ndjson"), head.out + R"({"v":2,"type":"error","msg":"loss became nan"})" "\n"
-                                                      R"({"v":2,"type":"status","status":"failed"})" "\n");
+    lathe::test::writeFile(dir.file("failed.ndjson"), head.out +
+                                                          R"({"v":2,"type":"error","msg":"loss became nan"})"
+                                                          "\n"
+                                                          R"({"v":2,"type":"status","status":"failed"})"
+                                                          "\n");
     const auto failed = runShell(lathectl("ingest " + dir.file("failed.ndjson") + " --json --db " + db));
     CHECK(failed.exitCode == 1);
     const auto failedRun = store.run(json::parse(failed.out).at("run_id").get<int64_t>());
@@ -198,17 +208,20 @@ TEST_CASE("lathectl worker writes the event stream and ingest records it", "[cli
     CHECK(store.listRuns().size() == 4);
 
     // A stream from a newer Lathe, or not a stream at all, is refused with exit code 2.
-    lathe::test::writeFile(dir.file("future.ndjson"), R"({"v":3,"type":"run","config":""})" "\n");
+    lathe::test::writeFile(dir.file("future.ndjson"), R"({"v":3,"type":"run","config":""})"
+                                                      "\n");
     const auto future = runShell(lathectl("ingest " + dir.file("future.ndjson") + " --db " + db));
     CHECK(future.exitCode == 2);
     CHECK_THAT(future.err, Catch::Contains("version 3") && Catch::Contains("upgrade"));
     CHECK(store.listRuns().size() == 4);
 }
 
-TEST_CASE("lathectl profile prints top ops and phases, writes a Chrome trace, and refuses unprofiled runs", "[cli][profile]") {
+TEST_CASE("lathectl profile prints top ops and phases, writes a Chrome trace, and refuses unprofiled runs",
+          "[cli][profile]") {
     TempDir dir;
     const auto db = " --db " + dir.file("l.db");
-    REQUIRE(runShell(lathectl("train --epochs 1 -q --profile --profile-wait 1 --profile-active 3" + db)).exitCode == 0);
+    REQUIRE(runShell(lathectl("train --epochs 1 -q --profile --profile-wait 1 --profile-active 3" + db))
+                .exitCode == 0);
     const auto top = runShell(lathectl("profile 1 --top 5" + db));
     REQUIRE(top.exitCode == 0);
     CHECK_THAT(top.out, Catch::Contains("3 profiled steps") && Catch::Contains("aten::addmm") &&
@@ -234,8 +247,10 @@ TEST_CASE("lathectl profile prints top ops and phases, writes a Chrome trace, an
 TEST_CASE("mixed-precision flags: bf16 runs, fp16 without a GPU exits 2 suggesting bf16", "[cli][amp]") {
     TempDir dir;
     const auto db = " --db " + dir.file("l.db");
-    const auto ok = runShell(lathectl("train --epochs 1 --precision bf16 --loss-scale dynamic --inject-nonfinite 3 "
-                                      "--activation-checkpointing --json" + db));
+    const auto ok =
+        runShell(lathectl("train --epochs 1 --precision bf16 --loss-scale dynamic --inject-nonfinite 3 "
+                          "--activation-checkpointing --json" +
+                          db));
     REQUIRE(ok.exitCode == 0);
     const auto j = json::parse(ok.out);
     CHECK(j.contains("amp/loss_scale"));
@@ -297,7 +312,8 @@ TEST_CASE("an unknown command or flag names the nearest ones and exits 2", "[cli
                                       Catch::Contains("The most similar command is\n    list\n"));
     CHECK_THAT(usage("models register x --rn 3"), Catch::Contains("The most similar option is\n    --run\n"));
     // Equally near ones are all named.
-    CHECK_THAT(usage("deplo"), Catch::Contains("The most similar commands are\n    deploy\n    deployments\n"));
+    CHECK_THAT(usage("deplo"),
+               Catch::Contains("The most similar commands are\n    deploy\n    deployments\n"));
     // Nothing near: the one line.
     const auto far = usage("xyzzy");
     CHECK_THAT(far, Catch::Contains("unknown command 'xyzzy'"));
@@ -309,15 +325,16 @@ TEST_CASE("lathectl __complete prints commands, flags, run ids and model names",
     const auto db = dir.file("l.db");
 
     const auto commands = completions("''");
-    CHECK_THAT(commands, Catch::StartsWith("train\n") && Catch::Contains("\nruns\n") && Catch::Contains("\nmodels\n") &&
-                             Catch::Contains("\ndeploy\n"));
+    CHECK_THAT(commands, Catch::StartsWith("train\n") && Catch::Contains("\nruns\n") &&
+                             Catch::Contains("\nmodels\n") && Catch::Contains("\ndeploy\n"));
     CHECK_THAT(commands, !Catch::Contains("__complete") && !Catch::Contains("--"));
     CHECK(completions("tr") == "train\n");
     CHECK(completions("runs ''") == "list\nshow\n");
     const auto flags = completions("train --ep");
     CHECK_THAT(flags, Catch::Contains("--epochs\n"));
     CHECK_THAT(flags, !Catch::Contains("--db") && !Catch::Contains("train"));
-    CHECK_THAT(completions("runs show -"), Catch::Contains("--db\n") && Catch::Contains("--json\n") && Catch::Contains("-h\n"));
+    CHECK_THAT(completions("runs show -"),
+               Catch::Contains("--db\n") && Catch::Contains("--json\n") && Catch::Contains("-h\n"));
     CHECK(completions("train --optimizer ''") == "sgd\nadam\nadamw\n");
 
     // Run ids and model names come from the workspace given with --db.
@@ -340,7 +357,9 @@ TEST_CASE("lathectl __complete prints commands, flags, run ids and model names",
     CHECK(completions("runs show --db " + missing + " ''").empty());
     CHECK(completions("deploy --db " + missing + " ''").empty());
     CHECK_FALSE(std::filesystem::exists(dir.file("none")));
-    lathe::test::writeFile(dir.file("notes.txt"), "shopping list: eggs, flour, milk, and a very long line to look like a file......");
+    lathe::test::writeFile(
+        dir.file("notes.txt"),
+        "shopping list: eggs, flour, milk, and a very long line to look like a file......");
     CHECK(completions("runs show --db " + dir.file("notes.txt") + " ''").empty());
     CHECK(lathe::test::readFile(dir.file("notes.txt")).rfind("shopping list", 0) == 0);
 }
@@ -350,8 +369,9 @@ TEST_CASE("the bash completion script completes through lathectl", "[cli][comple
     const std::string script = bin + "/../share/bash-completion/completions/lathectl";
     REQUIRE(std::filesystem::exists(script));
     auto complete = [&](const std::string& words, int cword) {
-        return runShell("PATH=" + bin + ":$PATH bash --norc --noprofile -c 'source " + script + "; COMP_WORDS=(" + words +
-                        "); COMP_CWORD=" + std::to_string(cword) + "; _lathectl; echo \"${COMPREPLY[@]}\"'");
+        return runShell("PATH=" + bin + ":$PATH bash --norc --noprofile -c 'source " + script +
+                        "; COMP_WORDS=(" + words + "); COMP_CWORD=" + std::to_string(cword) +
+                        "; _lathectl; echo \"${COMPREPLY[@]}\"'");
     };
     const auto r = complete("lathectl tr", 1);
     CHECK(r.exitCode == 0);

@@ -1,15 +1,15 @@
 // Data-parallel training with real worker processes on loopback (Gloo).
 #include <signal.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <nlohmann/json.hpp>
-#include <algorithm>
 #include <sstream>
 #include <thread>
 
-#include "lathe/core/launcher.h"
 #include "lathe/core/error.h"
+#include "lathe/core/launcher.h"
 #include "lathe/core/store.h"
 #include "lathe/core/trainer.h"
 #include "run_process.h"
@@ -45,11 +45,13 @@ void checkFollows(const lathe::core::Store& store, const json& one, const json& 
 
 // One rank with batch 64 and two with batch 32 each, both with `flags` (the two-rank run adds
 // `twoFlags`); their --json objects.
-std::pair<json, json> oneAndTwoRanks(const std::string& db, const std::string& flags, const std::string& twoFlags) {
-    const auto one = runShell(lathectl("train --epochs 1 --batch 64 --threads 1 -q --json" + flags + " --db " + db));
+std::pair<json, json> oneAndTwoRanks(const std::string& db, const std::string& flags,
+                                     const std::string& twoFlags) {
+    const auto one =
+        runShell(lathectl("train --epochs 1 --batch 64 --threads 1 -q --json" + flags + " --db " + db));
     REQUIRE(one.exitCode == 0);
-    const auto two =
-        runShell(lathectl("train --epochs 1 --batch 32 --nproc 2 -q --json" + flags + twoFlags + " --db " + db));
+    const auto two = runShell(
+        lathectl("train --epochs 1 --batch 32 --nproc 2 -q --json" + flags + twoFlags + " --db " + db));
     INFO(two.err);
     REQUIRE(two.exitCode == 0);
     return {json::parse(one.out), json::parse(two.out)};
@@ -69,7 +71,8 @@ std::vector<int> workerPids(const std::string& configPath) {
 
 }  // namespace
 
-TEST_CASE("2 ranks with batch 32 each follow 1 rank with batch 64 step by step, with every strategy", "[distributed]") {
+TEST_CASE("2 ranks with batch 32 each follow 1 rank with batch 64 step by step, with every strategy",
+          "[distributed]") {
     TempDir dir;
     const auto db = dir.file("l.db");
     const std::string strategy = GENERATE(as<std::string>{}, "ring", "hierarchical --ranks-per-host 1", "ps");
@@ -88,7 +91,8 @@ TEST_CASE("2 ranks with batch 32 each follow 1 rank with batch 64 step by step, 
     CHECK(*std::max_element(overlap.begin(), overlap.end()) <= 1.0);
 }
 
-TEST_CASE("killing a rank fails the run with that rank's status and leaves no process behind", "[distributed]") {
+TEST_CASE("killing a rank fails the run with that rank's status and leaves no process behind",
+          "[distributed]") {
     TempDir dir;
     const auto db = dir.file("l.db");
     const auto config = dir.file("l.db-files/artifacts/run-1/config.toml");
@@ -123,9 +127,10 @@ TEST_CASE("Ctrl+C on a multi-process run stops every rank and records it as stop
     TempDir dir;
     const auto db = dir.file("l.db");
     // Once the run is recorded as running and the workers have had a moment to start training.
-    const auto r = runShell("(" + lathectl("train --nproc 2 --epochs 100000 -q --json --db " + db) +
-                            " & pid=$!; for i in $(seq 600); do " + lathectl("runs list --db " + db) +
-                            " 2>/dev/null | grep -q running && break; sleep 0.1; done; sleep 2; kill -INT $pid; wait $pid)");
+    const auto r = runShell(
+        "(" + lathectl("train --nproc 2 --epochs 100000 -q --json --db " + db) +
+        " & pid=$!; for i in $(seq 600); do " + lathectl("runs list --db " + db) +
+        " 2>/dev/null | grep -q running && break; sleep 0.1; done; sleep 2; kill -INT $pid; wait $pid)");
     CHECK(r.exitCode == 130);
     CHECK(json::parse(r.out).at("status") == "stopped");
     CHECK(workerPids(dir.file("l.db-files/artifacts/run-1/config.toml")).empty());
@@ -145,7 +150,8 @@ TEST_CASE("the torchrun environment is read and checked", "[distributed]") {
     CHECK(d.masterAddr == "10.1.2.3");
     CHECK(d.masterPort == 29555);
     setenv("RANK", "4", 1);
-    CHECK_THROWS_WITH(lathe::core::distEnvFromEnvironment(), Catch::Contains("RANK=4 is not below WORLD_SIZE=4"));
+    CHECK_THROWS_WITH(lathe::core::distEnvFromEnvironment(),
+                      Catch::Contains("RANK=4 is not below WORLD_SIZE=4"));
     setenv("RANK", "x", 1);
     CHECK_THROWS_AS(lathe::core::distEnvFromEnvironment(), lathe::core::ConfigError);
     for (const char* v : {"WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"}) unsetenv(v);
@@ -156,7 +162,8 @@ TEST_CASE("the torchrun environment is read and checked", "[distributed]") {
     CHECK_THAT(r.err, Catch::Contains("lathectl train") && Catch::Contains("RANK"));
 }
 
-TEST_CASE("int8 and int4 gradients with error feedback train digits to within a point of uncompressed", "[distributed]") {
+TEST_CASE("int8 and int4 gradients with error feedback train digits to within a point of uncompressed",
+          "[distributed]") {
     TempDir dir;
     const auto db = " --db " + dir.file("l.db");
     const std::string common = "train --nproc 2 --batch 32 --epochs 20 -q --json";
@@ -192,13 +199,16 @@ TEST_CASE("hierarchical and parameter-server exchanges compress too and keep the
     };
     const double base = run("--nproc 2 --batch 32 --compress none").at("val/accuracy").get<double>();
     // Two "hosts" of one rank: the leaders' exchange between hosts is the compressed one.
-    const auto hier = run("--nproc 2 --batch 32 --strategy hierarchical --ranks-per-host 1 --compress int8 --error-feedback on");
+    const auto hier =
+        run("--nproc 2 --batch 32 --strategy hierarchical --ranks-per-host 1 --compress int8 "
+            "--error-feedback on");
     CHECK(hier.at("val/accuracy").get<double>() >= base - 0.01);
     CHECK(hier.at("comm/compression_ratio").get<double>() >= 3.9);
     // Compressed push to the server and compressed pull back.
     const auto ps = run("--nproc 2 --batch 32 --strategy ps --compress int4 --error-feedback on");
     CHECK(ps.at("val/accuracy").get<double>() >= base - 0.01);
-    CHECK(ps.at("comm/compression_ratio").get<double>() >= 3.9);  // rank 0 serves the buckets: its replies dominate
+    CHECK(ps.at("comm/compression_ratio").get<double>() >=
+          3.9);  // rank 0 serves the buckets: its replies dominate
     // Within a host gradients stay FP32: with two ranks per host only half the traffic shrinks.
     const auto mixed = run("--nproc 4 --batch 16 --strategy hierarchical --ranks-per-host 2 --compress int8");
     CHECK(mixed.at("comm/compression_ratio").get<double>() > 1.1);
@@ -208,11 +218,14 @@ TEST_CASE("hierarchical and parameter-server exchanges compress too and keep the
 TEST_CASE("compressed, hierarchical and ps exchanges overlap with backward", "[distributed]") {
     TempDir dir;
     const auto db = " --db " + dir.file("l.db");
-    for (const std::string mode : {"--compress int8", "--strategy ps", "--strategy hierarchical --ranks-per-host 1"}) {
+    for (const std::string mode :
+         {"--compress int8", "--strategy ps", "--strategy hierarchical --ranks-per-host 1"}) {
         INFO(mode);
         // Four 1 MB buckets: the last layer's bucket is ready long before backward ends.
-        const auto r = runShell(lathectl("train --nproc 2 --batch 64 --epochs 1 --hidden 1024,1024,1024 --bucket-mb 1 "
-                                         "-q --json " + mode + db));
+        const auto r =
+            runShell(lathectl("train --nproc 2 --batch 64 --epochs 1 --hidden 1024,1024,1024 --bucket-mb 1 "
+                              "-q --json " +
+                              mode + db));
         REQUIRE(r.exitCode == 0);
         const auto id = json::parse(r.out).at("run_id").get<int64_t>();
         const auto m = runShell(lathectl("metrics " + std::to_string(id) + " --key comm/overlap --csv" + db));
@@ -228,7 +241,8 @@ TEST_CASE("compressed, hierarchical and ps exchanges overlap with backward", "[d
     }
 }
 
-TEST_CASE("ps sends only the touched rows of an embedding table and still follows the single process", "[distributed]") {
+TEST_CASE("ps sends only the touched rows of an embedding table and still follows the single process",
+          "[distributed]") {
     TempDir dir;
     const auto db = dir.file("l.db");
     const std::string model = " --model embed --embedding-rows 16384 --hidden 64,64";
@@ -247,7 +261,8 @@ TEST_CASE("ps sends only the touched rows of an embedding table and still follow
 TEST_CASE("backend = nccl is refused before any worker starts where it cannot run", "[distributed]") {
     if (lathe::core::cudaDeviceCount() > 1) return;  // NCCL may run there: gpu_tests covers it
     TempDir dir;
-    const auto r = runShell(lathectl("train --epochs 1 --nproc 2 --backend nccl -q --db " + dir.file("l.db")));
+    const auto r =
+        runShell(lathectl("train --epochs 1 --nproc 2 --backend nccl -q --db " + dir.file("l.db")));
     CHECK(r.exitCode == 2);
     CHECK_THAT(r.err, Catch::Contains("nccl") && Catch::Contains("backend = \"gloo\""));
 }
@@ -257,7 +272,8 @@ TEST_CASE("a resumed compressed run carries its error-feedback residuals and fol
     TempDir dir;
     const auto db = " --db " + dir.file("l.db");
     const std::string common =
-        "train --nproc 2 --batch 32 --threads 1 -q --json --compress int8 --error-feedback on --checkpoint-every 1";
+        "train --nproc 2 --batch 32 --threads 1 -q --json --compress int8 --error-feedback on "
+        "--checkpoint-every 1";
     auto train = [&](const std::string& extra) {
         const auto r = runShell(lathectl(common + " " + extra + db));
         INFO(r.err);
@@ -266,7 +282,8 @@ TEST_CASE("a resumed compressed run carries its error-feedback residuals and fol
     };
     const auto straight = train("--epochs 4");
     const auto partial = train("--epochs 2");
-    const auto resumed = runShell(lathectl("train --resume " + std::to_string(partial) + " --epochs 4 -q --json" + db));
+    const auto resumed =
+        runShell(lathectl("train --resume " + std::to_string(partial) + " --epochs 4 -q --json" + db));
     INFO(resumed.err);
     REQUIRE(resumed.exitCode == 0);
     lathe::core::Store store(dir.file("l.db"));

@@ -8,8 +8,8 @@
 
 #include "lathe/core/http_client.h"
 #include "lathe/core/profile_analysis.h"
-#include "lathe/core/store.h"
 #include "lathe/core/record.h"
+#include "lathe/core/store.h"
 #include "lathe/core/trainer.h"
 #include "run_process.h"
 #include "serving_fixture.h"
@@ -132,14 +132,18 @@ TEST_CASE("a model served on the GPU answers as the CPU server does", "[gpu][ser
         json data = json::array();
         for (int i = 0; i < 64; ++i) data.push_back(0.01f * static_cast<float>((i * 7 + r * 13) % 100));
         const auto body =
-            json{{"inputs", {{{"name", "input"}, {"shape", {1, 1, 8, 8}}, {"datatype", "FP32"}, {"data", data}}}}}.dump();
+            json{{"inputs",
+                  {{{"name", "input"}, {"shape", {1, 1, 8, 8}}, {"datatype", "FP32"}, {"data", data}}}}}
+                .dump();
         const auto x = test::httpRequest(a->port(), "POST", "/v2/models/digits/infer", body);
         const auto y = test::httpRequest(b->port(), "POST", "/v2/models/digits/infer", body);
         REQUIRE(x.status == 200);
         REQUIRE(y.status == 200);
-        const auto ox = json::parse(x.body)["outputs"][0]["data"], oy = json::parse(y.body)["outputs"][0]["data"];
+        const auto ox = json::parse(x.body)["outputs"][0]["data"],
+                   oy = json::parse(y.body)["outputs"][0]["data"];
         REQUIRE(ox.size() == oy.size());
-        for (size_t k = 0; k < ox.size(); ++k) CHECK(oy[k].get<double>() == Approx(ox[k].get<double>()).margin(1e-3));
+        for (size_t k = 0; k < ox.size(); ++k)
+            CHECK(oy[k].get<double>() == Approx(ox[k].get<double>()).margin(1e-3));
     }
     // GPU utilisation and memory are exported where a GPU is.
     const auto metrics = test::httpGet(b->port(), "/metrics").body;
@@ -155,8 +159,8 @@ void checkRanksFollow(const std::string& twoRankFlags) {
     const auto db = " --db " + dir.file("l.db");
     const auto one = test::runShell(lathectl("train --device cuda --epochs 1 --batch 64 -q --json" + db));
     REQUIRE(one.exitCode == 0);
-    const auto two =
-        test::runShell(lathectl("train --device cuda --epochs 1 --batch 32 --nproc 2 -q --json " + twoRankFlags + db));
+    const auto two = test::runShell(
+        lathectl("train --device cuda --epochs 1 --batch 32 --nproc 2 -q --json " + twoRankFlags + db));
     INFO(two.err);
     REQUIRE(two.exitCode == 0);
     const auto a = json::parse(one.out), b = json::parse(two.out);
@@ -187,7 +191,8 @@ TEST_CASE("NCCL with a GPU per rank follows 1 rank, and compresses on the GPU", 
     // int8 with error feedback through kernels/' CUDA versions, on digits: within a point of fp32.
     test::TempDir dir;
     const auto db = " --db " + dir.file("l.db");
-    const auto plain = test::runShell(lathectl("train --device cuda --epochs 8 --nproc 2 --backend nccl -q --json" + db));
+    const auto plain =
+        test::runShell(lathectl("train --device cuda --epochs 8 --nproc 2 --backend nccl -q --json" + db));
     const auto int8 = test::runShell(
         lathectl("train --device cuda --epochs 8 --nproc 2 --backend nccl --compress int8 -q --json" + db));
     REQUIRE(plain.exitCode == 0);

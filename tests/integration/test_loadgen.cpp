@@ -78,7 +78,8 @@ class FakeServer {
 public:
     enum class Infer { Hang, Close };
     FakeServer(Infer mode, std::string metadata)
-        : m_mode(mode), m_metadata(std::move(metadata)),
+        : m_mode(mode),
+          m_metadata(std::move(metadata)),
           m_acceptor(m_ioc, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0)) {
         accept();
         m_thread = std::thread([this] { m_ioc.run(); });
@@ -140,10 +141,9 @@ private:
     std::thread m_thread;
 };
 
-const char* kFakeMetadata =
-    R"({"name":"fake","versions":["1"],"platform":"pytorch_torchscript",)"
-    R"("inputs":[{"name":"x","datatype":"FP32","shape":[-1,4]}],)"
-    R"("outputs":[{"name":"y","datatype":"FP32","shape":[-1,2]}]})";
+const char* kFakeMetadata = R"({"name":"fake","versions":["1"],"platform":"pytorch_torchscript",)"
+                            R"("inputs":[{"name":"x","datatype":"FP32","shape":[-1,4]}],)"
+                            R"("outputs":[{"name":"y","datatype":"FP32","shape":[-1,2]}]})";
 
 }  // namespace
 
@@ -158,9 +158,9 @@ TEST_CASE("percentile is nearest-rank over unsorted values", "[loadgen]") {
     CHECK(percentile(v, 0) == 1);
     CHECK(percentile({}, 99) == 0);
     CHECK(percentile({7.5}, 1) == 7.5);
-    CHECK(percentile({3, 1, 2}, 50) == 2);      // rank ceil(1.5) = 2
-    CHECK(percentile({4, 1, 3, 2}, 50) == 2);   // rank 2, not an interpolated 2.5
-    CHECK(percentile({4, 1, 3, 2}, 75.1) == 4); // rank ceil(3.004) = 4
+    CHECK(percentile({3, 1, 2}, 50) == 2);       // rank ceil(1.5) = 2
+    CHECK(percentile({4, 1, 3, 2}, 50) == 2);    // rank 2, not an interpolated 2.5
+    CHECK(percentile({4, 1, 3, 2}, 75.1) == 4);  // rank ceil(3.004) = 4
 }
 
 TEST_CASE("at a modest rate every request to the real server is answered 200", "[loadgen][serving]") {
@@ -276,11 +276,13 @@ TEST_CASE("with no server the run does not start and the error says what to do",
     o.durationS = 1;
     const auto port = freePort();
     o.url = localUrl(port);
-    CHECK_THROWS_WITH(runLoad(o), "cannot reach http://127.0.0.1:" + std::to_string(port) +
-                                      ": Connection refused — is a server running? (lathectl serve / lathectl deploy)");
+    CHECK_THROWS_WITH(runLoad(o),
+                      "cannot reach http://127.0.0.1:" + std::to_string(port) +
+                          ": Connection refused — is a server running? (lathectl serve / lathectl deploy)");
 }
 
-TEST_CASE("a server that does not serve the model, or not usefully, is refused before the run", "[loadgen][serving]") {
+TEST_CASE("a server that does not serve the model, or not usefully, is refused before the run",
+          "[loadgen][serving]") {
     const auto& ws = workspace();
     auto server = ws.serve();
     LoadOptions o;
@@ -297,8 +299,9 @@ TEST_CASE("a server that does not serve the model, or not usefully, is refused b
     o.rate = 0;
     CHECK_THROWS_AS(runLoad(o), ConfigError);
 
-    FakeServer freeDim(FakeServer::Infer::Close,
-                       R"({"name":"fake","inputs":[{"name":"x","datatype":"FP32","shape":[-1,-1]}],"outputs":[]})");
+    FakeServer freeDim(
+        FakeServer::Infer::Close,
+        R"({"name":"fake","inputs":[{"name":"x","datatype":"FP32","shape":[-1,-1]}],"outputs":[]})");
     o.url = localUrl(freeDim.port());
     o.model = "fake";
     o.rate = 10;
@@ -368,8 +371,8 @@ TEST_CASE("an exception from the progress callback ends the run and reaches the 
     o.durationS = 30;
     o.timeoutS = 60;
     const auto t0 = std::chrono::steady_clock::now();
-    CHECK_THROWS_WITH(runLoad(o, nullptr, [](double, const LoadReport&) { throw std::runtime_error("enough"); }),
-                      "enough");
+    CHECK_THROWS_WITH(
+        runLoad(o, nullptr, [](double, const LoadReport&) { throw std::runtime_error("enough"); }), "enough");
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
 }
 
@@ -380,7 +383,8 @@ TEST_CASE("lathectl load prints a report, records it, and exits by outcome", "[l
     auto server = ws.serve();
     const std::string lathectl = binPath("lathectl") + " load --url " + localUrl(server->port());
 
-    const auto r = runShell(lathectl + " --model digits --rate 100 --duration 1.5 --users 2 --json --record --db " + ws.db());
+    const auto r = runShell(
+        lathectl + " --model digits --rate 100 --duration 1.5 --users 2 --json --record --db " + ws.db());
     INFO(r.err);
     REQUIRE(r.exitCode == 0);
     const auto j = json::parse(r.out);
@@ -397,7 +401,8 @@ TEST_CASE("lathectl load prints a report, records it, and exits by outcome", "[l
     const auto qps = registry.servingMetrics("digits", "load/qps");
     REQUIRE(qps.size() == 1);
     CHECK(qps[0].value == Approx(j.at("qps").get<double>()));
-    CHECK(registry.servingMetrics("digits", "load/p99_ms").at(0).value == Approx(j.at("p99_ms").get<double>()));
+    CHECK(registry.servingMetrics("digits", "load/p99_ms").at(0).value ==
+          Approx(j.at("p99_ms").get<double>()));
     CHECK(registry.servingMetrics("digits", "load/errors").at(0).value == 0);
 
     const auto text = runShell(lathectl + " --model digits --rate 50 --duration 0.5");
@@ -405,12 +410,13 @@ TEST_CASE("lathectl load prints a report, records it, and exits by outcome", "[l
     CHECK_THAT(text.out, Catch::Contains("p99.9") && Catch::Contains("by status  200: "));
 
     FakeServer fake(FakeServer::Infer::Hang, kFakeMetadata);
-    const auto failed =
-        runShell(binPath("lathectl") + " load --url " + localUrl(fake.port()) + " --model fake --rate 10 --duration 0.3 --timeout 0.2");
+    const auto failed = runShell(binPath("lathectl") + " load --url " + localUrl(fake.port()) +
+                                 " --model fake --rate 10 --duration 0.3 --timeout 0.2");
     CHECK(failed.exitCode == 1);
     CHECK_THAT(failed.out, Catch::Contains("timeout: 3"));
 
-    const auto none = runShell(binPath("lathectl") + " load --url " + localUrl(freePort()) + " --model digits --rate 10 --duration 1");
+    const auto none = runShell(binPath("lathectl") + " load --url " + localUrl(freePort()) +
+                               " --model digits --rate 10 --duration 1");
     CHECK(none.exitCode == 1);
     CHECK_THAT(none.err, Catch::Contains("Connection refused — is a server running?"));
 

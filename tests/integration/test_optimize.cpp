@@ -2,12 +2,13 @@
 // linear layers written as addmm(b, x, W.t()), also inside submodules, leave no addmm behind,
 // the answers stay the model's, and the module as loaded is left as it was.
 // REQUIRE only: LibTorch's headers bring glog's CHECK, which replaces Catch's.
-#include <catch2/catch.hpp>
 #include <torch/script.h>
+#include <catch2/catch.hpp>
 
 #include "serving/artifact_io.h"
 
-TEST_CASE("optimizedForInference rewrites linear layers, in submodules too, and keeps the answers", "[serving]") {
+TEST_CASE("optimizedForInference rewrites linear layers, in submodules too, and keeps the answers",
+          "[serving]") {
     torch::manual_seed(11);
     torch::jit::Module inner("Inner");
     inner.register_parameter("w", torch::randn({16, 8}), false);
@@ -17,7 +18,8 @@ TEST_CASE("optimizedForInference rewrites linear layers, in submodules too, and 
     outer.register_module("inner", inner);
     outer.register_parameter("w", torch::randn({4, 16}), false);
     outer.register_parameter("b", torch::randn({4}), false);
-    outer.define("def forward(self, x):\n    return torch.addmm(self.b, self.inner.forward(x), self.w.t())\n");
+    outer.define(
+        "def forward(self, x):\n    return torch.addmm(self.b, self.inner.forward(x), self.w.t())\n");
     outer.eval();
     const std::string before = outer.get_method("forward").graph()->toString();
 

@@ -6,9 +6,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -34,8 +34,9 @@ std::string inferBody(int rows, float value = 0.5f, const std::string& name = "i
                       const std::string& datatype = "FP32") {
     json data = json::array();
     for (int i = 0; i < rows * 64; ++i) data.push_back(value + 0.001f * static_cast<float>(i % 64));
-    return json{{"id", "req-1"},
-                {"inputs", {{{"name", name}, {"shape", {rows, 1, 8, 8}}, {"datatype", datatype}, {"data", data}}}}}
+    return json{
+        {"id", "req-1"},
+        {"inputs", {{{"name", name}, {"shape", {rows, 1, 8, 8}}, {"datatype", datatype}, {"data", data}}}}}
         .dump();
 }
 
@@ -109,9 +110,11 @@ TEST_CASE("every KServe v2 endpoint answers as the protocol says, errors include
     CHECK(j["outputs"][0]["name"] == "logits");
     CHECK(j["outputs"][0]["shape"] == json({2, 10}));
     REQUIRE(j["outputs"][0]["data"].size() == 20);
-    const auto one = json::parse(httpRequest(port, "POST", "/v2/models/digits/versions/1/infer", inferBody(1)).body);
+    const auto one =
+        json::parse(httpRequest(port, "POST", "/v2/models/digits/versions/1/infer", inferBody(1)).body);
     for (int k = 0; k < 10; ++k)
-        CHECK(one["outputs"][0]["data"][k].get<double>() == Approx(j["outputs"][0]["data"][k].get<double>()).margin(1e-5));
+        CHECK(one["outputs"][0]["data"][k].get<double>() ==
+              Approx(j["outputs"][0]["data"][k].get<double>()).margin(1e-5));
     // Nested data is accepted as well as flat.
     json nested = json::parse(inferBody(1));
     json rows = json::array();
@@ -136,16 +139,22 @@ TEST_CASE("every KServe v2 endpoint answers as the protocol says, errors include
         {"malformed JSON", "/v2/models/digits/infer", "POST", "{\"inputs\": [", 400, "malformed JSON"},
         {"not an object", "/v2/models/digits/infer", "POST", "[1,2]", 400, "JSON object"},
         {"no inputs", "/v2/models/digits/infer", "POST", "{}", 400, "inputs"},
-        {"wrong input name", "/v2/models/digits/infer", "POST", inferBody(1, 0.5f, "pixels"), 400, "unknown input 'pixels'"},
-        {"wrong datatype", "/v2/models/digits/infer", "POST", inferBody(1, 0.5f, "input", "INT64"), 400, "FP32"},
+        {"wrong input name", "/v2/models/digits/infer", "POST", inferBody(1, 0.5f, "pixels"), 400,
+         "unknown input 'pixels'"},
+        {"wrong datatype", "/v2/models/digits/infer", "POST", inferBody(1, 0.5f, "input", "INT64"), 400,
+         "FP32"},
         {"wrong shape", "/v2/models/digits/infer", "POST",
-         R"({"inputs":[{"name":"input","shape":[1,64],"datatype":"FP32","data":[1]}]})", 400, "expects [-1, 1, 8, 8]"},
+         R"({"inputs":[{"name":"input","shape":[1,64],"datatype":"FP32","data":[1]}]})", 400,
+         "expects [-1, 1, 8, 8]"},
         {"too few values", "/v2/models/digits/infer", "POST",
-         R"({"inputs":[{"name":"input","shape":[1,1,8,8],"datatype":"FP32","data":[1,2,3]}]})", 400, "needs 64"},
+         R"({"inputs":[{"name":"input","shape":[1,1,8,8],"datatype":"FP32","data":[1,2,3]}]})", 400,
+         "needs 64"},
         {"a number beyond double (fuzz find)", "/v2/models/digits/infer", "POST",
-         R"({"inputs":[{"name":"input","shape":[1,1,8,8],"datatype":"FP32","data":[1e400]}]})", 400, "malformed JSON"},
+         R"({"inputs":[{"name":"input","shape":[1,1,8,8],"datatype":"FP32","data":[1e400]}]})", 400,
+         "malformed JSON"},
         {"a number beyond FP32", "/v2/models/digits/infer", "POST",
-         R"({"inputs":[{"name":"input","shape":[1,1,8,8],"datatype":"FP32","data":[1e300]}]})", 400, "does not fit FP32"},
+         R"({"inputs":[{"name":"input","shape":[1,1,8,8],"datatype":"FP32","data":[1e300]}]})", 400,
+         "does not fit FP32"},
         {"strings as data", "/v2/models/digits/infer", "POST",
          R"({"inputs":[{"name":"input","shape":[1,1,8,8],"datatype":"FP32","data":["a"]}]})", 400, "string"},
         {"more rows than max batch", "/v2/models/digits/infer", "POST", inferBody(9), 400, "at most 8"},
@@ -153,9 +162,10 @@ TEST_CASE("every KServe v2 endpoint answers as the protocol says, errors include
         {"unknown model", "/v2/models/nope/infer", "POST", inferBody(1), 404, "no model named 'nope'"},
         {"unknown endpoint", "/v3/anything", "GET", "", 404, "no such endpoint"},
         {"wrong method", "/v2/models/digits/infer", "GET", "", 405, "POST"},
-        {"body over the limit", "/v2/models/digits/infer", "POST", std::string(100 * 1024, ' '), 413, "larger than"},
-        {"load without a version", "/v2/repository/models/digits/load", "POST", "{\"parameters\":{\"version\":\"x\"}}",
-         400, "bad load request"},
+        {"body over the limit", "/v2/models/digits/infer", "POST", std::string(100 * 1024, ' '), 413,
+         "larger than"},
+        {"load without a version", "/v2/repository/models/digits/load", "POST",
+         "{\"parameters\":{\"version\":\"x\"}}", 400, "bad load request"},
     };
     for (const auto& b : bad) {
         INFO(b.what);
@@ -172,8 +182,10 @@ TEST_CASE("every KServe v2 endpoint answers as the protocol says, errors include
     CHECK(rawExchange(port, "\x16\x03\x01 hello not http\r\n\r\n", 2).find("400") != std::string::npos);
     const auto metrics = httpGet(port, "/metrics");
     REQUIRE(metrics.status == 200);
-    CHECK(metricValue(metrics.body, "lathe_requests_total{code=\"400\",model=\"digits\",version=\"1\"}") >= 8);
-    CHECK(metricValue(metrics.body, "lathe_requests_total{code=\"200\",model=\"digits\",version=\"1\"}") == 3);
+    CHECK(metricValue(metrics.body, "lathe_requests_total{code=\"400\",model=\"digits\",version=\"1\"}") >=
+          8);
+    CHECK(metricValue(metrics.body, "lathe_requests_total{code=\"200\",model=\"digits\",version=\"1\"}") ==
+          3);
     CHECK(metrics.body.find("lathe_batch_size_bucket") != std::string::npos);
     CHECK(metrics.body.find("process_resident_memory_bytes") != std::string::npos);
     CHECK(httpGet(port, "/v2/health/live").status == 200);
@@ -190,14 +202,17 @@ struct BinaryRequest {
 
 BinaryRequest binaryBody(const std::vector<float>& values, int rows, const json& outputs = nullptr,
                          int64_t declared = -1) {
-    json j{{"id", "bin-1"},
-           {"inputs",
-            {{{"name", "input"},
-              {"shape", {rows, 1, 8, 8}},
-              {"datatype", "FP32"},
-              {"parameters", {{"binary_data_size", declared >= 0 ? declared : int64_t(values.size() * 4)}}}}}}};
-    if (outputs.is_null()) j["parameters"] = {{"binary_data_output", true}};
-    else j["outputs"] = outputs;
+    json j{
+        {"id", "bin-1"},
+        {"inputs",
+         {{{"name", "input"},
+           {"shape", {rows, 1, 8, 8}},
+           {"datatype", "FP32"},
+           {"parameters", {{"binary_data_size", declared >= 0 ? declared : int64_t(values.size() * 4)}}}}}}};
+    if (outputs.is_null())
+        j["parameters"] = {{"binary_data_output", true}};
+    else
+        j["outputs"] = outputs;
     BinaryRequest r;
     r.body = j.dump();
     r.jsonLength = r.body.size();
@@ -206,7 +221,8 @@ BinaryRequest binaryBody(const std::vector<float>& values, int rows, const json&
 }
 
 // `length`: the header's value as sent; nullopt sends the JSON part's true length.
-test::HttpAnswer postBinary(uint16_t port, const BinaryRequest& r, std::optional<std::string> length = std::nullopt) {
+test::HttpAnswer postBinary(uint16_t port, const BinaryRequest& r,
+                            std::optional<std::string> length = std::nullopt) {
     return httpRequest(port, "POST", "/v2/models/digits/infer", r.body, 5,
                        {{"Inference-Header-Content-Length", length ? *length : std::to_string(r.jsonLength)},
                         {"Content-Type", "application/octet-stream"}});
@@ -245,15 +261,19 @@ TEST_CASE("binary tensor data requests (Triton's extension) answer as their JSON
         REQUIRE(a.body.size() == n + 80);
         std::vector<float> out(20);
         std::memcpy(out.data(), a.body.data() + n, 80);
-        for (int k = 0; k < 20; ++k) CHECK(out[k] == Approx(reference["outputs"][0]["data"][k].get<double>()).margin(1e-5));
+        for (int k = 0; k < 20; ++k)
+            CHECK(out[k] == Approx(reference["outputs"][0]["data"][k].get<double>()).margin(1e-5));
     }
     SECTION("binary in, JSON out when the output says so") {
-        const auto a = postBinary(port, binaryBody(values, 2, json::array({{{"name", "logits"}, {"parameters", {{"binary_data", false}}}}})));
+        const auto a = postBinary(
+            port, binaryBody(values, 2,
+                             json::array({{{"name", "logits"}, {"parameters", {{"binary_data", false}}}}})));
         REQUIRE(a.status == 200);
         CHECK(a.headers.count("inference-header-content-length") == 0);
         const auto j = json::parse(a.body);
         for (int k = 0; k < 20; ++k)
-            CHECK(j["outputs"][0]["data"][k].get<double>() == Approx(reference["outputs"][0]["data"][k].get<double>()).margin(1e-5));
+            CHECK(j["outputs"][0]["data"][k].get<double>() ==
+                  Approx(reference["outputs"][0]["data"][k].get<double>()).margin(1e-5));
     }
     SECTION("JSON in, binary out") {
         json j = json::parse(text);
@@ -276,12 +296,15 @@ TEST_CASE("binary tensor data requests (Triton's extension) answer as their JSON
             {"header length beyond the body", binaryBody(values, 2), "100000", "holds only"},
             {"header length not a number", binaryBody(values, 2), "12a", "byte count"},
             {"header present but empty", binaryBody(values, 2), "", "byte count"},
-            {"declared size does not fit the shape", binaryBody(values, 2, nullptr, 256), std::nullopt, "needs 512"},
+            {"declared size does not fit the shape", binaryBody(values, 2, nullptr, 256), std::nullopt,
+             "needs 512"},
             {"bytes left over", extra, std::nullopt, "after its JSON header"},
-            {"too few bytes", binaryBody(std::vector<float>(values.begin(), values.begin() + 64), 2, nullptr, 512),
+            {"too few bytes",
+             binaryBody(std::vector<float>(values.begin(), values.begin() + 64), 2, nullptr, 512),
              std::nullopt, "after its JSON header"},
             {"classification asked for",
-             binaryBody(values, 2, json::array({{{"name", "logits"}, {"parameters", {{"classification", 3}}}}})),
+             binaryBody(values, 2,
+                        json::array({{{"name", "logits"}, {"parameters", {{"classification", 3}}}}})),
              std::nullopt, "classification"},
         };
         for (const auto& b : bad) {
@@ -294,7 +317,8 @@ TEST_CASE("binary tensor data requests (Triton's extension) answer as their JSON
         }
         // Declaring binary data without the header that says where it begins.
         const auto noHeader = binaryBody(values, 2);
-        const auto a = httpRequest(port, "POST", "/v2/models/digits/infer", noHeader.body.substr(0, noHeader.jsonLength));
+        const auto a = httpRequest(port, "POST", "/v2/models/digits/infer",
+                                   noHeader.body.substr(0, noHeader.jsonLength));
         CHECK(a.status == 400);
         CHECK(a.body.find("Inference-Header-Content-Length") != std::string::npos);
         // Both `data` and binary bytes for one input.
@@ -310,7 +334,8 @@ TEST_CASE("binary tensor data requests (Triton's extension) answer as their JSON
     CHECK(httpGet(port, "/v2/health/live").status == 200);
 }
 
-TEST_CASE("a client that stalls mid-request is dropped after the timeout, others are served meanwhile", "[serving]") {
+TEST_CASE("a client that stalls mid-request is dropped after the timeout, others are served meanwhile",
+          "[serving]") {
     test::ServingWorkspace ws;
     core::ServeOptions o;
     o.idleTimeoutS = 1;
@@ -319,7 +344,9 @@ TEST_CASE("a client that stalls mid-request is dropped after the timeout, others
     const auto t0 = std::chrono::steady_clock::now();
     double stalledS = 0;
     std::thread slow([&] {
-        stalled = rawExchange(server->port(), "POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{", 8);
+        stalled = rawExchange(
+            server->port(),
+            "POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{", 8);
         stalledS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     });
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -343,7 +370,8 @@ TEST_CASE("concurrent single-row requests are batched together", "[serving]") {
     std::atomic<int> ok{0};
     for (int i = 0; i < 12; ++i)
         clients.emplace_back([&] {
-            if (httpRequest(server->port(), "POST", "/v2/models/digits/infer", inferBody(1)).status == 200) ++ok;
+            if (httpRequest(server->port(), "POST", "/v2/models/digits/infer", inferBody(1)).status == 200)
+                ++ok;
         });
     for (auto& c : clients) c.join();
     CHECK(ok == 12);
@@ -354,7 +382,8 @@ TEST_CASE("concurrent single-row requests are batched together", "[serving]") {
     CHECK(batches <= 4);  // one row per batch would be 12
 }
 
-TEST_CASE("several model instances run batches at once and keep every answer to its own request", "[serving]") {
+TEST_CASE("several model instances run batches at once and keep every answer to its own request",
+          "[serving]") {
     // Wide layers: a batch's forward lasts long enough (about a millisecond) for instances to overlap.
     test::ServingWorkspace ws(1, {1024, 1024, 1024});
     // Reference answers, one request at a time, from a single-instance server.
@@ -362,7 +391,8 @@ TEST_CASE("several model instances run batches at once and keep every answer to 
     {
         const auto one = ws.serve();
         for (int r = 0; r < 16; ++r) {
-            const auto a = httpRequest(one->port(), "POST", "/v2/models/digits/infer", inferBody(1, 0.05f * r));
+            const auto a =
+                httpRequest(one->port(), "POST", "/v2/models/digits/infer", inferBody(1, 0.05f * r));
             REQUIRE(a.status == 200);
             expected.push_back(json::parse(a.body)["outputs"][0]["data"].get<std::vector<double>>());
         }
@@ -379,7 +409,8 @@ TEST_CASE("several model instances run batches at once and keep every answer to 
         clients.emplace_back([&, t] {
             for (int i = 0; i < 20; ++i) {
                 const int r = (t * 7 + i) % 16;
-                const auto a = httpRequest(server->port(), "POST", "/v2/models/digits/infer", inferBody(1, 0.05f * r));
+                const auto a =
+                    httpRequest(server->port(), "POST", "/v2/models/digits/infer", inferBody(1, 0.05f * r));
                 if (a.status != 200) continue;
                 ++ok;
                 const auto got = json::parse(a.body)["outputs"][0]["data"].get<std::vector<double>>();
@@ -406,15 +437,17 @@ TEST_CASE("several model instances run batches at once and keep every answer to 
                       Catch::Contains("--instances"));
 }
 
-TEST_CASE("serve --optimize: the optimized graph answers as the model does, and auto keeps it only when faster",
-          "[serving]") {
+TEST_CASE(
+    "serve --optimize: the optimized graph answers as the model does, and auto keeps it only when faster",
+    "[serving]") {
     // Wide layers in Lathe's export form (addmm with W.t(), like nn.Linear): the optimized graph
     // runs them on weights transposed once, faster than LibTorch's default on a CPU.
     test::ServingWorkspace ws(1, {1024, 1024});
     auto answers = [](uint16_t port) {
         std::vector<std::vector<double>> out;
         for (int r = 0; r < 8; ++r) {
-            const auto a = httpRequest(port, "POST", "/v2/models/digits/infer", inferBody(1 + r % 3, 0.1f * r));
+            const auto a =
+                httpRequest(port, "POST", "/v2/models/digits/infer", inferBody(1 + r % 3, 0.1f * r));
             REQUIRE(a.status == 200);
             out.push_back(json::parse(a.body)["outputs"][0]["data"].get<std::vector<double>>());
         }
@@ -444,7 +477,8 @@ TEST_CASE("serve --optimize: the optimized graph answers as the model does, and 
         REQUIRE(got.size() == expected.size());
         for (size_t r = 0; r < got.size(); ++r) {
             REQUIRE(got[r].size() == expected[r].size());
-            for (size_t k = 0; k < got[r].size(); ++k) CHECK(got[r][k] == Approx(expected[r][k]).margin(1e-4));
+            for (size_t k = 0; k < got[r].size(); ++k)
+                CHECK(got[r][k] == Approx(expected[r][k]).margin(1e-4));
         }
         // A hot swap optimises the new version the same way.
         server->load({"digits", ws.version().version, ws.version().path});
@@ -457,7 +491,8 @@ TEST_CASE("serve --optimize: the optimized graph answers as the model does, and 
                           return bad;
                       }()),
                       Catch::Contains("--optimize 'fast': use auto, on or off"));
-    const auto r = test::runShell(test::binPath("lathectl") + " serve --model digits --optimize fast --db " + ws.db());
+    const auto r =
+        test::runShell(test::binPath("lathectl") + " serve --model digits --optimize fast --db " + ws.db());
     CHECK(r.exitCode == 2);
     CHECK(r.err.find("--optimize") != std::string::npos);
 }
@@ -484,7 +519,7 @@ TEST_CASE("an overloaded server answers 503 with Retry-After and stays up", "[se
     for (auto& c : clients) c.join();
     CHECK(codes[200] > 0);
     CHECK(codes[503] > 0);
-    CHECK(codes[200] + codes[503] == 320);  // nothing else: no dropped connection, no 500
+    CHECK(codes[200] + codes[503] == 320);                // nothing else: no dropped connection, no 500
     const auto raw = rawExchange(server->port(), "", 0);  // connect/close: server still accepts
     (void)raw;
     CHECK(httpGet(server->port(), "/v2/health/ready").status == 200);
@@ -534,7 +569,8 @@ TEST_CASE("hot swap under load: zero failed requests, a failed load keeps the ol
     CHECK(server->servedVersion("digits") == 2);
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     // A version that does not exist, and one whose artifact was damaged: refused, v2 keeps serving.
-    CHECK(httpRequest(server->port(), "POST", "/v2/repository/models/digits/load", R"({"parameters":{"version":"9"}})")
+    CHECK(httpRequest(server->port(), "POST", "/v2/repository/models/digits/load",
+                      R"({"parameters":{"version":"9"}})")
               .status == 404);
     {
         core::Registry registry(ws.db());
@@ -568,7 +604,8 @@ TEST_CASE("lathectl deploy, rollback and undeploy under steady load lose no requ
     test::ServingWorkspace ws;
     const std::string db = " --db " + ws.db();
     // v2 from the same run is enough to exercise the swap path.
-    REQUIRE(test::runShell(test::binPath("lathectl") + " models register digits --run " + std::to_string(ws.runId()) + db)
+    REQUIRE(test::runShell(test::binPath("lathectl") + " models register digits --run " +
+                           std::to_string(ws.runId()) + db)
                 .exitCode == 0);
     auto r = test::runShell(test::binPath("lathectl") + " deploy digits:1 --port 0 --json" + db);
     // --port 0 means "pick": the server gets the first free port from 8500 upwards.
@@ -625,7 +662,8 @@ TEST_CASE("lathectl deploy, rollback and undeploy under steady load lose no requ
     CHECK(r.err.find("no version 9") != std::string::npos);
 }
 
-TEST_CASE("a deployed server's metrics are scraped into the workspace and alert rules fire and resolve", "[serving][cli]") {
+TEST_CASE("a deployed server's metrics are scraped into the workspace and alert rules fire and resolve",
+          "[serving][cli]") {
     test::ServingWorkspace ws;
     const std::string db = " --db " + ws.db();
     const auto rules = ws.file("rules.toml");
@@ -634,7 +672,8 @@ TEST_CASE("a deployed server's metrics are scraped into the workspace and alert 
         out << "p99_threshold_ms = 0.001\np99_samples = 2\n";  // any traffic breaks it
     }
     std::ofstream(ws.file("bad.toml")) << "p99_threshold_ms = \"fast\"\n";
-    auto r = test::runShell(test::binPath("lathectl") + " deploy digits --alert-rules " + ws.file("bad.toml") + db);
+    auto r = test::runShell(test::binPath("lathectl") + " deploy digits --alert-rules " +
+                            ws.file("bad.toml") + db);
     CHECK(r.exitCode == 2);  // refused before any server starts
     r = test::runShell(test::binPath("lathectl") + " deploy digits --json --alert-rules " + rules + db);
     REQUIRE(r.exitCode == 0);
@@ -654,7 +693,7 @@ TEST_CASE("a deployed server's metrics are scraped into the workspace and alert 
     REQUIRE(p99.size() >= 2);
     double peak = 0;
     for (const auto& p : qps) peak = std::max(peak, p.value);
-    CHECK(peak > 50);   // about 100 requests per second while the load ran
+    CHECK(peak > 50);  // about 100 requests per second while the load ran
     CHECK(peak < 200);
     CHECK(p99.front().version == 1);
     const auto alerts = registry.alerts("digits");
@@ -666,7 +705,8 @@ TEST_CASE("a deployed server's metrics are scraped into the workspace and alert 
     for (const auto& a : registry.alerts("digits")) CHECK(a.resolvedAt >= a.firedAt);
 }
 
-TEST_CASE("served answers equal PyTorch's own for a run's artifact and for a model traced in Python", "[serving][cli]") {
+TEST_CASE("served answers equal PyTorch's own for a run's artifact and for a model traced in Python",
+          "[serving][cli]") {
     if (test::runShell("/usr/bin/python3 -c 'import torch'").exitCode != 0) {
         std::puts("SKIPPED: python3-torch is not installed");
         return;
@@ -674,11 +714,14 @@ TEST_CASE("served answers equal PyTorch's own for a run's artifact and for a mod
     test::ServingWorkspace ws;
     // A model made by PyTorch users: traced in Python, registered with its input shape.
     const auto traced = ws.file("traced.pt");
-    auto r = test::runShell("/usr/bin/python3 -c \"import torch; torch.manual_seed(3); "
-                            "m=torch.nn.Sequential(torch.nn.Linear(12,16),torch.nn.Tanh(),torch.nn.Linear(16,3)); "
-                            "torch.jit.trace(m, torch.zeros(1,12)).save('" + traced + "')\"");
+    auto r = test::runShell(
+        "/usr/bin/python3 -c \"import torch; torch.manual_seed(3); "
+        "m=torch.nn.Sequential(torch.nn.Linear(12,16),torch.nn.Tanh(),torch.nn.Linear(16,3)); "
+        "torch.jit.trace(m, torch.zeros(1,12)).save('" +
+        traced + "')\"");
     REQUIRE(r.exitCode == 0);
-    r = test::runShell(test::binPath("lathectl") + " models register traced --file " + traced + " --db " + ws.db());
+    r = test::runShell(test::binPath("lathectl") + " models register traced --file " + traced + " --db " +
+                       ws.db());
     CHECK(r.exitCode == 2);  // no Lathe metadata and no --input-shape: refused, saying what to add
     CHECK(r.err.find("--input-shape") != std::string::npos);
     r = test::runShell(test::binPath("lathectl") + " models register traced --file " + traced +
@@ -698,13 +741,15 @@ TEST_CASE("served answers equal PyTorch's own for a run's artifact and for a mod
         std::string model, artifact;
         std::vector<int64_t> shape;
     };
-    for (const Case& c : {Case{"digits", ws.version().path, {3, 1, 8, 8}}, Case{"traced", tracedPath, {3, 12}}}) {
+    for (const Case& c :
+         {Case{"digits", ws.version().path, {3, 1, 8, 8}}, Case{"traced", tracedPath, {3, 12}}}) {
         INFO(c.model);
         int64_t n = 1;
         for (auto d : c.shape) n *= d;
         json data = json::array();
         for (int64_t i = 0; i < n; ++i) data.push_back(std::sin(0.37 * static_cast<double>(i)) * 0.5 + 0.5);
-        const json body{{"inputs", {{{"name", "input"}, {"shape", c.shape}, {"datatype", "FP32"}, {"data", data}}}}};
+        const json body{
+            {"inputs", {{{"name", "input"}, {"shape", c.shape}, {"datatype", "FP32"}, {"data", data}}}}};
         const auto a = httpRequest(port, "POST", "/v2/models/" + c.model + "/infer", body.dump());
         REQUIRE(a.status == 200);
         const auto served = json::parse(a.body)["outputs"][0]["data"];
@@ -714,8 +759,9 @@ TEST_CASE("served answers equal PyTorch's own for a run's artifact and for a mod
         const auto inFile = ws.file(c.model + "-in.json");
         std::ofstream(inFile) << data.dump();
         r = test::runShell("/usr/bin/python3 -c \"import torch,json; m=torch.jit.load('" + c.artifact +
-                           "'); x=torch.tensor(json.load(open('" + inFile + "')),dtype=torch.float32).reshape(" +
-                           shape + "); print(json.dumps(m(x).flatten().tolist()))\"");
+                           "'); x=torch.tensor(json.load(open('" + inFile +
+                           "')),dtype=torch.float32).reshape(" + shape +
+                           "); print(json.dumps(m(x).flatten().tolist()))\"");
         REQUIRE(r.exitCode == 0);
         const auto expected = json::parse(r.out);
         REQUIRE(expected.size() == served.size());
@@ -724,7 +770,8 @@ TEST_CASE("served answers equal PyTorch's own for a run's artifact and for a mod
     }
 }
 
-TEST_CASE("a deployment whose server died shows DOWN, and deploying again starts a new one", "[serving][cli]") {
+TEST_CASE("a deployment whose server died shows DOWN, and deploying again starts a new one",
+          "[serving][cli]") {
     test::ServingWorkspace ws;
     const std::string db = " --db " + ws.db();
     auto r = test::runShell(test::binPath("lathectl") + " deploy digits --json" + db);
@@ -760,7 +807,8 @@ TEST_CASE("undeploy signals only the deployment's own server, never a process th
     auto start = [](const char* instance) {
         const pid_t pid = ::fork();
         if (pid == 0) {
-            ::execl("/bin/sh", "sh", "-c", "sleep 30", "serve", "--instance-id", instance, static_cast<char*>(nullptr));
+            ::execl("/bin/sh", "sh", "-c", "sleep 30", "serve", "--instance-id", instance,
+                    static_cast<char*>(nullptr));
             ::_exit(127);
         }
         return static_cast<int64_t>(pid);

@@ -36,9 +36,9 @@ std::vector<std::vector<float>> inputsFor(std::size_t n, std::mt19937& rng) {
     std::uniform_real_distribution<float> unit(-1.f, 1.f);
     std::uniform_real_distribution<float> ex(-30.f, 30.f);
     for (std::size_t i = 0; i < n; ++i) {
-        wide[i] = (i & 1 ? -1.f : 1.f) * std::pow(10.f, ex(rng));  // 1e-30 .. 1e30 in one chunk
+        wide[i] = (i & 1 ? -1.f : 1.f) * std::pow(10.f, ex(rng));           // 1e-30 .. 1e30 in one chunk
         ties[i] = static_cast<float>(static_cast<int>(i % 15) - 7) + 0.5f;  // x/scale lands on .5
-        tiny[i] = fromBits(1u + static_cast<std::uint32_t>(i % 3));  // amax/127 underflows to 0
+        tiny[i] = fromBits(1u + static_cast<std::uint32_t>(i % 3));         // amax/127 underflows to 0
         dscale8[i] = 5e-37f * (i % 5 == 0 ? (i & 1 ? -1.f : 1.f) : unit(rng));
         dscale4[i] = 5e-38f * (i % 5 == 0 ? (i & 1 ? -1.f : 1.f) : unit(rng));
     }
@@ -76,14 +76,17 @@ Quantized runQuantize(const std::vector<float>& x, const std::vector<float>* res
     if (residual) {
         q.residual = *residual;
         if (int4)
-            quantizeInt4ErrorFeedback(buf.data() + 1, q.residual.data(), n, q.codes.data(), q.scales.data(), p, isa);
+            quantizeInt4ErrorFeedback(buf.data() + 1, q.residual.data(), n, q.codes.data(), q.scales.data(),
+                                      p, isa);
         else
-            quantizeInt8ErrorFeedback(buf.data() + 1, q.residual.data(), n, reinterpret_cast<std::int8_t*>(q.codes.data()),
-                                      q.scales.data(), p, isa);
+            quantizeInt8ErrorFeedback(buf.data() + 1, q.residual.data(), n,
+                                      reinterpret_cast<std::int8_t*>(q.codes.data()), q.scales.data(), p,
+                                      isa);
     } else if (int4) {
         quantizeInt4(buf.data() + 1, n, q.codes.data(), q.scales.data(), p, isa);
     } else {
-        quantizeInt8(buf.data() + 1, n, reinterpret_cast<std::int8_t*>(q.codes.data()), q.scales.data(), p, isa);
+        quantizeInt8(buf.data() + 1, n, reinterpret_cast<std::int8_t*>(q.codes.data()), q.scales.data(), p,
+                     isa);
     }
     return q;
 }
@@ -93,12 +96,16 @@ std::vector<float> runDequantize(const Quantized& q, std::size_t n, std::size_t 
     std::vector<float> out = init;
     out.resize(n + 4, fromBits(0x7fbadbadu));
     if (int4) {
-        if (add) dequantizeAddInt4(q.codes.data(), q.scales.data(), n, chunk, out.data(), isa);
-        else dequantizeInt4(q.codes.data(), q.scales.data(), n, chunk, out.data(), isa);
+        if (add)
+            dequantizeAddInt4(q.codes.data(), q.scales.data(), n, chunk, out.data(), isa);
+        else
+            dequantizeInt4(q.codes.data(), q.scales.data(), n, chunk, out.data(), isa);
     } else {
         auto* c = reinterpret_cast<const std::int8_t*>(q.codes.data());
-        if (add) dequantizeAddInt8(c, q.scales.data(), n, chunk, out.data(), isa);
-        else dequantizeInt8(c, q.scales.data(), n, chunk, out.data(), isa);
+        if (add)
+            dequantizeAddInt8(c, q.scales.data(), n, chunk, out.data(), isa);
+        else
+            dequantizeInt8(c, q.scales.data(), n, chunk, out.data(), isa);
     }
     return out;
 }
@@ -179,11 +186,14 @@ TEST_CASE("scalar quantization meets its definition", "[kernels][compress]") {
                             const double v = std::clamp(double(x[i]) / scale, -double(qmax), double(qmax));
                             REQUIRE(std::fabs(v - code) <= 0.5 + qmax * 0x1p-23);
                             // Round-trip error within half a step (plus the final fp32 rounding).
-                            REQUIRE(std::fabs(double(x[i]) - d[i]) <= 0.5 * scale * (1 + 1e-5) + 1e-6 * std::fabs(x[i]));
+                            REQUIRE(std::fabs(double(x[i]) - d[i]) <=
+                                    0.5 * scale * (1 + 1e-5) + 1e-6 * std::fabs(x[i]));
                         }
                     }
                     if (int4 && (n & 1)) REQUIRE((q.codes[n / 2] >> 4) == 0);  // padding nibble
-                    if (n) REQUIRE(q.codes[codeBytes(n, int4 ? CompressFormat::Int4 : CompressFormat::Int8)] == 0xa5);
+                    if (n)
+                        REQUIRE(q.codes[codeBytes(n, int4 ? CompressFormat::Int4 : CompressFormat::Int8)] ==
+                                0xa5);
                 }
 }
 
@@ -220,7 +230,8 @@ TEST_CASE("a scale whose reciprocal overflows is coded by division on every path
         REQUIRE(scale > 0.f);
         REQUIRE(std::isinf(1.f / scale));
         for (std::size_t i = 0; i < x.size(); ++i)
-            REQUIRE(codeAt(ref, i, int4) == static_cast<int>(std::nearbyint(std::clamp(x[i] / scale, -qmax, qmax))));
+            REQUIRE(codeAt(ref, i, int4) ==
+                    static_cast<int>(std::nearbyint(std::clamp(x[i] / scale, -qmax, qmax))));
         REQUIRE(codeAt(ref, 0, int4) == -static_cast<int>(qmax));
         std::vector<float> r0(x.size());
         for (std::size_t i = 0; i < r0.size(); ++i) r0[i] = amax * 0.01f * static_cast<float>(i % 7);
@@ -254,7 +265,8 @@ TEST_CASE("SIMD quantization equals the reference under directed rounding modes"
         std::vector<std::vector<float>> inputs = inputsFor(1000, rng);
         // amax 381 gives scale 3 exactly; upward, 1/3 rounds up and 381 * inv to 127.00001.
         std::vector<float> edge(1000);
-        for (std::size_t i = 0; i < edge.size(); ++i) edge[i] = (i % 2 ? -381.f : 381.f) * (i % 3 ? 1.f : 0.5f);
+        for (std::size_t i = 0; i < edge.size(); ++i)
+            edge[i] = (i % 2 ? -381.f : 381.f) * (i % 3 ? 1.f : 0.5f);
         inputs.push_back(edge);
         std::vector<float> edge4(edge);
         for (float& v : edge4) v *= 21.f / 381.f;  // amax 21: scale 3 for int4
@@ -274,7 +286,8 @@ TEST_CASE("SIMD quantization equals the reference under directed rounding modes"
                         const Quantized want = runQuantize(x, res, int4, p, CpuIsa::Scalar);
                         const Quantized got = runQuantize(x, res, int4, p, isa);
                         std::fesetround(saved);
-                        INFO(m.name << " " << cpuIsaName(isa) << (int4 ? " int4" : " int8") << " mode=" << mode);
+                        INFO(m.name << " " << cpuIsaName(isa) << (int4 ? " int4" : " int8")
+                                    << " mode=" << mode);
                         REQUIRE(sameBytes(got.codes, want.codes));
                         REQUIRE(sameBytes(got.scales, want.scales));
                         REQUIRE(sameBytes(got.residual, want.residual));
@@ -284,7 +297,8 @@ TEST_CASE("SIMD quantization equals the reference under directed rounding modes"
     std::fesetround(saved);
 }
 
-TEST_CASE("every SIMD quantize/dequantize path equals the scalar reference byte for byte", "[kernels][compress]") {
+TEST_CASE("every SIMD quantize/dequantize path equals the scalar reference byte for byte",
+          "[kernels][compress]") {
     std::mt19937 rng(11);
     std::size_t compared = 0;
     for (CpuIsa isa : kSimd) {
@@ -308,8 +322,8 @@ TEST_CASE("every SIMD quantize/dequantize path equals the scalar reference byte 
                             const std::vector<float>* res = (mode & 2) ? &r0 : nullptr;
                             const Quantized ref = runQuantize(x, res, int4, p, CpuIsa::Scalar);
                             const Quantized got = runQuantize(x, res, int4, p, isa);
-                            INFO(cpuIsaName(isa) << (int4 ? " int4" : " int8") << " n=" << n << " chunk=" << chunk
-                                                 << " mode=" << mode);
+                            INFO(cpuIsaName(isa) << (int4 ? " int4" : " int8") << " n=" << n
+                                                 << " chunk=" << chunk << " mode=" << mode);
                             REQUIRE(sameBytes(got.codes, ref.codes));
                             REQUIRE(sameBytes(got.scales, ref.scales));
                             REQUIRE(sameBytes(got.residual, ref.residual));
@@ -401,7 +415,8 @@ TEST_CASE("error feedback: transmitted sum tracks the gradient sum", "[kernels][
         p.chunk = chunk;
         for (int step = 0; step < 300; ++step) {
             std::vector<float> g(n);
-            for (std::size_t i = 0; i < n; ++i) g[i] = nd(rng) * (i % 7 == 0 ? 1e-3f : 1.f);  // some tiny coords
+            for (std::size_t i = 0; i < n; ++i)
+                g[i] = nd(rng) * (i % 7 == 0 ? 1e-3f : 1.f);  // some tiny coords
             Quantized q = runQuantize(g, &r, int4, p, bestCpuIsa());
             r = q.residual;
             const auto d = runDequantize(q, n, chunk, int4, false, {}, bestCpuIsa());
@@ -473,7 +488,8 @@ TEST_CASE("every SIMD fp16/bf16 path equals the scalar reference byte for byte",
     for (std::size_t n : kLengths)
         for (const auto& x : inputsFor(n, rng)) floats.push_back(x);
     std::vector<float> sweep(1 << 20);  // consecutive bit patterns around fp16's range edges
-    for (std::size_t i = 0; i < sweep.size(); ++i) sweep[i] = fromBits(0x33000000u + static_cast<std::uint32_t>(i * 4099u));
+    for (std::size_t i = 0; i < sweep.size(); ++i)
+        sweep[i] = fromBits(0x33000000u + static_cast<std::uint32_t>(i * 4099u));
     floats.push_back(sweep);
     std::size_t compared = 0;
     for (CpuIsa isa : kSimd) {
@@ -483,11 +499,19 @@ TEST_CASE("every SIMD fp16/bf16 path equals the scalar reference byte for byte",
             for (bool add : {false, true}) {
                 std::vector<float> a(all.size(), 0.5f), bq(all.size(), 0.5f);
                 if (bf16) {
-                    if (add) addBf16ToFloat(all.data(), all.size(), a.data(), CpuIsa::Scalar), addBf16ToFloat(all.data(), all.size(), bq.data(), isa);
-                    else bf16ToFloat(all.data(), all.size(), a.data(), CpuIsa::Scalar), bf16ToFloat(all.data(), all.size(), bq.data(), isa);
+                    if (add)
+                        addBf16ToFloat(all.data(), all.size(), a.data(), CpuIsa::Scalar),
+                            addBf16ToFloat(all.data(), all.size(), bq.data(), isa);
+                    else
+                        bf16ToFloat(all.data(), all.size(), a.data(), CpuIsa::Scalar),
+                            bf16ToFloat(all.data(), all.size(), bq.data(), isa);
                 } else {
-                    if (add) addHalfToFloat(all.data(), all.size(), a.data(), CpuIsa::Scalar), addHalfToFloat(all.data(), all.size(), bq.data(), isa);
-                    else halfToFloat(all.data(), all.size(), a.data(), CpuIsa::Scalar), halfToFloat(all.data(), all.size(), bq.data(), isa);
+                    if (add)
+                        addHalfToFloat(all.data(), all.size(), a.data(), CpuIsa::Scalar),
+                            addHalfToFloat(all.data(), all.size(), bq.data(), isa);
+                    else
+                        halfToFloat(all.data(), all.size(), a.data(), CpuIsa::Scalar),
+                            halfToFloat(all.data(), all.size(), bq.data(), isa);
                 }
                 REQUIRE(sameBytes(a, bq));
             }

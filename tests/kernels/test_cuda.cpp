@@ -68,8 +68,8 @@ TEST_CASE("CUDA scale_and_check matches the CPU reference", "[kernels][scale_and
                     if (std::isnan(ref[i])) {
                         if (!std::isnan(got.out[i])) REQUIRE(std::isnan(got.out[i]));
                     } else if (bitsOf(got.out[i]) != bitsOf(ref[i])) {
-                        INFO("element " << i << std::hex << " in=" << bitsOf(in[i]) << " cpu=" << bitsOf(ref[i])
-                                        << " gpu=" << bitsOf(got.out[i]));
+                        INFO("element " << i << std::hex << " in=" << bitsOf(in[i])
+                                        << " cpu=" << bitsOf(ref[i]) << " gpu=" << bitsOf(got.out[i]));
                         REQUIRE(bitsOf(got.out[i]) == bitsOf(ref[i]));
                     }
                 }

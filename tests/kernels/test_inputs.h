@@ -28,20 +28,28 @@ enum class InputKind { Zeros, Normal, AnyBits, Denormals, HugeRange, NearMax, On
 
 inline const char* kindName(InputKind k) {
     switch (k) {
-        case InputKind::Zeros: return "zeros";
-        case InputKind::Normal: return "normal";
-        case InputKind::AnyBits: return "any-bits";
-        case InputKind::Denormals: return "denormals";
-        case InputKind::HugeRange: return "huge-range";
-        case InputKind::NearMax: return "near-max";
-        case InputKind::OneInf: return "one-inf";
-        case InputKind::OneNaN: return "one-nan";
+        case InputKind::Zeros:
+            return "zeros";
+        case InputKind::Normal:
+            return "normal";
+        case InputKind::AnyBits:
+            return "any-bits";
+        case InputKind::Denormals:
+            return "denormals";
+        case InputKind::HugeRange:
+            return "huge-range";
+        case InputKind::NearMax:
+            return "near-max";
+        case InputKind::OneInf:
+            return "one-inf";
+        case InputKind::OneNaN:
+            return "one-nan";
     }
     return "?";
 }
 
 inline const std::vector<InputKind>& allKinds() {
-    static const std::vector<InputKind> kinds{InputKind::Zeros,     InputKind::Normal,   InputKind::AnyBits,
+    static const std::vector<InputKind> kinds{InputKind::Zeros,     InputKind::Normal,    InputKind::AnyBits,
                                               InputKind::Denormals, InputKind::HugeRange, InputKind::NearMax,
                                               InputKind::OneInf,    InputKind::OneNaN};
     return kinds;
@@ -55,10 +63,18 @@ inline std::vector<float> makeInput(InputKind kind, std::size_t n, std::mt19937&
     std::normal_distribution<float> normal(0.f, 3.f);
     for (std::size_t i = 0; i < n; ++i) {
         switch (kind) {
-            case InputKind::Zeros: v[i] = (i % 3 == 1) ? -0.f : 0.f; break;
-            case InputKind::Normal: v[i] = normal(rng); break;
-            case InputKind::AnyBits: v[i] = fromBits(anyBits(rng)); break;  // includes NaN payloads, ±inf
-            case InputKind::Denormals: v[i] = fromBits((sign(rng) << 31) | std::max<std::uint32_t>(1, mantissa(rng))); break;
+            case InputKind::Zeros:
+                v[i] = (i % 3 == 1) ? -0.f : 0.f;
+                break;
+            case InputKind::Normal:
+                v[i] = normal(rng);
+                break;
+            case InputKind::AnyBits:
+                v[i] = fromBits(anyBits(rng));
+                break;  // includes NaN payloads, ±inf
+            case InputKind::Denormals:
+                v[i] = fromBits((sign(rng) << 31) | std::max<std::uint32_t>(1, mantissa(rng)));
+                break;
             case InputKind::HugeRange: {
                 // Every finite exponent, so products both underflow and overflow.
                 std::uniform_int_distribution<std::uint32_t> exponent(0, 254);
@@ -69,7 +85,9 @@ inline std::vector<float> makeInput(InputKind kind, std::size_t n, std::mt19937&
                 v[i] = fromBits((sign(rng) << 31) | (254u << 23) | mantissa(rng));
                 break;
             case InputKind::OneInf:
-            case InputKind::OneNaN: v[i] = normal(rng); break;
+            case InputKind::OneNaN:
+                v[i] = normal(rng);
+                break;
         }
     }
     if (n > 0 && (kind == InputKind::OneInf || kind == InputKind::OneNaN)) {

@@ -17,7 +17,7 @@ using namespace lathe::kernels::test;
 
 namespace {
 
-constexpr std::size_t kGuard = 32;          // sentinel floats on each side of the buffer
+constexpr std::size_t kGuard = 32;                // sentinel floats on each side of the buffer
 constexpr std::uint32_t kSentinel = 0x7fbadbadu;  // a signalling-NaN pattern nobody produces
 
 struct Run {
@@ -64,8 +64,8 @@ void compareWithScalar(CpuIsa isa) {
                     REQUIRE(got.flag == ref.flag);
                     for (std::size_t i = 0; i < n; ++i) {
                         if (bitsOf(got.out[i]) != bitsOf(ref.out[i])) {
-                            INFO("element " << i << ": in=" << std::hex << bitsOf(in[i]) << " ref=" << bitsOf(ref.out[i])
-                                            << " got=" << bitsOf(got.out[i]));
+                            INFO("element " << i << ": in=" << std::hex << bitsOf(in[i]) << " ref="
+                                            << bitsOf(ref.out[i]) << " got=" << bitsOf(got.out[i]));
                             REQUIRE(bitsOf(got.out[i]) == bitsOf(ref.out[i]));
                         }
                     }
@@ -88,13 +88,16 @@ TEST_CASE("scalar reference scales every element and flags non-finite values", "
                 REQUIRE(r.flag == expectedFlag(in, scale));
                 for (std::size_t i = 0; i < n; ++i) {
                     const float want = in[i] * scale;
-                    if (std::isnan(want)) REQUIRE(std::isnan(r.out[i]));
-                    else REQUIRE(bitsOf(r.out[i]) == bitsOf(want));
+                    if (std::isnan(want))
+                        REQUIRE(std::isnan(r.out[i]));
+                    else
+                        REQUIRE(bitsOf(r.out[i]) == bitsOf(want));
                 }
             }
 }
 
-TEST_CASE("flag reports a single bad value at any position, including SIMD tails", "[kernels][scale_and_check]") {
+TEST_CASE("flag reports a single bad value at any position, including SIMD tails",
+          "[kernels][scale_and_check]") {
     const float bad[] = {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
                          std::numeric_limits<float>::quiet_NaN(), fromBits(0xffc00001u)};
     for (CpuIsa isa : {CpuIsa::Scalar, CpuIsa::Avx2, CpuIsa::Avx512}) {

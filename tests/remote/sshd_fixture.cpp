@@ -147,10 +147,12 @@ void SshdServer::start() {
         posix_spawn_file_actions_t actions;
         posix_spawn_file_actions_init(&actions);
         posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-        posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, logPath.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+        posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, logPath.c_str(),
+                                         O_WRONLY | O_CREAT | O_APPEND, 0644);
         posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
         const char* argv[] = {kSshd, "-f", confPath.c_str(), "-D", "-e", nullptr};
-        const int rc = ::posix_spawn(&m_pid, kSshd, &actions, nullptr, const_cast<char* const*>(argv), environ);
+        const int rc =
+            ::posix_spawn(&m_pid, kSshd, &actions, nullptr, const_cast<char* const*>(argv), environ);
         posix_spawn_file_actions_destroy(&actions);
         if (rc != 0) throw std::runtime_error("cannot start sshd");
 

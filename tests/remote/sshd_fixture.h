@@ -3,8 +3,8 @@
 // fixture goes out of scope. Everything it needs (host key, client keys, authorized_keys,
 // config, pid file, log) lives in a private temporary directory.
 
-#include <string>
 #include <sys/types.h>
+#include <string>
 
 #include "lathe/remote/host_spec.h"
 

@@ -56,8 +56,8 @@ TEST_CASE("parseHostSpec handles IPv6 and user names containing '@'", "[remote][
 }
 
 TEST_CASE("parseHostSpec rejects malformed specs with a message naming them", "[remote][host_spec]") {
-    for (const char* bad : {"", "@gpu", "user@", "gpu:", "gpu:0", "gpu:65536", "gpu:99999", "gpu:22x", "gpu:-1",
-                            "[::1", "[::1]x", "[]:22", "gpu 2", ":22"}) {
+    for (const char* bad : {"", "@gpu", "user@", "gpu:", "gpu:0", "gpu:65536", "gpu:99999", "gpu:22x",
+                            "gpu:-1", "[::1", "[::1]x", "[]:22", "gpu 2", ":22"}) {
         INFO("spec: '" << bad << "'");
         REQUIRE_THROWS_AS(parseHostSpec(bad), std::invalid_argument);
         REQUIRE_THROWS_WITH(parseHostSpec(bad), Catch::Contains(std::string("host spec '") + bad + "'"));

@@ -8,8 +8,8 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <sys/socket.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -21,10 +21,9 @@ using namespace lathe::remote;
 using namespace lathe::remote::test;
 using Clock = std::chrono::steady_clock;
 
-#define REQUIRE_SSHD()                                                           \
-    do {                                                                         \
-        if (const std::string why = SshdServer::unavailableReason(); !why.empty()) \
-            LATHE_SKIP(why);                                                     \
+#define REQUIRE_SSHD()                                                                              \
+    do {                                                                                            \
+        if (const std::string why = SshdServer::unavailableReason(); !why.empty()) LATHE_SKIP(why); \
     } while (0)
 
 namespace {
@@ -55,11 +54,12 @@ TEST_CASE("unknown host key is refused with the host and its SHA256 fingerprint"
         CHECK(e.host() == label);
         CHECK(e.fingerprint() == sshd.hostKeyFingerprint());
         // The key, the file it is missing from, and what to do about it.
-        CHECK(std::string(e.what()) == "host " + label + ": host key ssh-ed25519 " + sshd.hostKeyFingerprint() +
-                                           " is not in " + sshd.knownHosts() +
-                                           "; compare it with the host's own (ssh-keygen -lf on the host), then "
-                                           "connect once with trust on first use (lathectl hosts check "
-                                           "--trust-on-first-use) or add it with ssh-keyscan");
+        CHECK(std::string(e.what()) ==
+              "host " + label + ": host key ssh-ed25519 " + sshd.hostKeyFingerprint() + " is not in " +
+                  sshd.knownHosts() +
+                  "; compare it with the host's own (ssh-keygen -lf on the host), then "
+                  "connect once with trust on first use (lathectl hosts check "
+                  "--trust-on-first-use) or add it with ssh-keyscan");
     }
     CHECK_FALSE(session.isConnected());
     // Strict mode must not have recorded anything.
@@ -116,7 +116,8 @@ TEST_CASE("a changed host key is refused even with trust on first use", "[remote
     } catch (const HostKeyError& e) {
         CHECK(e.reason() == HostKeyError::Reason::Changed);
         CHECK(e.fingerprint() == sshd.hostKeyFingerprint());
-        CHECK_THAT(e.what(), Catch::StartsWith("host 127.0.0.2:" + std::to_string(sshd.port()) + ": host key differs"));
+        CHECK_THAT(e.what(),
+                   Catch::StartsWith("host 127.0.0.2:" + std::to_string(sshd.port()) + ": host key differs"));
         CHECK_THAT(e.what(), Catch::Contains(sshd.hostKeyFingerprint()));
     }
     CHECK(readFile(sshd.knownHosts()) == line);
@@ -145,7 +146,8 @@ TEST_CASE("a key the server does not accept is an authentication error", "[remot
 
     spec.identityFile = sshd.dir().file("no-such-key");
     SshSession missing(spec);
-    REQUIRE_THROWS_WITH(missing.connect(HostKeyPolicy::TrustOnFirstUse), Catch::Contains("cannot load identity file"));
+    REQUIRE_THROWS_WITH(missing.connect(HostKeyPolicy::TrustOnFirstUse),
+                        Catch::Contains("cannot load identity file"));
 }
 
 TEST_CASE("a closed port is a clear connection error", "[remote][ssh]") {
@@ -165,7 +167,8 @@ TEST_CASE("a closed port is a clear connection error", "[remote][ssh]") {
     } catch (const SshError& e) {
         CHECK(e.kind() == SshError::Kind::Connect);
         const std::string what = e.what();
-        CHECK_THAT(what, Catch::StartsWith("host 127.0.0.2:" + std::to_string(spec.port) + ": cannot connect"));
+        CHECK_THAT(what,
+                   Catch::StartsWith("host 127.0.0.2:" + std::to_string(spec.port) + ": cannot connect"));
         CHECK_THAT(what, Catch::Contains("refused", Catch::CaseSensitive::No));
     }
     CHECK(secondsSince(start) < 3.0);  // refused is immediate, not a timeout
@@ -289,7 +292,7 @@ TEST_CASE("exec is cancelled promptly and the remote command is stopped", "[remo
     SshSession session = connected(sshd);
     // sshd runs on this machine, so the "remote" process is visible here.
     const std::string marker = "sleep 41.2345";
-    const std::string pattern = "slee[p] 41.2345";  // so pgrep's own shell does not match
+    const std::string pattern = "slee[p] 41.2345";         // so pgrep's own shell does not match
     for (const char* variant : {"", "exec >&- 2>&-; "}) {  // while output flows / after it closed
         INFO("variant: '" << variant << "'");
         std::atomic<bool> cancel{false};
@@ -300,7 +303,8 @@ TEST_CASE("exec is cancelled promptly and the remote command is stopped", "[remo
         const auto start = Clock::now();
         const ExecResult r = session.exec(std::string(variant) + marker, {}, {}, &cancel);
         trigger.join();
-        INFO("exit status " << r.exitStatus << ", signal '" << r.exitSignal << "', after " << secondsSince(start) << " s");
+        INFO("exit status " << r.exitStatus << ", signal '" << r.exitSignal << "', after "
+                            << secondsSince(start) << " s");
         CHECK(r.cancelled);
         CHECK(r.exitStatus == -1);
         CHECK(secondsSince(start) < 3.0);
@@ -329,7 +333,8 @@ TEST_CASE("exec is cancelled promptly and the remote command is stopped", "[remo
     CHECK(session.exec("exit 7").exitStatus == 7);
 }
 
-TEST_CASE("exec gives up at its deadline, stops the command and keeps the session usable", "[remote][ssh][sshd]") {
+TEST_CASE("exec gives up at its deadline, stops the command and keeps the session usable",
+          "[remote][ssh][sshd]") {
     REQUIRE_SSHD();
     SshdServer sshd;
     SshSession session = connected(sshd);

@@ -14,8 +14,10 @@ inline BenchArgs benchArgs(int argc, char** argv) {
     BenchArgs a;
     for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
-        if (arg == "--out" && i + 1 < argc) a.out = argv[++i];
-        else if (arg == "--quick") a.quick = true;
+        if (arg == "--out" && i + 1 < argc)
+            a.out = argv[++i];
+        else if (arg == "--quick")
+            a.quick = true;
     }
     return a;
 }

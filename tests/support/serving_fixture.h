@@ -16,12 +16,12 @@
 #include <utility>
 #include <vector>
 
-#include "lathe/core/model_artifact.h"
 #include "lathe/core/http_client.h"
+#include "lathe/core/model_artifact.h"
+#include "lathe/core/record.h"
 #include "lathe/core/registry.h"
 #include "lathe/core/server.h"
 #include "lathe/core/store.h"
-#include "lathe/core/record.h"
 #include "lathe/core/trainer.h"
 #include "temp_dir.h"
 
@@ -32,7 +32,8 @@ namespace lathe::test {
 class ServingWorkspace {
 public:
     /// `hidden`: the MLP's hidden widths (empty: the default spec's).
-    explicit ServingWorkspace(int64_t epochs = 2, std::vector<int64_t> hidden = {}) : m_db(m_dir.file("ws/lathe.db")) {
+    explicit ServingWorkspace(int64_t epochs = 2, std::vector<int64_t> hidden = {})
+        : m_db(m_dir.file("ws/lathe.db")) {
         core::Store store(m_db);
         core::RunSpec spec;
         spec.epochs = epochs;
@@ -48,7 +49,9 @@ public:
 
     const std::string& db() const { return m_db; }
     int64_t runId() const { return m_runId; }
-    const core::ModelVersion& version() const { return m_version; }  // digits v1: input [-1, 64], output [-1, 10]
+    const core::ModelVersion& version() const {
+        return m_version;
+    }  // digits v1: input [-1, 64], output [-1, 10]
     const TempDir& dir() const { return m_dir; }
     std::string file(const std::string& name) const { return m_dir.file(name); }
 
@@ -83,7 +86,8 @@ using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
 /// One blocking request to 127.0.0.1:port with a deadline; never throws. `headers` are added
 /// to (or replace) the request's own.
 inline HttpAnswer httpRequest(uint16_t port, const std::string& method, const std::string& target,
-                              const std::string& body = {}, double timeoutS = 5, const HttpHeaders& headers = {}) {
+                              const std::string& body = {}, double timeoutS = 5,
+                              const HttpHeaders& headers = {}) {
     namespace beast = boost::beast;
     namespace http = beast::http;
     namespace asio = boost::asio;
@@ -102,35 +106,39 @@ inline HttpAnswer httpRequest(uint16_t port, const std::string& method, const st
     http::response<http::string_body> res;
     HttpAnswer a;
     stream.expires_after(std::chrono::milliseconds(static_cast<int64_t>(timeoutS * 1000)));
-    stream.async_connect(asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), port), [&](beast::error_code ec) {
-        if (ec) {
-            a.error = "connect: " + ec.message();
-            return;
-        }
-        http::async_write(stream, req, [&](beast::error_code ec2, size_t) {
-            if (ec2) {
-                a.error = "write: " + ec2.message();
+    stream.async_connect(
+        asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), port), [&](beast::error_code ec) {
+            if (ec) {
+                a.error = "connect: " + ec.message();
                 return;
             }
-            http::async_read(stream, buffer, res, [&](beast::error_code ec3, size_t) {
-                if (ec3) {
-                    a.error = "read: " + ec3.message();
+            http::async_write(stream, req, [&](beast::error_code ec2, size_t) {
+                if (ec2) {
+                    a.error = "write: " + ec2.message();
                     return;
                 }
-                a.status = static_cast<int>(res.result_int());
-                a.body = res.body();
-                for (const auto& f : res) {
-                    std::string name(f.name_string());
-                    for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-                    a.headers[name] = std::string(f.value());
-                }
+                http::async_read(stream, buffer, res, [&](beast::error_code ec3, size_t) {
+                    if (ec3) {
+                        a.error = "read: " + ec3.message();
+                        return;
+                    }
+                    a.status = static_cast<int>(res.result_int());
+                    a.body = res.body();
+                    for (const auto& f : res) {
+                        std::string name(f.name_string());
+                        for (auto& c : name)
+                            c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+                        a.headers[name] = std::string(f.value());
+                    }
+                });
             });
         });
-    });
     ioc.run();
     return a;
 }
 
-inline HttpAnswer httpGet(uint16_t port, const std::string& target) { return httpRequest(port, "GET", target); }
+inline HttpAnswer httpGet(uint16_t port, const std::string& target) {
+    return httpRequest(port, "GET", target);
+}
 
 }  // namespace lathe::test

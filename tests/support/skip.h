@@ -5,9 +5,9 @@
 
 #include <iostream>
 
-#define LATHE_SKIP(reason)                                  \
-    do {                                                    \
-        std::cout << "SKIPPED: " << (reason) << std::endl;  \
-        WARN("SKIPPED: " << (reason));                      \
-        return;                                             \
+#define LATHE_SKIP(reason)                                 \
+    do {                                                   \
+        std::cout << "SKIPPED: " << (reason) << std::endl; \
+        WARN("SKIPPED: " << (reason));                     \
+        return;                                            \
     } while (0)

@@ -32,8 +32,8 @@ inline double gradNormAt(int64_t step) {
 inline std::vector<core::ProfileSpan> syntheticSpans(int64_t firstStep, int64_t steps, int layers) {
     using core::ProfileSpan;
     std::vector<ProfileSpan> out;
-    auto add = [&](ProfileSpan::Kind kind, const std::string& name, int64_t step, int64_t thread, int64_t start,
-                   int64_t dur, const std::string& shapes = {}) {
+    auto add = [&](ProfileSpan::Kind kind, const std::string& name, int64_t step, int64_t thread,
+                   int64_t start, int64_t dur, const std::string& shapes = {}) {
         ProfileSpan s;
         s.kind = kind;
         s.name = name;
@@ -112,7 +112,8 @@ inline RecordedAmpRun recordAmpRun(core::Store& store, int64_t steps = 200, int6
     run.steps = steps;
     for (int64_t s : {5, 9, 60, 61, 150})
         if (s <= steps) run.skipped.insert(s);
-    run.runId = store.createRun("default", "amp-fixture", "mlp", "digits", "", {{"precision", "fp16"}}, "localhost");
+    run.runId =
+        store.createRun("default", "amp-fixture", "mlp", "digits", "", {{"precision", "fp16"}}, "localhost");
     // A dynamic scaler: halve after an overflow, double after 40 clean steps.
     double scale = 65536.0;
     int64_t clean = 0;

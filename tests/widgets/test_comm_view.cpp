@@ -126,8 +126,7 @@ TEST_CASE("CommView plots comm time, overlap, bytes and ratio per rank from the 
     view.plot()->replot(QCustomPlot::rpImmediateRefresh);
 
     // Hover names the step and every rank's figures.
-    const QString hover =
-        view.hoverAt(QPointF(msX->coordToPixel(50), view.msRect()->rect().center().y()));
+    const QString hover = view.hoverAt(QPointF(msX->coordToPixel(50), view.msRect()->rect().center().y()));
     CHECK(hover.contains("step 50"));
     CHECK(hover.contains("rank 0:"));
     CHECK(hover.contains("rank 1:"));
@@ -144,7 +143,8 @@ TEST_CASE("CommView plots comm time, overlap, bytes and ratio per rank from the 
     CHECK(view.rankCount() == 0);
     CHECK(view.graphCount() == 0);
     CHECK(view.plot()->graphCount() == 0);
-    CHECK(view.placeholderText().contains(QStringLiteral("run %1 ran in one process").arg(plain), Qt::CaseInsensitive));
+    CHECK(view.placeholderText().contains(QStringLiteral("run %1 ran in one process").arg(plain),
+                                          Qt::CaseInsensitive));
     CHECK(view.placeholderText().contains("Processes > 1"));
     CHECK_FALSE(view.plot()->legend->visible());
     CHECK(view.summaryText().isEmpty());

@@ -21,7 +21,8 @@ using lathe::test::outputPath;
 using lathe::test::waitUntil;
 using Metric = lathe::widgets::CommView::Metric;
 
-TEST_CASE("End to end: a 2-process run from the form fills the Communication tab", "[widgets][e2e][distributed]") {
+TEST_CASE("End to end: a 2-process run from the form fills the Communication tab",
+          "[widgets][e2e][distributed]") {
     const QString lathectl = QStringLiteral(LATHE_BIN_DIR "/lathectl");
     if (!QFileInfo(lathectl).isExecutable()) {
         WARN("SKIPPED: " << lathectl.toStdString() << " is not built (ninja lathectl)");

@@ -17,8 +17,7 @@ using lathe::test::outputPath;
 using lathe::test::waitUntil;
 using lathe::widgets::LossScaleView;
 
-TEST_CASE("LossScaleView plots scale, skipped steps and grad norm with linked step axes",
-          "[widgets][amp]") {
+TEST_CASE("LossScaleView plots scale, skipped steps and grad norm with linked step axes", "[widgets][amp]") {
     QTemporaryDir dir;
     REQUIRE(dir.isValid());
     lathe::core::Store store((dir.path() + "/ws.db").toStdString());
@@ -39,7 +38,8 @@ TEST_CASE("LossScaleView plots scale, skipped steps and grad norm with linked st
 
     // Each marker sits at its step, at the scale used in that step.
     const auto stored = store.metrics(rec.runId, "amp/loss_scale");
-    for (auto it = view.skippedGraph()->data()->constBegin(); it != view.skippedGraph()->data()->constEnd(); ++it) {
+    for (auto it = view.skippedGraph()->data()->constBegin(); it != view.skippedGraph()->data()->constEnd();
+         ++it) {
         const auto step = int64_t(it->key);
         CHECK(rec.skipped.count(step) == 1);
         CHECK(it->value == Approx(stored[size_t(step - 1)].value));

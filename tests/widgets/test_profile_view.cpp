@@ -50,7 +50,8 @@ TEST_CASE("TimelineLayout puts phases above ops and nests ops by depth", "[widge
             const auto& b = layout->spans[row.spans[i]];
             CHECK(a.startNs + a.durationNs <= b.startNs);
         }
-        for (uint32_t i : row.spans) CHECK((layout->spans[i].kind == lathe::core::ProfileSpan::Kind::Phase) == row.phases);
+        for (uint32_t i : row.spans)
+            CHECK((layout->spans[i].kind == lathe::core::ProfileSpan::Kind::Phase) == row.phases);
     }
     CHECK(total == spans.size());
     REQUIRE(layout->steps.size() == 3);
@@ -143,10 +144,12 @@ TEST_CASE("ProfileView loads off the GUI thread: timeline, sortable top ops, pha
         CHECK(model->index(r, TopOpsModel::ColName).data().toString().toStdString() == op.name);
         CHECK(model->index(r, TopOpsModel::ColCalls).data().toLongLong() == op.calls);
         CHECK(model->index(r, TopOpsModel::ColSelfMs).data(TopOpsModel::SortRole).toLongLong() == op.selfNs);
-        CHECK(model->index(r, TopOpsModel::ColTotalMs).data(TopOpsModel::SortRole).toLongLong() == op.totalNs);
+        CHECK(model->index(r, TopOpsModel::ColTotalMs).data(TopOpsModel::SortRole).toLongLong() ==
+              op.totalNs);
         CHECK(model->index(r, TopOpsModel::ColShare).data().toString() ==
               QString::number(op.share * 100.0, 'f', 1));
-        CHECK(model->index(r, TopOpsModel::ColCudaSelfMs).data().toString() == QStringLiteral("–"));  // a CPU run
+        CHECK(model->index(r, TopOpsModel::ColCudaSelfMs).data().toString() ==
+              QStringLiteral("–"));  // a CPU run
     }
     // Device-time columns only for runs measured on a GPU.
     auto* table = view.findChild<QTableView*>(QStringLiteral("topOpsTable"));
@@ -198,7 +201,8 @@ TEST_CASE("ProfileView loads off the GUI thread: timeline, sortable top ops, pha
     // Zoom the timeline to three steps for a readable screenshot.
     const auto* layout = view.timeline()->layoutData();
     REQUIRE(layout->steps.size() == size_t(rec.profiledSteps));
-    view.timeline()->setViewRange(double(layout->steps[3].startNs) - 5000, double(layout->steps[5].startNs) - 2000);
+    view.timeline()->setViewRange(double(layout->steps[3].startNs) - 5000,
+                                  double(layout->steps[5].startNs) - 2000);
     QTest::qWait(60);
     REQUIRE(view.grab().save(outputPath("profile_view.png")));
     view.timeline()->fitAll();

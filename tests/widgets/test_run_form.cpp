@@ -191,7 +191,8 @@ TEST_CASE("RunForm Distributed group: processes, buckets and compression", "[wid
 
     auto* group = form.findChild<QGroupBox*>("distributedGroup");
     REQUIRE(group != nullptr);
-    for (const char* key : {"nproc", "bucket_mb", "compress", "error_feedback", "compress_chunk", "stochastic_rounding"}) {
+    for (const char* key :
+         {"nproc", "bucket_mb", "compress", "error_feedback", "compress_chunk", "stochastic_rounding"}) {
         INFO(key);
         REQUIRE(form.hasField(QString::fromLatin1(key)));
         CHECK(group->isAncestorOf(form.fieldWidget(QString::fromLatin1(key))));

@@ -89,7 +89,8 @@ TEST_CASE("RunListModel passes the model tester and diffs refreshes", "[widgets]
     CHECK(resets.count() == 0);
 }
 
-TEST_CASE("RunListModel shows an interrupted run in its own colour and says how to resume it", "[widgets][model]") {
+TEST_CASE("RunListModel shows an interrupted run in its own colour and says how to resume it",
+          "[widgets][model]") {
     RunListModel model;
     model.setRuns({makeRun(4, "interrupted"), makeRun(3, "running")});
     const auto status = model.index(0, RunListModel::ColStatus);
@@ -99,5 +100,6 @@ TEST_CASE("RunListModel shows an interrupted run in its own colour and says how 
     CHECK(colour != model.index(1, RunListModel::ColStatus).data(Qt::ForegroundRole).value<QBrush>().color());
     const auto tip = status.data(Qt::ToolTipRole).toString();
     CHECK(tip.contains("lathectl train --resume 4"));
-    CHECK_FALSE(model.index(1, RunListModel::ColStatus).data(Qt::ToolTipRole).toString().contains("--resume"));
+    CHECK_FALSE(
+        model.index(1, RunListModel::ColStatus).data(Qt::ToolTipRole).toString().contains("--resume"));
 }

@@ -1,8 +1,6 @@
 #include "lathe/widgets/chart_panel.h"
 
 #include <QFileDialog>
-#include <cmath>
-#include <limits>
 #include <QFileInfo>
 #include <QHBoxLayout>
 #include <QLabel>
@@ -13,6 +11,8 @@
 #include <QToolButton>
 #include <QToolTip>
 #include <QVBoxLayout>
+#include <cmath>
+#include <limits>
 
 #include "lathe/widgets/qcustomplot_include.h"
 
@@ -129,7 +129,8 @@ void ChartPanel::exportWithDialog(const QString& caption, const QString& default
     if (!ok) QMessageBox::warning(this, tr("Export failed"), tr("Could not write %1.").arg(path));
 }
 
-double ChartPanel::nearestKey(const std::vector<QCPGraph*>& graphs, QCPAxis* x, double pixelX, double radiusPx) {
+double ChartPanel::nearestKey(const std::vector<QCPGraph*>& graphs, QCPAxis* x, double pixelX,
+                              double radiusPx) {
     const double key = x->pixelToCoord(pixelX);
     double best = std::numeric_limits<double>::quiet_NaN();
     double bestDist = radiusPx;

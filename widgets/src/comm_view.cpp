@@ -79,17 +79,17 @@ std::string CommView::keyFor(int rank, Metric metric) {
 
 QColor CommView::rankColor(int rank) {
     // Tableau 10: distinct on screen and in print; beyond ten ranks hues repeat darker.
-    static const QColor palette[] = {{0x1f, 0x77, 0xb4}, {0xff, 0x7f, 0x0e}, {0x2c, 0xa0, 0x2c}, {0xd6, 0x27, 0x28},
-                                     {0x94, 0x67, 0xbd}, {0x8c, 0x56, 0x4b}, {0xe3, 0x77, 0xc2}, {0x7f, 0x7f, 0x7f},
-                                     {0xbc, 0xbd, 0x22}, {0x17, 0xbe, 0xcf}};
+    static const QColor palette[] = {
+        {0x1f, 0x77, 0xb4}, {0xff, 0x7f, 0x0e}, {0x2c, 0xa0, 0x2c}, {0xd6, 0x27, 0x28}, {0x94, 0x67, 0xbd},
+        {0x8c, 0x56, 0x4b}, {0xe3, 0x77, 0xc2}, {0x7f, 0x7f, 0x7f}, {0xbc, 0xbd, 0x22}, {0x17, 0xbe, 0xcf}};
     const int n = int(std::size(palette));
     const QColor c = palette[rank % n];
     return rank < n ? c : c.darker(100 + 30 * (rank / n));
 }
 
 CommView::CommView(QWidget* parent)
-    : ChartPanel(tr("<b>Communication</b>"), true, tr("Save these charts as PNG or PDF"), QStringLiteral("commPlot"),
-                 QSize(240, 260), parent) {
+    : ChartPanel(tr("<b>Communication</b>"), true, tr("Save these charts as PNG or PDF"),
+                 QStringLiteral("commPlot"), QSize(240, 260), parent) {
     m_summary->setObjectName(QStringLiteral("commSummary"));
 
     // Top: communication time per step. Bottom two: overlap share and bytes on the wire.
@@ -406,8 +406,9 @@ QString CommView::hoverAt(const QPointF& pos) {
 }
 
 void CommView::exportDialog() {
-    exportWithDialog(tr("Export communication charts"), m_runId ? QStringLiteral("run-%1-communication.png").arg(m_runId)
-                                                                : QStringLiteral("communication.png"));
+    exportWithDialog(tr("Export communication charts"),
+                     m_runId ? QStringLiteral("run-%1-communication.png").arg(m_runId)
+                             : QStringLiteral("communication.png"));
 }
 
 }  // namespace lathe::widgets

@@ -78,8 +78,8 @@ LossScaleView::LossScaleView(QWidget* parent)
     m_skippedGraph = m_plot->addGraph(scaleX, scaleY);
     m_skippedGraph->setName(tr("skipped step (inf/NaN grads)"));
     m_skippedGraph->setLineStyle(QCPGraph::lsNone);
-    m_skippedGraph->setScatterStyle(
-        QCPScatterStyle(QCPScatterStyle::ssTriangleInverted, QPen(kSkipColor.darker(130), 1.0), kSkipColor, 9));
+    m_skippedGraph->setScatterStyle(QCPScatterStyle(QCPScatterStyle::ssTriangleInverted,
+                                                    QPen(kSkipColor.darker(130), 1.0), kSkipColor, 9));
     m_normGraph = m_plot->addGraph(normX, normY);
     m_normGraph->setName(tr("gradient norm"));
     m_normGraph->setPen(QPen(kNormColor, 1.2));
@@ -128,7 +128,8 @@ void LossScaleView::showRun(const core::Store& store, int64_t runId) {
     m_runId = runId;
     if (runId <= 0) return;
     m_titleLabel->setText(tr("<b>Loss scale · run %1</b>").arg(runId));
-    for (const char* key : {kScaleKey, kSkippedKey, kGradNormKey}) addPoints(key, m_live.load(store, runId, key));
+    for (const char* key : {kScaleKey, kSkippedKey, kGradNormKey})
+        addPoints(key, m_live.load(store, runId, key));
     if (m_follow) applyAutoRange();
     updateHint();
     m_plot->replot(QCustomPlot::rpQueuedReplot);
@@ -296,8 +297,9 @@ QString LossScaleView::hoverAt(const QPointF& pos) {
             if (!std::isnan(v.skipped))
                 text += v.skipped >= 0.5 ? tr("\nskipped: yes (inf/NaN gradients)") : tr("\nskipped: no");
             if (v.hasGradNorm)
-                text += tr("\ngrad norm %1").arg(std::isfinite(v.gradNorm) ? QString::number(v.gradNorm, 'g', 5)
-                                                                           : tr("non-finite"));
+                text += tr("\ngrad norm %1")
+                            .arg(std::isfinite(v.gradNorm) ? QString::number(v.gradNorm, 'g', 5)
+                                                           : tr("non-finite"));
             if (std::isfinite(v.scale) && v.scale > 0) {
                 m_tracer->setGraphKey(double(best->first));
                 m_tracer->setVisible(true);
@@ -311,8 +313,9 @@ QString LossScaleView::hoverAt(const QPointF& pos) {
 }
 
 void LossScaleView::exportDialog() {
-    exportWithDialog(tr("Export loss scale chart"), m_runId ? QStringLiteral("run-%1-loss-scale.png").arg(m_runId)
-                                                            : QStringLiteral("loss-scale.png"));
+    exportWithDialog(tr("Export loss scale chart"), m_runId
+                                                        ? QStringLiteral("run-%1-loss-scale.png").arg(m_runId)
+                                                        : QStringLiteral("loss-scale.png"));
 }
 
 }  // namespace lathe::widgets

@@ -27,8 +27,8 @@ constexpr int kHoverMaxChecks = 4000;
 }  // namespace
 
 MetricChart::MetricChart(const QString& title, const QStringList& keys, QWidget* parent)
-    : ChartPanel(QStringLiteral("<b>%1</b>").arg(title.toHtmlEscaped()), false, tr("Save this chart as PNG or PDF"),
-                 QStringLiteral("plot"), QSize(200, 140), parent),
+    : ChartPanel(QStringLiteral("<b>%1</b>").arg(title.toHtmlEscaped()), false,
+                 tr("Save this chart as PNG or PDF"), QStringLiteral("plot"), QSize(200, 140), parent),
       m_title(title),
       m_keys(keys) {
     // Draw solid lines as polylines without per-segment joins: the difference between a

@@ -16,11 +16,11 @@ namespace lathe::widgets {
 
 namespace {
 
-constexpr int kGutter = 118;      // lane labels
-constexpr int kAxisHeight = 32;   // time axis and step labels
+constexpr int kGutter = 118;     // lane labels
+constexpr int kAxisHeight = 32;  // time axis and step labels
 constexpr int kPhaseRowHeight = 22;
 constexpr int kOpRowHeight = 18;
-constexpr int kLaneGap = 10;      // between threads
+constexpr int kLaneGap = 10;  // between threads
 constexpr double kHoverSlackPx = 3.0;
 constexpr double kMinLabelPx = 34.0;
 constexpr double kWheelZoom = 0.8;  // per wheel notch
@@ -52,7 +52,8 @@ std::shared_ptr<const TimelineLayout> TimelineLayout::build(std::vector<core::Pr
     std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
         const auto& x = sp[a];
         const auto& y = sp[b];
-        const bool xp = x.kind == core::ProfileSpan::Kind::Phase, yp = y.kind == core::ProfileSpan::Kind::Phase;
+        const bool xp = x.kind == core::ProfileSpan::Kind::Phase,
+                   yp = y.kind == core::ProfileSpan::Kind::Phase;
         return std::make_tuple(x.thread, !xp, x.startNs, -x.durationNs) <
                std::make_tuple(y.thread, !yp, y.startNs, -y.durationNs);
     });
@@ -166,12 +167,11 @@ int ProfileTimeline::contentHeight() const {
 }
 
 QRect ProfileTimeline::plotArea() const {
-    return QRect(kGutter, kAxisHeight, std::max(1, width() - kGutter - 6), std::max(1, height() - kAxisHeight));
+    return QRect(kGutter, kAxisHeight, std::max(1, width() - kGutter - 6),
+                 std::max(1, height() - kAxisHeight));
 }
 
-int ProfileTimeline::rowTop(int row) const {
-    return plotArea().top() + m_rowTops[size_t(row)] - m_scrollY;
-}
+int ProfileTimeline::rowTop(int row) const { return plotArea().top() + m_rowTops[size_t(row)] - m_scrollY; }
 
 double ProfileTimeline::timeToX(double ns) const {
     const QRect a = plotArea();
@@ -284,8 +284,7 @@ void ProfileTimeline::paintEvent(QPaintEvent*) {
         const int y = rowTop(int(r));
         const int h = rowHeight(row);
         if (y + h < area.top() || y > area.bottom()) continue;
-        const QString thread =
-            row.thread == 0 ? tr("training") : tr("thread %1").arg(row.thread);
+        const QString thread = row.thread == 0 ? tr("training") : tr("thread %1").arg(row.thread);
         const QString label = row.phases ? tr("%1 · phases").arg(thread) : tr("%1 · ops").arg(thread);
         QFont f = small;
         f.setBold(row.phases);
@@ -346,7 +345,8 @@ void ProfileTimeline::paintRow(QPainter& p, const TimelineLayout::Row& row, int 
         int merged = 1;
         while (next != end) {
             const double tEnd = xToTime(bx1);
-            auto j = std::partition_point(next, end, [&](uint32_t i) { return double(sp[i].startNs) < tEnd; });
+            auto j =
+                std::partition_point(next, end, [&](uint32_t i) { return double(sp[i].startNs) < tEnd; });
             if (j == next) break;
             const auto& last = sp[*(j - 1)];
             const double lx0 = timeToX(double(last.startNs));
@@ -465,7 +465,9 @@ QString ProfileTimeline::describe(int spanIndex) const {
     QString text = QString::fromStdString(s.name);
     if (s.kind == core::ProfileSpan::Kind::Phase) text += tr(" (phase)");
     if (!s.shapes.empty()) text += tr("\nshapes %1").arg(QString::fromStdString(s.shapes));
-    text += tr("\nstep %1 · %2").arg(s.step).arg(s.thread == 0 ? tr("training thread") : tr("thread %1").arg(s.thread));
+    text += tr("\nstep %1 · %2")
+                .arg(s.step)
+                .arg(s.thread == 0 ? tr("training thread") : tr("thread %1").arg(s.thread));
     text += tr("\nduration %1").arg(formatNs(double(s.durationNs)));
     if (s.cudaNs >= 0) text += tr(" (CUDA %1)").arg(formatNs(double(s.cudaNs)));
     text += tr("\nstarts at %1").arg(formatNs(double(s.startNs - m_layout->startNs)));

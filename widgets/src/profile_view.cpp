@@ -135,7 +135,9 @@ int ProfileView::spanCount() const {
     return layout ? int(layout->spans.size()) : 0;
 }
 
-QString ProfileView::placeholderText() const { return isPlaceholderShown() ? m_placeholder->text() : QString(); }
+QString ProfileView::placeholderText() const {
+    return isPlaceholderShown() ? m_placeholder->text() : QString();
+}
 
 bool ProfileView::isPlaceholderShown() const { return m_stack->currentWidget() == m_placeholder; }
 
@@ -263,7 +265,8 @@ void ProfileView::exportTraceDialog() {
                                                 tr("Chrome trace (*.json);;All files (*)"));
     if (path.isEmpty()) return;
     if (QFileInfo(path).suffix().isEmpty()) path += QStringLiteral(".json");
-    if (!exportChromeTrace(path)) QMessageBox::warning(this, tr("Export failed"), tr("Could not write %1.").arg(path));
+    if (!exportChromeTrace(path))
+        QMessageBox::warning(this, tr("Export failed"), tr("Could not write %1.").arg(path));
 }
 
 }  // namespace lathe::widgets

@@ -39,20 +39,18 @@ const char* const kPrecisionKeys[] = {"precision",
                                       "profile_active",
                                       "profile_repeat"};
 
-// Data-parallel training: the world size, the collective engine, the reducer's bucket size and how gradients are
-// compressed on the wire. Chunk, error feedback and stochastic rounding only apply to the
-// quantizing codecs (int8/int4).
-const char* const kDistributedKeys[] = {"nproc",          "backend",        "strategy",
-                                        "ranks_per_host", "ps_ranks",       "bucket_mb",
-                                        "compress",       "error_feedback", "compress_chunk",
-                                        "stochastic_rounding"};
+// Data-parallel training: the world size, the collective engine, the reducer's bucket size and how gradients
+// are compressed on the wire. Chunk, error feedback and stochastic rounding only apply to the quantizing
+// codecs (int8/int4).
+const char* const kDistributedKeys[] = {
+    "nproc",     "backend",  "strategy",       "ranks_per_host", "ps_ranks",
+    "bucket_mb", "compress", "error_feedback", "compress_chunk", "stochastic_rounding"};
 
 bool isQuantizerKey(const std::string& key) {
     return key == "error_feedback" || key == "compress_chunk" || key == "stochastic_rounding";
 }
 
-bool isStrategyParam(const std::string& key) { return key == "ranks_per_host" || key == "ps_ranks";
-}
+bool isStrategyParam(const std::string& key) { return key == "ranks_per_host" || key == "ps_ranks"; }
 
 bool isDistributedKey(const std::string& key) {
     return std::any_of(std::begin(kDistributedKeys), std::end(kDistributedKeys),
@@ -155,7 +153,8 @@ RunForm::RunForm(QWidget* parent) : QWidget(parent) {
     advancedLayout->setContentsMargins(0, 0, 0, 0);
     advancedLayout->setFieldGrowthPolicy(QFormLayout::AllNonFixedFieldsGrow);
     for (const auto& k : keys)
-        if (!isPrimary(k.name) && !isPrecisionKey(k.name) && !isDistributedKey(k.name)) addField(advancedLayout, k, defaults);
+        if (!isPrimary(k.name) && !isPrecisionKey(k.name) && !isDistributedKey(k.name))
+            addField(advancedLayout, k, defaults);
     advanced->setVisible(false);
     connect(toggle, &QToolButton::toggled, this, [toggle, advanced](bool on) {
         toggle->setArrowType(on ? Qt::DownArrow : Qt::RightArrow);

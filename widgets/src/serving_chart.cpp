@@ -401,8 +401,8 @@ QString ServingChart::hoverAt(const QPointF& pos) {
         if (r->rect().contains(pos.toPoint())) rect = r;
     if (rect) {
         QCPAxis* x = rect->axis(QCPAxis::atBottom);
-        const double best =
-            nearestKey(std::vector<QCPGraph*>(std::begin(m_graphs), std::end(m_graphs)), x, pos.x(), kHoverRadiusPx);
+        const double best = nearestKey(std::vector<QCPGraph*>(std::begin(m_graphs), std::end(m_graphs)), x,
+                                       pos.x(), kHoverRadiusPx);
         if (std::isfinite(best)) {
             text = timeText(best);
             for (int i = 0; i < kSeriesCount; ++i) {

@@ -1,5 +1,5 @@
-#include "lathe/core/events.h"
 #include "lathe/widgets/serving_dashboard.h"
+#include "lathe/core/events.h"
 
 #include <QHeaderView>
 #include <QLabel>

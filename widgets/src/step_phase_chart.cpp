@@ -71,7 +71,8 @@ void StepPhaseChart::setPhases(const std::vector<core::PhaseSummary>& steps) {
     if (steps.size() > 1) {
         double gap = 1e300;
         for (size_t i = 1; i < steps.size(); ++i)
-            if (steps[i].step > steps[i - 1].step) gap = std::min(gap, double(steps[i].step - steps[i - 1].step));
+            if (steps[i].step > steps[i - 1].step)
+                gap = std::min(gap, double(steps[i].step - steps[i - 1].step));
         if (gap < 1e300) width = 0.8 * gap;
     }
     QCPBars* below = nullptr;
@@ -136,7 +137,9 @@ QString StepPhaseChart::hoverAt(const QPointF& pos) {
     double total = 0;
     QString text = tr("step %1").arg(it->step);
     for (const auto& p : it->phases) {
-        text += QStringLiteral("\n%1  %2 ms").arg(QString::fromStdString(p.first)).arg(double(p.second) / 1e6, 0, 'f', 3);
+        text += QStringLiteral("\n%1  %2 ms")
+                    .arg(QString::fromStdString(p.first))
+                    .arg(double(p.second) / 1e6, 0, 'f', 3);
         total += double(p.second);
     }
     text += tr("\ntotal  %1 ms").arg(total / 1e6, 0, 'f', 3);

@@ -32,26 +32,40 @@ QVariant TopOpsModel::data(const QModelIndex& index, int role) const {
     const auto& op = m_ops[size_t(index.row())];
     if (role == SortRole) {
         switch (index.column()) {
-            case ColName: return QString::fromStdString(op.name);
-            case ColCalls: return qlonglong(op.calls);
-            case ColSelfMs: return qlonglong(op.selfNs);
-            case ColTotalMs: return qlonglong(op.totalNs);
-            case ColShare: return op.share;
-            case ColCudaSelfMs: return qlonglong(op.cudaSelfNs);
-            case ColCudaTotalMs: return qlonglong(op.cudaTotalNs);
+            case ColName:
+                return QString::fromStdString(op.name);
+            case ColCalls:
+                return qlonglong(op.calls);
+            case ColSelfMs:
+                return qlonglong(op.selfNs);
+            case ColTotalMs:
+                return qlonglong(op.totalNs);
+            case ColShare:
+                return op.share;
+            case ColCudaSelfMs:
+                return qlonglong(op.cudaSelfNs);
+            case ColCudaTotalMs:
+                return qlonglong(op.cudaTotalNs);
         }
     }
     if (role == Qt::DisplayRole) {
         switch (index.column()) {
-            case ColName: return QString::fromStdString(op.name);
-            case ColCalls: return qlonglong(op.calls);
-            case ColSelfMs: return QString::number(double(op.selfNs) / 1e6, 'f', 3);
-            case ColTotalMs: return QString::number(double(op.totalNs) / 1e6, 'f', 3);
-            case ColShare: return QString::number(op.share * 100.0, 'f', 1);
+            case ColName:
+                return QString::fromStdString(op.name);
+            case ColCalls:
+                return qlonglong(op.calls);
+            case ColSelfMs:
+                return QString::number(double(op.selfNs) / 1e6, 'f', 3);
+            case ColTotalMs:
+                return QString::number(double(op.totalNs) / 1e6, 'f', 3);
+            case ColShare:
+                return QString::number(op.share * 100.0, 'f', 1);
             case ColCudaSelfMs:
-                return op.cudaSelfNs < 0 ? QStringLiteral("–") : QString::number(double(op.cudaSelfNs) / 1e6, 'f', 3);
+                return op.cudaSelfNs < 0 ? QStringLiteral("–")
+                                         : QString::number(double(op.cudaSelfNs) / 1e6, 'f', 3);
             case ColCudaTotalMs:
-                return op.cudaTotalNs < 0 ? QStringLiteral("–") : QString::number(double(op.cudaTotalNs) / 1e6, 'f', 3);
+                return op.cudaTotalNs < 0 ? QStringLiteral("–")
+                                          : QString::number(double(op.cudaTotalNs) / 1e6, 'f', 3);
         }
     }
     if (role == Qt::TextAlignmentRole && index.column() != ColName)
@@ -71,13 +85,20 @@ QVariant TopOpsModel::data(const QModelIndex& index, int role) const {
 QVariant TopOpsModel::headerData(int section, Qt::Orientation orientation, int role) const {
     if (orientation != Qt::Horizontal || role != Qt::DisplayRole) return {};
     switch (section) {
-        case ColName: return tr("op");
-        case ColCalls: return tr("calls");
-        case ColSelfMs: return tr("self ms");
-        case ColTotalMs: return tr("total ms");
-        case ColShare: return tr("share %");
-        case ColCudaSelfMs: return tr("CUDA self ms");
-        case ColCudaTotalMs: return tr("CUDA total ms");
+        case ColName:
+            return tr("op");
+        case ColCalls:
+            return tr("calls");
+        case ColSelfMs:
+            return tr("self ms");
+        case ColTotalMs:
+            return tr("total ms");
+        case ColShare:
+            return tr("share %");
+        case ColCudaSelfMs:
+            return tr("CUDA self ms");
+        case ColCudaTotalMs:
+            return tr("CUDA total ms");
     }
     return {};
 }

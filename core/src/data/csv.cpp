@@ -87,8 +87,8 @@ RawSet parseDigits(const std::string& text, const std::string& source) {
         for (size_t i = 0; i < 65; ++i) {
             double v;
             if (!parseNumber(fields[i], v) || v < 0 || v > 16 || v != std::floor(v))
-                throw DataError(where + " column " + std::to_string(i + 1) + ": '" + fields[i] +
-                                "' is not " + (i < 64 ? "a pixel count 0..16" : "a digit label 0..9"));
+                throw DataError(where + " column " + std::to_string(i + 1) + ": '" + fields[i] + "' is not " +
+                                (i < 64 ? "a pixel count 0..16" : "a digit label 0..9"));
             if (i < 64)
                 s.x.push_back(static_cast<float>(v / 16.0));
             else if (v > 9)
@@ -109,7 +109,8 @@ RawSet parseCsv(const std::string& text, const std::string& labelColumn, const s
     size_t nFeatures = 0;
     forEachLine(text, [&](int64_t lineNo, std::string_view line) {
         const std::string where = source + " line " + std::to_string(lineNo);
-        if (header.empty() && line.substr(0, 3) == "\xEF\xBB\xBF") line.remove_prefix(3);  // UTF-8 BOM (Excel)
+        if (header.empty() && line.substr(0, 3) == "\xEF\xBB\xBF")
+            line.remove_prefix(3);  // UTF-8 BOM (Excel)
         auto fields = splitCsvLine(line, where);
         if (header.empty()) {
             header = std::move(fields);
@@ -117,8 +118,8 @@ RawSet parseCsv(const std::string& text, const std::string& labelColumn, const s
             if (it == header.end()) {
                 std::string cols;
                 for (const auto& h : header) cols += (cols.empty() ? "" : ", ") + h;
-                throw DataError(source + ": no label column '" + labelColumn + "' in the header (columns: " + cols +
-                                "); set label_column");
+                throw DataError(source + ": no label column '" + labelColumn +
+                                "' in the header (columns: " + cols + "); set label_column");
             }
             labelIdx = static_cast<size_t>(it - header.begin());
             nFeatures = header.size() - 1;
@@ -161,15 +162,17 @@ RawSet parseCsv(const std::string& text, const std::string& labelColumn, const s
     });
     classes.erase(std::unique(classes.begin(), classes.end(),
                               [&](const std::string& a, const std::string& b) {
-                                  return numeric ? std::strtod(a.c_str(), nullptr) == std::strtod(b.c_str(), nullptr)
+                                  return numeric ? std::strtod(a.c_str(), nullptr) ==
+                                                       std::strtod(b.c_str(), nullptr)
                                                  : a == b;
                               }),
                   classes.end());
     if (classes.size() < 2)
-        throw DataError(source + ": label column '" + labelColumn + "' holds a single class; nothing to learn");
+        throw DataError(source + ": label column '" + labelColumn +
+                        "' holds a single class; nothing to learn");
     if (classes.size() > 10000)
-        throw DataError(source + ": label column '" + labelColumn + "' holds " + std::to_string(classes.size()) +
-                        " distinct values; is it really a class label?");
+        throw DataError(source + ": label column '" + labelColumn + "' holds " +
+                        std::to_string(classes.size()) + " distinct values; is it really a class label?");
     std::map<std::string, int64_t> index;
     for (size_t i = 0; i < classes.size(); ++i) index[classes[i]] = static_cast<int64_t>(i);
     for (const auto& l : labels) {

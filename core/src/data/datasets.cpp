@@ -37,7 +37,8 @@ std::string readFileMaybeGz(const std::string& path, size_t maxBytes) {
         out.append(buf, static_cast<size_t>(n));
         if (out.size() > maxBytes) {
             gzclose(f);
-            throw DataError("data file " + path + " is larger than " + std::to_string(maxBytes >> 20) + " MiB");
+            throw DataError("data file " + path + " is larger than " + std::to_string(maxBytes >> 20) +
+                            " MiB");
         }
     }
     // A truncated .gz stream reads as a short file; zlib reports it only here.
@@ -173,10 +174,12 @@ SplitSet loadSplit(const RunSpec& spec) {
         }
         all = std::move(pair.train);
     } else {
-        throw DataError("unknown data set '" + name + "' (use digits, synthetic:spirals, csv:PATH or idx:DIR)");
+        throw DataError("unknown data set '" + name +
+                        "' (use digits, synthetic:spirals, csv:PATH or idx:DIR)");
     }
     const auto n = static_cast<size_t>(all.size());
-    if (n < 2) throw DataError("data set " + name + " has " + std::to_string(n) + " samples; at least 2 are needed");
+    if (n < 2)
+        throw DataError("data set " + name + " has " + std::to_string(n) + " samples; at least 2 are needed");
     std::vector<int64_t> idx(n);
     std::iota(idx.begin(), idx.end(), 0);
     // A fixed generator, not LibTorch's: the split must not change with the LibTorch version.

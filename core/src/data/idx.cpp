@@ -1,7 +1,7 @@
-#include <vector>
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <vector>
 
 #include "data/raw.h"
 #include "lathe/core/error.h"
@@ -18,13 +18,16 @@ uint32_t be32(const std::string& b, size_t off) {
 
 // Returns the dimensions of an unsigned-byte IDX buffer after checking its header and length.
 std::vector<uint32_t> idxDims(const std::string& buf, int expectedRank, const std::string& what) {
-    if (buf.size() < 4) throw DataError(what + ": too short for an IDX header (" + std::to_string(buf.size()) + " bytes)");
+    if (buf.size() < 4)
+        throw DataError(what + ": too short for an IDX header (" + std::to_string(buf.size()) + " bytes)");
     const auto* p = reinterpret_cast<const unsigned char*>(buf.data());
     if (p[0] != 0 || p[1] != 0) throw DataError(what + ": not an IDX file (bad magic number)");
-    if (p[2] != 0x08) throw DataError(what + ": IDX data type 0x" + std::to_string(p[2]) + " is not unsigned bytes (0x08)");
+    if (p[2] != 0x08)
+        throw DataError(what + ": IDX data type 0x" + std::to_string(p[2]) + " is not unsigned bytes (0x08)");
     const int rank = p[3];
     if (rank != expectedRank)
-        throw DataError(what + ": expected " + std::to_string(expectedRank) + " dimensions, file has " + std::to_string(rank));
+        throw DataError(what + ": expected " + std::to_string(expectedRank) + " dimensions, file has " +
+                        std::to_string(rank));
     const size_t headerSize = 4 + 4 * static_cast<size_t>(rank);
     if (buf.size() < headerSize) throw DataError(what + ": truncated IDX header");
     std::vector<uint32_t> dims;
@@ -32,15 +35,16 @@ std::vector<uint32_t> idxDims(const std::string& buf, int expectedRank, const st
     constexpr unsigned long long kMaxElements = 1ull << 34;  // 16 GiB of pixels
     for (int i = 0; i < rank; ++i) {
         dims.push_back(be32(buf, 4 + 4 * static_cast<size_t>(i)));
-        if (dims.back() == 0 && i > 0) throw DataError(what + ": IDX dimension " + std::to_string(i) + " is zero");
+        if (dims.back() == 0 && i > 0)
+            throw DataError(what + ": IDX dimension " + std::to_string(i) + " is zero");
         // Checked before multiplying, so crafted dimensions cannot wrap the product around.
         if (dims.back() != 0 && total > kMaxElements / dims.back())
             throw DataError(what + ": IDX dimensions are implausibly large");
         total *= dims.back();
     }
     if (buf.size() - headerSize != total)
-        throw DataError(what + ": truncated or padded (header promises " + std::to_string(total) + " bytes of data, file has " +
-                        std::to_string(buf.size() - headerSize) + ")");
+        throw DataError(what + ": truncated or padded (header promises " + std::to_string(total) +
+                        " bytes of data, file has " + std::to_string(buf.size() - headerSize) + ")");
     return dims;
 }
 
@@ -61,7 +65,8 @@ RawSet parseIdx(const std::string& images, const std::string& labels, const std:
     const auto idims = idxDims(images, 3, source + " images");
     const auto ldims = idxDims(labels, 1, source + " labels");
     if (idims[0] != ldims[0])
-        throw DataError(source + ": " + std::to_string(idims[0]) + " images but " + std::to_string(ldims[0]) + " labels");
+        throw DataError(source + ": " + std::to_string(idims[0]) + " images but " + std::to_string(ldims[0]) +
+                        " labels");
     if (idims[0] == 0) throw DataError(source + ": no samples");
     RawSet s;
     s.shape = {1, static_cast<int64_t>(idims[1]), static_cast<int64_t>(idims[2])};
@@ -110,8 +115,10 @@ IdxPair readIdxDir(const std::string& dir) {
     const auto testLabels = firstExisting(d, {"t10k-labels-idx1-ubyte", "t10k-labels.idx1-ubyte"});
     if (!testImages.empty() && !testLabels.empty()) {
         out.test = parseIdx(readFileMaybeGz(testImages), readFileMaybeGz(testLabels), testImages);
-        if (out.test.shape != out.train.shape) throw DataError("idx data: test images differ in size from training images");
-        if (out.test.classNames.size() > out.train.classNames.size()) out.train.classNames = out.test.classNames;
+        if (out.test.shape != out.train.shape)
+            throw DataError("idx data: test images differ in size from training images");
+        if (out.test.classNames.size() > out.train.classNames.size())
+            out.train.classNames = out.test.classNames;
     }
     return out;
 }

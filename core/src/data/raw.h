@@ -8,9 +8,9 @@
 namespace lathe::core::data {
 
 struct RawSet {
-    std::vector<float> x;                 // n * prod(shape), row-major
-    std::vector<int64_t> y;               // n labels in [0, classNames.size())
-    std::vector<int64_t> shape;           // one sample's shape, e.g. {64}, {1, 8, 8}, {1, 28, 28}
+    std::vector<float> x;        // n * prod(shape), row-major
+    std::vector<int64_t> y;      // n labels in [0, classNames.size())
+    std::vector<int64_t> shape;  // one sample's shape, e.g. {64}, {1, 8, 8}, {1, 28, 28}
     std::vector<std::string> classNames;
     int64_t size() const { return static_cast<int64_t>(y.size()); }
 };

@@ -15,13 +15,13 @@
 #include <cstring>
 #include <deque>
 #include <exception>
-#include <map>
 #include <filesystem>
+#include <map>
 #include <thread>
 
-#include "lathe/core/launcher.h"
 #include "lathe/core/error.h"
 #include "lathe/core/executable.h"
+#include "lathe/core/launcher.h"
 #include "ports.h"
 
 namespace fs = std::filesystem;
@@ -37,11 +37,10 @@ int envInt(const char* name, int fallback, int lo, int hi) {
     errno = 0;
     const long x = std::strtol(v, &end, 10);
     if (errno || *end || x < lo || x > hi)
-        throw ConfigError(std::string(name) + "=" + v + " is not an integer from " + std::to_string(lo) + " to " +
-                          std::to_string(hi));
+        throw ConfigError(std::string(name) + "=" + v + " is not an integer from " + std::to_string(lo) +
+                          " to " + std::to_string(hi));
     return static_cast<int>(x);
 }
-
 
 struct Worker {
     int rank = 0;
@@ -78,17 +77,18 @@ DistEnv distEnvFromEnvironment() {
     d.timeoutSec = envInt("LATHE_RENDEZVOUS_TIMEOUT", 60, 1, 86400);
     if (const char* a = std::getenv("MASTER_ADDR"); a && *a) d.masterAddr = a;
     if (d.rank >= d.worldSize)
-        throw ConfigError("RANK=" + std::to_string(d.rank) + " is not below WORLD_SIZE=" + std::to_string(d.worldSize));
+        throw ConfigError("RANK=" + std::to_string(d.rank) +
+                          " is not below WORLD_SIZE=" + std::to_string(d.worldSize));
     if (d.localRank >= d.localWorldSize)
-        throw ConfigError("LOCAL_RANK=" + std::to_string(d.localRank) + " is not below LOCAL_WORLD_SIZE=" +
-                          std::to_string(d.localWorldSize));
+        throw ConfigError("LOCAL_RANK=" + std::to_string(d.localRank) +
+                          " is not below LOCAL_WORLD_SIZE=" + std::to_string(d.localWorldSize));
     return d;
 }
 
 namespace {
 
-LaunchResult launchOnce(const LaunchOptions& options, const EventSink& sink, const std::string& program, int port,
-                        bool& rendezvousPortTaken);
+LaunchResult launchOnce(const LaunchOptions& options, const EventSink& sink, const std::string& program,
+                        int port, bool& rendezvousPortTaken);
 
 }  // namespace
 
@@ -101,14 +101,15 @@ LaunchResult launchLocal(const LaunchOptions& options, const EventSink& sink) {
         bool portTaken = false;
         auto result = launchOnce(options, sink, program, ephemeralLoopbackPort(), portTaken);
         if (!portTaken || attempt == 3) return result;
-        if (sink) sink(Event::log("warn", "rendezvous port was taken by another program; retrying on a new port"));
+        if (sink)
+            sink(Event::log("warn", "rendezvous port was taken by another program; retrying on a new port"));
     }
 }
 
 namespace {
 
-LaunchResult launchOnce(const LaunchOptions& options, const EventSink& sink, const std::string& program, int port,
-                        bool& rendezvousPortTaken) {
+LaunchResult launchOnce(const LaunchOptions& options, const EventSink& sink, const std::string& program,
+                        int port, bool& rendezvousPortTaken) {
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     const std::string threads = std::to_string(std::max(1u, cores / static_cast<unsigned>(options.nproc)));
 
@@ -137,17 +138,21 @@ LaunchResult launchOnce(const LaunchOptions& options, const EventSink& sink, con
             throw Error("pipe: " + why);
         }
         std::vector<std::string> args{program, "worker", options.configPath};
-        if (!options.checkpointDir.empty()) args.insert(args.end(), {"--checkpoint-dir", options.checkpointDir});
+        if (!options.checkpointDir.empty())
+            args.insert(args.end(), {"--checkpoint-dir", options.checkpointDir});
         if (!options.resumeFrom.empty()) args.insert(args.end(), {"--resume", options.resumeFrom});
         if (!options.owner.workspaceId.empty())
-            args.insert(args.end(), {"--owner", options.owner.workspaceId + ":" + std::to_string(options.owner.runId)});
+            args.insert(args.end(),
+                        {"--owner", options.owner.workspaceId + ":" + std::to_string(options.owner.runId)});
         // Everything the child needs is built here: between fork and exec a child of a
         // multi-threaded process (the GUI) may only make async-signal-safe calls.
         std::vector<std::string> env;
-        const std::map<std::string, std::string> set{
-            {"RANK", std::to_string(r)},          {"LOCAL_RANK", std::to_string(r)},
-            {"WORLD_SIZE", std::to_string(options.nproc)}, {"LOCAL_WORLD_SIZE", std::to_string(options.nproc)},
-            {"MASTER_ADDR", "127.0.0.1"},         {"MASTER_PORT", std::to_string(port)}};
+        const std::map<std::string, std::string> set{{"RANK", std::to_string(r)},
+                                                     {"LOCAL_RANK", std::to_string(r)},
+                                                     {"WORLD_SIZE", std::to_string(options.nproc)},
+                                                     {"LOCAL_WORLD_SIZE", std::to_string(options.nproc)},
+                                                     {"MASTER_ADDR", "127.0.0.1"},
+                                                     {"MASTER_PORT", std::to_string(port)}};
         for (char** e = environ; *e; ++e) {
             const std::string kv(*e);
             const auto name = kv.substr(0, kv.find('='));
@@ -249,8 +254,10 @@ LaunchResult launchOnce(const LaunchOptions& options, const EventSink& sink, con
             // End of stream: an unterminated last line (a crashing rank's final words) still counts.
             std::string& rest = isErr ? w.errBuf : w.outBuf;
             if (!rest.empty()) {
-                if (isErr) remember(w, rest);
-                else handleLine(w, rest);
+                if (isErr)
+                    remember(w, rest);
+                else
+                    handleLine(w, rest);
                 rest.clear();
             }
             return false;
@@ -310,7 +317,8 @@ LaunchResult launchOnce(const LaunchOptions& options, const EventSink& sink, con
             if (::waitpid(w.pid, &status, WNOHANG) == w.pid) {
                 w.exited = true;
                 w.status = status;
-                const bool clean = WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 130);
+                const bool clean =
+                    WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 130);
                 const bool stopping = options.stop && options.stop->load();
                 if (!clean && !terminating && !stopping && result.failedRank < 0) {
                     result.failedRank = w.rank;
@@ -340,7 +348,8 @@ LaunchResult launchOnce(const LaunchOptions& options, const EventSink& sink, con
         result.error = "rank " + std::to_string(w.rank) + " " + describeExit(w.status);
         if (!w.lastErrors.empty()) {
             result.error += ": ";
-            for (size_t i = 0; i < w.lastErrors.size(); ++i) result.error += (i ? " | " : "") + w.lastErrors[i];
+            for (size_t i = 0; i < w.lastErrors.size(); ++i)
+                result.error += (i ? " | " : "") + w.lastErrors[i];
         }
         result.error += "; the other ranks were stopped";
         return result;

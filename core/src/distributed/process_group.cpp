@@ -18,12 +18,15 @@ bool DistContext::ncclBuilt() {
 
 DistContext::DistContext(const DistEnv& env, const std::string& backend, torch::Device device)
     : m_env(env), m_backend(backend), m_impl(std::make_unique<Impl>()) {
-    if (backend != "gloo" && backend != "nccl") throw ConfigError("`backend` must be gloo or nccl (got '" + backend + "')");
+    if (backend != "gloo" && backend != "nccl")
+        throw ConfigError("`backend` must be gloo or nccl (got '" + backend + "')");
     if (backend == "nccl") {
         if (!ncclBuilt())
             throw ConfigError("`backend` nccl: this LibTorch was built without NCCL; use backend = \"gloo\"");
         if (!device.is_cuda())
-            throw ConfigError("`backend` nccl exchanges CUDA tensors: train with device = \"cuda\", or use backend = \"gloo\"");
+            throw ConfigError(
+                "`backend` nccl exchanges CUDA tensors: train with device = \"cuda\", or use backend = "
+                "\"gloo\"");
         m_device = device;
         m_impl->nccl = true;
     }
@@ -44,8 +47,9 @@ DistContext::DistContext(const DistEnv& env, const std::string& backend, torch::
     } catch (const std::exception& ex) {
         std::string msg = ex.what();
         throw Error("rank " + std::to_string(env.rank) + ": rendezvous with " + env.masterAddr + ":" +
-                    std::to_string(env.masterPort) + " (" + std::to_string(env.worldSize) + " ranks, timeout " +
-                    std::to_string(env.timeoutSec) + " s) failed: " + msg.substr(0, msg.find('\n')));
+                    std::to_string(env.masterPort) + " (" + std::to_string(env.worldSize) +
+                    " ranks, timeout " + std::to_string(env.timeoutSec) +
+                    " s) failed: " + msg.substr(0, msg.find('\n')));
     }
 }
 

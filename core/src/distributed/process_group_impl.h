@@ -1,10 +1,10 @@
 #pragma once
 // c10d behind DistContext (private to distributed/: the process group itself, shared by the
 // context and the reducer). Compiled with USE_C10D_GLOO (and USE_C10D_NCCL when available).
+#include <torch/version.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <torch/version.h>
 #ifdef USE_C10D_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif

@@ -26,11 +26,11 @@ struct Reducer::Impl {
     kc::CompressFormat format = kc::CompressFormat::None;
     std::vector<torch::Tensor> params;
     struct Bucket {
-        std::vector<size_t> params;       // indices into `params`
-        std::vector<int64_t> offsets;     // element offset of each in `buffer`
+        std::vector<size_t> params;    // indices into `params`
+        std::vector<int64_t> offsets;  // element offset of each in `buffer`
         torch::Tensor buffer;
         size_t pending = 0;
-        std::vector<char> ready;          // per slot: its gradient arrived this step
+        std::vector<char> ready;  // per slot: its gradient arrived this step
         bool launched = false;
         c10::intrusive_ptr<c10d::Work> work;
         // Compression state, kept across steps: the padded working copy and the error-feedback
@@ -110,9 +110,12 @@ struct Reducer::Impl {
             std::exception_ptr error;
             try {
                 auto& b = buckets[bi];
-                if (compress.strategy == "hierarchical") sent = exchangeHierarchical(b, bi, step);
-                else if (compress.strategy == "ps") sent = exchangePs(b, bi, step);
-                else sent = exchangeCompressed(b, bi, step);
+                if (compress.strategy == "hierarchical")
+                    sent = exchangeHierarchical(b, bi, step);
+                else if (compress.strategy == "ps")
+                    sent = exchangePs(b, bi, step);
+                else
+                    sent = exchangeCompressed(b, bi, step);
             } catch (...) {
                 error = std::current_exception();
             }
@@ -130,9 +133,15 @@ struct Reducer::Impl {
 
     // Exchange buffers live where the collectives take them (the CPU for Gloo, the GPU for NCCL),
     // and the compression kernels run there: kernels/' CUDA versions on the GPU.
-    torch::TensorOptions fopt() const { return torch::TensorOptions().dtype(torch::kFloat).device(ctx->commDevice()); }
-    torch::TensorOptions bopt() const { return torch::TensorOptions().dtype(torch::kUInt8).device(ctx->commDevice()); }
-    torch::TensorOptions lopt() const { return torch::TensorOptions().dtype(torch::kLong).device(ctx->commDevice()); }
+    torch::TensorOptions fopt() const {
+        return torch::TensorOptions().dtype(torch::kFloat).device(ctx->commDevice());
+    }
+    torch::TensorOptions bopt() const {
+        return torch::TensorOptions().dtype(torch::kUInt8).device(ctx->commDevice());
+    }
+    torch::TensorOptions lopt() const {
+        return torch::TensorOptions().dtype(torch::kLong).device(ctx->commDevice());
+    }
     bool onGpu() const { return ctx->commDevice().is_cuda(); }
 
     void launchReady() {
@@ -160,7 +169,8 @@ struct Reducer::Impl {
     }
 
     int64_t messageBytes(int64_t n) const {
-        return static_cast<int64_t>(kc::compressedBytes(static_cast<size_t>(n), static_cast<size_t>(compress.chunk), format));
+        return static_cast<int64_t>(
+            kc::compressedBytes(static_cast<size_t>(n), static_cast<size_t>(compress.chunk), format));
     }
 
     // x (n floats) -> message bytes; with error feedback the residual takes the error.
@@ -177,33 +187,46 @@ struct Reducer::Impl {
                 case kc::CompressFormat::Int8:
                     kc::cuda::quantizeInt8(x, residual, un, reinterpret_cast<int8_t*>(msg), scales, q);
                     break;
-                case kc::CompressFormat::Int4: kc::cuda::quantizeInt4(x, residual, un, msg, scales, q); break;
+                case kc::CompressFormat::Int4:
+                    kc::cuda::quantizeInt4(x, residual, un, msg, scales, q);
+                    break;
                 case kc::CompressFormat::Fp16:
                 case kc::CompressFormat::Bf16:
-                    kc::cuda::floatTo16(x, residual, un, reinterpret_cast<uint16_t*>(msg), format == kc::CompressFormat::Bf16);
+                    kc::cuda::floatTo16(x, residual, un, reinterpret_cast<uint16_t*>(msg),
+                                        format == kc::CompressFormat::Bf16);
                     break;
-                case kc::CompressFormat::None: break;
+                case kc::CompressFormat::None:
+                    break;
             }
             return;
         }
         switch (format) {
             case kc::CompressFormat::Int8:
-                if (residual) kc::quantizeInt8ErrorFeedback(x, residual, un, reinterpret_cast<int8_t*>(msg), scales, q);
-                else kc::quantizeInt8(x, un, reinterpret_cast<int8_t*>(msg), scales, q);
+                if (residual)
+                    kc::quantizeInt8ErrorFeedback(x, residual, un, reinterpret_cast<int8_t*>(msg), scales, q);
+                else
+                    kc::quantizeInt8(x, un, reinterpret_cast<int8_t*>(msg), scales, q);
                 break;
             case kc::CompressFormat::Int4:
-                if (residual) kc::quantizeInt4ErrorFeedback(x, residual, un, msg, scales, q);
-                else kc::quantizeInt4(x, un, msg, scales, q);
+                if (residual)
+                    kc::quantizeInt4ErrorFeedback(x, residual, un, msg, scales, q);
+                else
+                    kc::quantizeInt4(x, un, msg, scales, q);
                 break;
             case kc::CompressFormat::Fp16:
-                if (residual) kc::floatToHalfErrorFeedback(x, residual, un, reinterpret_cast<uint16_t*>(msg));
-                else kc::floatToHalf(x, un, reinterpret_cast<uint16_t*>(msg));
+                if (residual)
+                    kc::floatToHalfErrorFeedback(x, residual, un, reinterpret_cast<uint16_t*>(msg));
+                else
+                    kc::floatToHalf(x, un, reinterpret_cast<uint16_t*>(msg));
                 break;
             case kc::CompressFormat::Bf16:
-                if (residual) kc::floatToBf16ErrorFeedback(x, residual, un, reinterpret_cast<uint16_t*>(msg));
-                else kc::floatToBf16(x, un, reinterpret_cast<uint16_t*>(msg));
+                if (residual)
+                    kc::floatToBf16ErrorFeedback(x, residual, un, reinterpret_cast<uint16_t*>(msg));
+                else
+                    kc::floatToBf16(x, un, reinterpret_cast<uint16_t*>(msg));
                 break;
-            case kc::CompressFormat::None: break;
+            case kc::CompressFormat::None:
+                break;
         }
     }
 
@@ -215,36 +238,49 @@ struct Reducer::Impl {
         if (onGpu()) {
             switch (format) {
                 case kc::CompressFormat::Int8:
-                    kc::cuda::dequantizeInt8(reinterpret_cast<const int8_t*>(msg), scales, un, chunk, out, add);
+                    kc::cuda::dequantizeInt8(reinterpret_cast<const int8_t*>(msg), scales, un, chunk, out,
+                                             add);
                     break;
-                case kc::CompressFormat::Int4: kc::cuda::dequantizeInt4(msg, scales, un, chunk, out, add); break;
+                case kc::CompressFormat::Int4:
+                    kc::cuda::dequantizeInt4(msg, scales, un, chunk, out, add);
+                    break;
                 case kc::CompressFormat::Fp16:
                 case kc::CompressFormat::Bf16:
                     kc::cuda::floatFrom16(reinterpret_cast<const uint16_t*>(msg), un, out,
                                           format == kc::CompressFormat::Bf16, add);
                     break;
-                case kc::CompressFormat::None: break;
+                case kc::CompressFormat::None:
+                    break;
             }
             return;
         }
         switch (format) {
             case kc::CompressFormat::Int8:
-                if (add) kc::dequantizeAddInt8(reinterpret_cast<const int8_t*>(msg), scales, un, chunk, out);
-                else kc::dequantizeInt8(reinterpret_cast<const int8_t*>(msg), scales, un, chunk, out);
+                if (add)
+                    kc::dequantizeAddInt8(reinterpret_cast<const int8_t*>(msg), scales, un, chunk, out);
+                else
+                    kc::dequantizeInt8(reinterpret_cast<const int8_t*>(msg), scales, un, chunk, out);
                 break;
             case kc::CompressFormat::Int4:
-                if (add) kc::dequantizeAddInt4(msg, scales, un, chunk, out);
-                else kc::dequantizeInt4(msg, scales, un, chunk, out);
+                if (add)
+                    kc::dequantizeAddInt4(msg, scales, un, chunk, out);
+                else
+                    kc::dequantizeInt4(msg, scales, un, chunk, out);
                 break;
             case kc::CompressFormat::Fp16:
-                if (add) kc::addHalfToFloat(reinterpret_cast<const uint16_t*>(msg), un, out);
-                else kc::halfToFloat(reinterpret_cast<const uint16_t*>(msg), un, out);
+                if (add)
+                    kc::addHalfToFloat(reinterpret_cast<const uint16_t*>(msg), un, out);
+                else
+                    kc::halfToFloat(reinterpret_cast<const uint16_t*>(msg), un, out);
                 break;
             case kc::CompressFormat::Bf16:
-                if (add) kc::addBf16ToFloat(reinterpret_cast<const uint16_t*>(msg), un, out);
-                else kc::bf16ToFloat(reinterpret_cast<const uint16_t*>(msg), un, out);
+                if (add)
+                    kc::addBf16ToFloat(reinterpret_cast<const uint16_t*>(msg), un, out);
+                else
+                    kc::bf16ToFloat(reinterpret_cast<const uint16_t*>(msg), un, out);
                 break;
-            case kc::CompressFormat::None: break;
+            case kc::CompressFormat::None:
+                break;
         }
     }
 
@@ -252,11 +288,12 @@ struct Reducer::Impl {
     // leaders); returns the bytes this rank sent. `average`: divide the sum by the group size
     // (the hierarchical exchange has already divided by the whole world).
     int64_t exchangeCompressed(Bucket& b, size_t bucketIndex, int64_t step) {
-        return exchangeCompressedOn(b, bucketIndex, step, *ctx->impl().pg, ctx->rank(), ctx->worldSize(), true);
+        return exchangeCompressedOn(b, bucketIndex, step, *ctx->impl().pg, ctx->rank(), ctx->worldSize(),
+                                    true);
     }
 
-    int64_t exchangeCompressedOn(Bucket& b, size_t bucketIndex, int64_t step, CommGroup& pg, int rank, int world,
-                                 bool average) {
+    int64_t exchangeCompressedOn(Bucket& b, size_t bucketIndex, int64_t step, CommGroup& pg, int rank,
+                                 int world, bool average) {
         const int64_t n = b.buffer.numel();
         if (!b.padded.defined()) {
             const int64_t unit = 8;  // int4 shards stay whole bytes and each message's scales 4-byte aligned
@@ -269,7 +306,8 @@ struct Reducer::Impl {
             }
         }
         b.padded.narrow(0, 0, n).copy_(b.buffer);
-        if (b.padded.numel() > n) b.padded.narrow(0, n, b.padded.numel() - n).zero_();  // last step's decoded tail
+        if (b.padded.numel() > n)
+            b.padded.narrow(0, n, b.padded.numel() - n).zero_();  // last step's decoded tail
         const int64_t msg = messageBytes(b.shard);
         auto send = torch::empty({msg * world}, bopt());
         auto recv = torch::empty({msg * world}, bopt());
@@ -278,17 +316,19 @@ struct Reducer::Impl {
         float* x = b.padded.data_ptr<float>();
         float* res = compress.errorFeedback ? b.residual.data_ptr<float>() : nullptr;
         for (int j = 0; j < world; ++j)
-            encode(x + j * b.shard, res ? res + j * b.shard : nullptr, b.shard, send.data_ptr<uint8_t>() + j * msg, seed,
-                   static_cast<uint64_t>(j * b.shard));
+            encode(x + j * b.shard, res ? res + j * b.shard : nullptr, b.shard,
+                   send.data_ptr<uint8_t>() + j * msg, seed, static_cast<uint64_t>(j * b.shard));
         std::vector<int64_t> equal;
         pg.alltoall_base(recv, send, equal, equal)->wait();
         // Rank `rank` owns shard `rank`: the sum of every rank's version, in FP32.
         auto acc = torch::zeros({b.shard}, fopt());
-        for (int j = 0; j < world; ++j) decode(recv.data_ptr<uint8_t>() + j * msg, b.shard, acc.data_ptr<float>(), true);
+        for (int j = 0; j < world; ++j)
+            decode(recv.data_ptr<uint8_t>() + j * msg, b.shard, acc.data_ptr<float>(), true);
         if (average) acc.div_(world);
         auto mine = torch::empty({msg}, bopt());
-        encode(acc.data_ptr<float>(), compress.errorFeedback ? b.shardResidual.data_ptr<float>() : nullptr, b.shard,
-               mine.data_ptr<uint8_t>(), seed ^ 0xA5A5A5A5ull, static_cast<uint64_t>(rank * b.shard));
+        encode(acc.data_ptr<float>(), compress.errorFeedback ? b.shardResidual.data_ptr<float>() : nullptr,
+               b.shard, mine.data_ptr<uint8_t>(), seed ^ 0xA5A5A5A5ull,
+               static_cast<uint64_t>(rank * b.shard));
         std::vector<std::vector<at::Tensor>> gathered(1);
         for (int j = 0; j < world; ++j) gathered[0].push_back(torch::empty({msg}, bopt()));
         std::vector<at::Tensor> input{mine};
@@ -315,7 +355,8 @@ struct Reducer::Impl {
         if (g.leaders) {
             const int hosts = world / rph;
             if (format != kc::CompressFormat::None)
-                sent += exchangeCompressedOn(b, bucketIndex, step, *g.leaders, ctx->rank() / rph, hosts, false);
+                sent +=
+                    exchangeCompressedOn(b, bucketIndex, step, *g.leaders, ctx->rank() / rph, hosts, false);
             else {
                 g.leaders->allreduce(one)->wait();
                 sent += bytes * 2 * (hosts - 1) / hosts;
@@ -368,8 +409,8 @@ struct Reducer::Impl {
         const uint64_t seed = compress.seed * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(step) << 20) ^
                               (static_cast<uint64_t>(bucketIndex) << 8) ^ static_cast<uint64_t>(rank);
         auto mine = torch::empty({msg}, bopt());
-        encode(b.padded.data_ptr<float>(), compress.errorFeedback ? b.residual.data_ptr<float>() : nullptr, b.shard,
-               mine.data_ptr<uint8_t>(), seed, 0);
+        encode(b.padded.data_ptr<float>(), compress.errorFeedback ? b.residual.data_ptr<float>() : nullptr,
+               b.shard, mine.data_ptr<uint8_t>(), seed, 0);
         std::vector<std::vector<at::Tensor>> pushed;
         if (rank == server) {
             pushed.emplace_back();
@@ -383,9 +424,11 @@ struct Reducer::Impl {
         if (rank == server) {
             auto acc = torch::zeros({b.shard}, fopt());
             for (int j = 0; j < world; ++j)
-                decode(pushed[0][static_cast<size_t>(j)].data_ptr<uint8_t>(), b.shard, acc.data_ptr<float>(), true);
+                decode(pushed[0][static_cast<size_t>(j)].data_ptr<uint8_t>(), b.shard, acc.data_ptr<float>(),
+                       true);
             acc.div_(world);
-            encode(acc.data_ptr<float>(), compress.errorFeedback ? b.shardResidual.data_ptr<float>() : nullptr, b.shard,
+            encode(acc.data_ptr<float>(),
+                   compress.errorFeedback ? b.shardResidual.data_ptr<float>() : nullptr, b.shard,
                    reply.data_ptr<uint8_t>(), seed ^ 0xA5A5A5A5ull, 0);
         }
         std::vector<at::Tensor> one{reply};
@@ -461,7 +504,8 @@ struct Reducer::Impl {
                 acc.index_add_(0, ji, gotVals[0][static_cast<size_t>(j)].narrow(0, 0, n));
                 touched.push_back(ji);
             }
-            outIdx = touched.empty() ? torch::empty({0}, lopt()) : std::get<0>(at::_unique(torch::cat(touched)));
+            outIdx =
+                touched.empty() ? torch::empty({0}, lopt()) : std::get<0>(at::_unique(torch::cat(touched)));
             outVals = acc.index_select(0, outIdx).div_(world).contiguous();
             outCount.fill_(outIdx.numel());
         }
@@ -483,7 +527,9 @@ struct Reducer::Impl {
         // The optimizers here take dense gradients: the averaged rows go into a dense one.
         // Allocated in p's shape (not a reshaped view: zero_grad() detaches gradients in place).
         auto dense = torch::zeros(p.sizes(), p.options());
-        if (n > 0) dense.view({rows, dim}).index_copy_(0, outIdx.to(p.device()), outVals.to(p.device(), p.scalar_type()));
+        if (n > 0)
+            dense.view({rows, dim})
+                .index_copy_(0, outIdx.to(p.device()), outVals.to(p.device(), p.scalar_type()));
         p.mutable_grad() = dense;
         return sent;
     }
@@ -502,23 +548,28 @@ struct Reducer::Impl {
     }
 };
 
-Reducer::Reducer(DistContext& ctx, std::vector<torch::Tensor> params, double bucketMb, CompressOptions compress,
-                 std::vector<size_t> sparse)
+Reducer::Reducer(DistContext& ctx, std::vector<torch::Tensor> params, double bucketMb,
+                 CompressOptions compress, std::vector<size_t> sparse)
     : m_impl(std::make_unique<Impl>()) {
     auto& d = *m_impl;
     d.ctx = &ctx;
     d.compress = compress;
     const auto format = kc::parseCompressFormat(compress.format);
-    if (!format) throw ConfigError("`compress` must be none, fp16, bf16, int8 or int4 (got '" + compress.format + "')");
+    if (!format)
+        throw ConfigError("`compress` must be none, fp16, bf16, int8 or int4 (got '" + compress.format +
+                          "')");
     d.format = *format;
     if (d.onGpu() && d.format != kc::CompressFormat::None && !kc::cudaCompiled())
-        throw ConfigError("`compress` " + compress.format + " on NCCL needs Lathe's CUDA kernels, and this build has "
+        throw ConfigError("`compress` " + compress.format +
+                          " on NCCL needs Lathe's CUDA kernels, and this build has "
                           "none (configure with the CUDA toolkit, LATHE_CUDA=ON); or use backend = \"gloo\"");
     d.params = std::move(params);
     if (!sparse.empty() && compress.strategy != "ps")
         throw ConfigError("sparse embedding gradients are exchanged by the ps strategy only");
     d.sparse = std::move(sparse);
-    auto isSparse = [&](size_t k) { return std::find(d.sparse.begin(), d.sparse.end(), k) != d.sparse.end(); };
+    auto isSparse = [&](size_t k) {
+        return std::find(d.sparse.begin(), d.sparse.end(), k) != d.sparse.end();
+    };
     d.where.resize(d.params.size());
     const int64_t firstCap = int64_t{1} << 20;
     const auto cap = static_cast<int64_t>(bucketMb * 1024 * 1024);
@@ -546,7 +597,8 @@ Reducer::Reducer(DistContext& ctx, std::vector<torch::Tensor> params, double buc
     if (!d.plainRing()) d.commThread = std::thread([impl = m_impl.get()] { impl->commLoop(); });
     for (size_t k = 0; k < d.params.size(); ++k)
         if (!isSparse(k))
-            d.params[k].register_hook([impl = m_impl.get(), k](const torch::Tensor& grad) { impl->onGrad(k, grad); });
+            d.params[k].register_hook(
+                [impl = m_impl.get(), k](const torch::Tensor& grad) { impl->onGrad(k, grad); });
 }
 
 Reducer::~Reducer() = default;
@@ -611,8 +663,10 @@ std::map<std::string, torch::Tensor> Reducer::gatherResiduals() {
         int64_t most = 0;
         for (const auto& t : all) most = std::max(most, t[static_cast<int64_t>(k)].item<int64_t>());
         if (most == 0) continue;
-        auto mine = torch::zeros({most}, torch::TensorOptions().dtype(torch::kFloat).device(d.ctx->commDevice()));
-        if (residualOf(k).defined()) mine.narrow(0, 0, residualOf(k).numel()).copy_(residualOf(k).reshape({-1}));
+        auto mine =
+            torch::zeros({most}, torch::TensorOptions().dtype(torch::kFloat).device(d.ctx->commDevice()));
+        if (residualOf(k).defined())
+            mine.narrow(0, 0, residualOf(k).numel()).copy_(residualOf(k).reshape({-1}));
         std::vector<std::vector<at::Tensor>> gathered(1);
         for (int j = 0; j < world; ++j) gathered[0].push_back(torch::empty_like(mine));
         std::vector<at::Tensor> input{mine};
@@ -620,7 +674,8 @@ std::map<std::string, torch::Tensor> Reducer::gatherResiduals() {
         for (int j = 0; j < world; ++j) {
             const int64_t n = all[static_cast<size_t>(j)][static_cast<int64_t>(k)].item<int64_t>();
             if (n > 0)
-                out[Impl::residualName(j, k / 2, k % 2 == 1)] = gathered[0][static_cast<size_t>(j)].narrow(0, 0, n).cpu();
+                out[Impl::residualName(j, k / 2, k % 2 == 1)] =
+                    gathered[0][static_cast<size_t>(j)].narrow(0, 0, n).cpu();
         }
     }
     return out;
@@ -648,7 +703,8 @@ Reducer::Stats Reducer::finish() {
             if (b.pending > 0 && !b.launched) {
                 // zero_grad() keeps .grad defined, so "no gradient this step" is the ready flag.
                 for (size_t slot = 0; slot < b.params.size(); ++slot)
-                    if (!b.ready[slot]) b.buffer.narrow(0, b.offsets[slot], d.params[b.params[slot]].numel()).zero_();
+                    if (!b.ready[slot])
+                        b.buffer.narrow(0, b.offsets[slot], d.params[b.params[slot]].numel()).zero_();
                 b.pending = 0;
             }
         d.launchReady();
@@ -680,7 +736,8 @@ Reducer::Stats Reducer::finish() {
     // the buckets' round robin.
     for (size_t j = 0; j < d.sparse.size(); ++j) {
         auto& p = d.params[d.sparse[j]];
-        const int server = static_cast<int>((d.buckets.size() + j) % static_cast<size_t>(std::max(1, d.compress.psRanks)));
+        const int server =
+            static_cast<int>((d.buckets.size() + j) % static_cast<size_t>(std::max(1, d.compress.psRanks)));
         if (!d.anyLaunched) {
             d.firstLaunch = Clock::now();
             d.anyLaunched = true;
@@ -690,7 +747,8 @@ Reducer::Stats Reducer::finish() {
     }
     const auto end = Clock::now();
     s.commMs = std::chrono::duration<double, std::milli>(end - d.firstLaunch).count();
-    s.exposedMs = std::chrono::duration<double, std::milli>(end - std::max(backwardEnd, d.firstLaunch)).count();
+    s.exposedMs =
+        std::chrono::duration<double, std::milli>(end - std::max(backwardEnd, d.firstLaunch)).count();
     const int64_t ringBytes = payload * 2 * (n - 1) / n;
     s.bytesSent = ring ? ringBytes : sent;
     s.compressionRatio = (d.format == kc::CompressFormat::None && d.sparse.empty()) || s.bytesSent == 0

@@ -23,7 +23,7 @@ struct CompressOptions {
     int psRanks = 1;
     std::string format = "none";  // none | fp16 | bf16 | int8 | int4
     bool errorFeedback = false;
-    int64_t chunk = 2048;           // elements per int8/int4 scale
+    int64_t chunk = 2048;  // elements per int8/int4 scale
     bool stochastic = false;
     uint64_t seed = 0;
 };
@@ -37,15 +37,15 @@ public:
     /// `sparse`: indices of parameters with sparse gradients (embedding tables). With the ps
     /// strategy only their touched rows travel: every rank pushes (row, value) pairs to the
     /// server, which sums them and sends back the union of touched rows.
-    Reducer(DistContext& ctx, std::vector<torch::Tensor> params, double bucketMb, CompressOptions compress = {},
-            std::vector<size_t> sparse = {});
+    Reducer(DistContext& ctx, std::vector<torch::Tensor> params, double bucketMb,
+            CompressOptions compress = {}, std::vector<size_t> sparse = {});
     ~Reducer();
     /// Before backward. `step` seeds stochastic rounding.
     void prepare(int64_t step = 0);
     struct Stats {
-        double commMs = 0;      // first launch to last completion
-        double exposedMs = 0;   // of that, after backward had finished
-        int64_t bytesSent = 0;  // by this rank (ring all-reduce: 2 (n-1)/n of the payload)
+        double commMs = 0;              // first launch to last completion
+        double exposedMs = 0;           // of that, after backward had finished
+        int64_t bytesSent = 0;          // by this rank (ring all-reduce: 2 (n-1)/n of the payload)
         double compressionRatio = 1.0;  // fp32 ring bytes / bytes actually sent
         int buckets = 0;
     };

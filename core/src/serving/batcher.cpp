@@ -15,7 +15,8 @@ Batcher::Batcher(int64_t maxBatch, double maxDelayMs, int64_t maxQueueRows, Batc
     try {
         for (int i = 0; i < std::max(1, instances); ++i)
             m_threads.emplace_back([this, i] {
-                pthread_setname_np(pthread_self(), ("lathe-batch-" + std::to_string(i)).c_str());  // for top and perf
+                pthread_setname_np(pthread_self(),
+                                   ("lathe-batch-" + std::to_string(i)).c_str());  // for top and perf
                 loop(i);
             });
     } catch (...) {
@@ -92,7 +93,8 @@ void Batcher::loop(int instance) {
             }
             const auto model = m_queue.front().model;
             int64_t rows = 0;
-            while (!m_queue.empty() && m_queue.front().model == model && rows + m_queue.front().rows <= m_maxBatch) {
+            while (!m_queue.empty() && m_queue.front().model == model &&
+                   rows + m_queue.front().rows <= m_maxBatch) {
                 rows += m_queue.front().rows;
                 batch.push_back(std::move(m_queue.front()));
                 m_queue.pop_front();

@@ -23,17 +23,17 @@ namespace lathe::core::serving {
 using Clock = std::chrono::steady_clock;
 
 struct BatchResult {
-    int status = 200;             // 200, or 500 when the model failed
+    int status = 200;  // 200, or 500 when the model failed
     std::string error;
-    std::vector<float> output;    // rows × outputElems
-    double queueS = 0;            // enqueue -> batch start
-    double computeS = 0;          // the batch's forward
+    std::vector<float> output;  // rows × outputElems
+    double queueS = 0;          // enqueue -> batch start
+    double computeS = 0;        // the batch's forward
     int64_t batchRows = 0;
 };
 
 struct PendingRequest {
     std::shared_ptr<LoadedModel> model;
-    std::vector<float> input;     // rows × inputElems
+    std::vector<float> input;  // rows × inputElems
     int64_t rows = 0;
     Clock::time_point enqueued;
     std::function<void(BatchResult&&)> done;  // called on the batcher thread

@@ -13,8 +13,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -24,13 +24,13 @@
 #include <random>
 #include <thread>
 
-#include "workspace/file_lock.h"
 #include "lathe/core/events.h"
 #include "lathe/core/http_client.h"
 #include "lathe/core/monitor.h"
+#include "lathe/core/scraper.h"
 #include "lathe/core/store.h"
 #include "ports.h"
-#include "lathe/core/scraper.h"
+#include "workspace/file_lock.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -57,7 +57,6 @@ uint16_t portOf(const std::string& url) {
         return 0;
     }
 }
-
 
 // Running and not a zombie: an orphaned server is reaped by init, but not every container's
 // init reaps promptly.
@@ -86,7 +85,8 @@ bool isServerOf(const Deployment& d) {
     if (std::find(args.begin(), args.end(), "serve") == args.end()) return false;
     for (size_t i = 0; i + 1 < args.size(); ++i) {
         if (!d.instance.empty() && args[i] == "--instance-id" && args[i + 1] == d.instance) return true;
-        if (d.instance.empty() && args[i] == "--model" && args[i + 1].rfind(d.model + ":", 0) == 0) return true;
+        if (d.instance.empty() && args[i] == "--model" && args[i + 1].rfind(d.model + ":", 0) == 0)
+            return true;
     }
     return false;
 }
@@ -106,8 +106,9 @@ void stopStarted(int64_t pid, const std::string& model, const std::string& token
 // (a start takes seconds).
 FileLock modelLock(const Registry& registry, const std::string& model) {
     checkModelName(model);
-    return FileLock((fs::path(Store::filesDirFor(registry.workspacePath())) / "deployments" / (model + ".lock")).string(),
-                    true);
+    return FileLock(
+        (fs::path(Store::filesDirFor(registry.workspacePath())) / "deployments" / (model + ".lock")).string(),
+        true);
 }
 
 std::string logTail(const std::string& path, size_t lines = 8) {
@@ -213,7 +214,6 @@ std::string hostOf(const std::string& url) {
     return colon == std::string::npos || colon < from ? url.substr(from) : url.substr(from, colon - from);
 }
 
-
 // The load of `v` into the live server at `live.url`. The answer to the load request may be lost
 // (a timeout, a dropped connection) while the server goes on and switches anyway, so what the
 // server serves afterwards decides, never the request alone.
@@ -222,7 +222,8 @@ void hotSwap(const Deployment& live, const ModelVersion& v, const DeployOptions&
     std::string lost;
     std::optional<HttpResult> r;
     try {
-        r = httpRequest("POST", live.url + "/v2/repository/models/" + v.name + "/load", body.dump(), o.readyTimeoutS);
+        r = httpRequest("POST", live.url + "/v2/repository/models/" + v.name + "/load", body.dump(),
+                        o.readyTimeoutS);
     } catch (const Error& ex) {
         lost = ex.what();
     }
@@ -233,7 +234,8 @@ void hotSwap(const Deployment& live, const ModelVersion& v, const DeployOptions&
         } catch (...) {
         }
         throw Error("the server at " + live.url + " refused v" + std::to_string(v.version) + " (HTTP " +
-                    std::to_string(r->status) + "): " + why + "; v" + std::to_string(live.version) + " keeps serving");
+                    std::to_string(r->status) + "): " + why + "; v" + std::to_string(live.version) +
+                    " keeps serving");
     }
     // After a lost answer the load may still be running: give it as long again as we waited.
     const double graceS = lost.empty() ? 5.0 : std::min(o.readyTimeoutS, 120.0);
@@ -249,44 +251,49 @@ void hotSwap(const Deployment& live, const ModelVersion& v, const DeployOptions&
     if (lost.empty())
         throw Error("the server at " + live.url + " answered the load but does not serve v" +
                     std::to_string(v.version) + " (" + now + ")");
-    throw Error("loading v" + std::to_string(v.version) + " into the server at " + live.url + " failed (" + lost +
-                ") and after " + std::to_string(static_cast<int>(graceS)) + " s more " + now +
+    throw Error("loading v" + std::to_string(v.version) + " into the server at " + live.url + " failed (" +
+                lost + ") and after " + std::to_string(static_cast<int>(graceS)) + " s more " + now +
                 "; the deployment history still names v" + std::to_string(live.version) +
                 ". If the load finishes later, deploy v" + std::to_string(v.version) + " again to record it");
 }
 
-DeployResult deployLocked(Registry& registry, const ModelVersion& v, const ModelRef& ref, const DeployOptions& o) {
-    say(o, ref.str() == v.name + ":" + std::to_string(v.version) ? "deploying " + ref.str()
-                                                                   : "deploying " + ref.str() + " (v" + std::to_string(v.version) + ")");
+DeployResult deployLocked(Registry& registry, const ModelVersion& v, const ModelRef& ref,
+                          const DeployOptions& o) {
+    say(o, ref.str() == v.name + ":" + std::to_string(v.version)
+               ? "deploying " + ref.str()
+               : "deploying " + ref.str() + " (v" + std::to_string(v.version) + ")");
     DeployResult result;
     auto live = registry.liveDeployment(v.name);
     if (live && live->target == "local" && isServerOf(*live)) {
         // Our server's process is running: it is hot-swapped or nothing happens. It is never
         // written off as dead while it runs, which would leave it serving with no record.
         if (!deploymentUp(*live, 1.0) && !deploymentUp(*live, 10.0))
-            throw Error(v.name + "'s server (pid " + std::to_string(live->pid) + ", " + live->url +
-                        ") is running but does not answer /v2/health/ready; nothing was changed. Look at its log " +
-                        live->logPath + ", or stop it with `lathectl undeploy " + v.name + "` and deploy again");
+            throw Error(
+                v.name + "'s server (pid " + std::to_string(live->pid) + ", " + live->url +
+                ") is running but does not answer /v2/health/ready; nothing was changed. Look at its log " +
+                live->logPath + ", or stop it with `lathectl undeploy " + v.name + "` and deploy again");
         if (!live->instance.empty() && serverInstance(live->url) != live->instance)
-            throw Error("the server answering at " + live->url + " is not the one recorded for " + v.name + " (pid " +
-                        std::to_string(live->pid) + "); nothing was changed");
+            throw Error("the server answering at " + live->url + " is not the one recorded for " + v.name +
+                        " (pid " + std::to_string(live->pid) + "); nothing was changed");
         if (o.port != 0 && o.port != portOf(live->url))
-            throw ConfigError(v.name + " is live at " + live->url + "; undeploy it first to move it to port " +
-                              std::to_string(o.port));
+            throw ConfigError(v.name + " is live at " + live->url +
+                              "; undeploy it first to move it to port " + std::to_string(o.port));
         if (!o.host.empty() && o.host != hostOf(live->url))
-            throw ConfigError(v.name + " is live at " + live->url + "; undeploy it first to move it to host " + o.host);
+            throw ConfigError(v.name + " is live at " + live->url +
+                              "; undeploy it first to move it to host " + o.host);
         if (!o.serverArgs.empty()) {
             std::string flags;
             for (const auto& a : o.serverArgs)
                 if (a.rfind("--", 0) == 0) flags += (flags.empty() ? "" : " ") + a;
-            throw ConfigError(v.name + " is live at " + live->url + " and a version change hot-swaps it, so " + flags +
+            throw ConfigError(v.name + " is live at " + live->url +
+                              " and a version change hot-swaps it, so " + flags +
                               " would not apply; undeploy it first to start a server with them");
         }
         result.previousVersion = live->version;
         if (live->version == v.version && o.action == "deploy")
             throw ConfigError(v.name + " v" + std::to_string(v.version) + " is already live at " + live->url);
-        say(o, "hot-swapping " + v.name + " v" + std::to_string(live->version) + " -> v" + std::to_string(v.version) +
-                   " at " + live->url);
+        say(o, "hot-swapping " + v.name + " v" + std::to_string(live->version) + " -> v" +
+                   std::to_string(v.version) + " at " + live->url);
         hotSwap(*live, v, o);
         Deployment d = *live;
         d.id = 0;
@@ -331,9 +338,11 @@ DeployResult deployLocked(Registry& registry, const ModelVersion& v, const Model
         throw Error("no free port from " + std::to_string(from) + " upwards; pass --port");
     };
     uint16_t port = o.port;
-    if (pickPort) port = freePort(preferred);
+    if (pickPort)
+        port = freePort(preferred);
     else if (!portFree(host, port))
-        throw Error("port " + std::to_string(port) + " on " + host + " is in use; choose another with --port");
+        throw Error("port " + std::to_string(port) + " on " + host +
+                    " is in use; choose another with --port");
     const auto dir = fs::path(Store::filesDirFor(registry.workspacePath())) / "deployments";
     std::error_code ec;
     fs::create_directories(dir, ec);
@@ -352,10 +361,13 @@ DeployResult deployLocked(Registry& registry, const ModelVersion& v, const Model
         const auto logPath = (dir / (v.name + "-" + std::to_string(static_cast<int64_t>(nowSeconds())) + "-" +
                                      std::to_string(port) + ".log"))
                                  .string();
-        std::vector<std::string> args{o.serverProgram, "serve",    "--db",   registry.workspacePath(),
+        std::vector<std::string> args{o.serverProgram, "serve",
+                                      "--db",          registry.workspacePath(),
                                       "--model",       v.name + ":" + std::to_string(v.version),
-                                      "--host",        host,       "--port", std::to_string(port),
-                                      "--instance-id", token,      "--watch"};
+                                      "--host",        host,
+                                      "--port",        std::to_string(port),
+                                      "--instance-id", token,
+                                      "--watch"};
         args.insert(args.end(), o.serverArgs.begin(), o.serverArgs.end());
         say(o, "starting a server on " + host + ":" + std::to_string(port) + " (log " + logPath + ")");
         const int64_t pid = spawnDetached(args, logPath);
@@ -366,7 +378,8 @@ DeployResult deployLocked(Registry& registry, const ModelVersion& v, const Model
         // Whatever goes wrong from here until the deployment is recorded (a timeout, a failed
         // request, a busy workspace) stops the server: none runs without a record.
         try {
-            const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.readyTimeoutS);
+            const auto deadline =
+                std::chrono::steady_clock::now() + std::chrono::duration<double>(o.readyTimeoutS);
             for (;;) {
                 if (!alive(pid)) {
                     const auto tail = logTail(logPath);
@@ -375,16 +388,17 @@ DeployResult deployLocked(Registry& registry, const ModelVersion& v, const Model
                         retry = true;
                         break;
                     }
-                    throw Error("the server for " + v.name + " exited before it was ready; its log " + logPath +
-                                " ends:" + tail);
+                    throw Error("the server for " + v.name + " exited before it was ready; its log " +
+                                logPath + " ends:" + tail);
                 }
                 // Ours (not another server that answers on this port), ready, and serving the version.
                 if (serverInstance(d.url) == token && deploymentUp(d, 1.0) &&
                     servedVersion(d.url, v.name, 2) == v.version)
                     break;
                 if (std::chrono::steady_clock::now() > deadline)
-                    throw Error("the server for " + v.name + " was not ready within " + seconds(o.readyTimeoutS) +
-                                " s; stopped it. Log " + logPath + ":" + logTail(logPath));
+                    throw Error("the server for " + v.name + " was not ready within " +
+                                seconds(o.readyTimeoutS) + " s; stopped it. Log " + logPath + ":" +
+                                logTail(logPath));
                 std::this_thread::sleep_for(std::chrono::milliseconds(100));
             }
             if (!retry) d.id = registry.recordDeployment(d);
@@ -396,13 +410,15 @@ DeployResult deployLocked(Registry& registry, const ModelVersion& v, const Model
     }
     result.deployment = d;
     result.started = true;
-    say(o, v.name + " v" + std::to_string(v.version) + " is live at " + d.url + " (pid " + std::to_string(d.pid) + ")");
+    say(o, v.name + " v" + std::to_string(v.version) + " is live at " + d.url + " (pid " +
+               std::to_string(d.pid) + ")");
     return result;
 }
 
 void checkTimeout(const DeployOptions& o) {
     if (!std::isfinite(o.readyTimeoutS) || !(o.readyTimeoutS > 0))
-        throw ConfigError("--ready-timeout must be a positive number of seconds, got " + seconds(o.readyTimeoutS));
+        throw ConfigError("--ready-timeout must be a positive number of seconds, got " +
+                          seconds(o.readyTimeoutS));
 }
 
 }  // namespace
@@ -427,7 +443,8 @@ DeployResult rollback(Registry& registry, const std::string& model, const Deploy
     const auto lock = modelLock(registry, model);
     const auto history = registry.deployments(model);  // newest first
     if (history.empty() || !history.front().live())
-        throw ConfigError(model + " is not deployed; nothing to roll back (see `lathectl deployments " + model + "`)");
+        throw ConfigError(model + " is not deployed; nothing to roll back (see `lathectl deployments " +
+                          model + "`)");
     const auto current = history.front().version;
     // Like `kubectl rollout undo`: the version that served before the live one, so a second
     // rollback undoes the first.

@@ -44,7 +44,8 @@ std::string lower(std::string s) {
 HttpUrl parseHttpUrl(const std::string& url) {
     const std::string scheme = "http://";
     if (url.compare(0, scheme.size(), scheme) != 0) {
-        if (url.compare(0, 8, "https://") == 0) throw ConfigError("https is not supported (use http:// or an SSH tunnel)");
+        if (url.compare(0, 8, "https://") == 0)
+            throw ConfigError("https is not supported (use http:// or an SSH tunnel)");
         throw ConfigError("a URL must look like http://HOST:PORT/PATH");
     }
     HttpUrl u;
@@ -78,8 +79,8 @@ HttpUrl parseHttpUrl(const std::string& url) {
     return u;
 }
 
-HttpExchange httpExchange(const std::string& method, const HttpUrl& u, const std::string& body, double timeoutS,
-                          const std::string& contentType, const std::string& userAgent) {
+HttpExchange httpExchange(const std::string& method, const HttpUrl& u, const std::string& body,
+                          double timeoutS, const std::string& contentType, const std::string& userAgent) {
     const std::string where =
         (u.host.find(':') != std::string::npos ? "[" + u.host + "]" : u.host) + ":" + u.port;
     if (!(timeoutS > 0)) timeoutS = 5.0;

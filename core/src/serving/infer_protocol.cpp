@@ -1,12 +1,12 @@
 #include "infer_protocol.h"
 
+#include <simdjson.h>
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstring>
-#include <optional>
 #include <nlohmann/json.hpp>
-#include <simdjson.h>
+#include <optional>
 
 namespace lathe::core::serving {
 namespace {
@@ -21,7 +21,8 @@ struct Refusal {
 
 std::string shapeText(const std::vector<int64_t>& s) {
     std::string t = "[";
-    for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + (s[i] < 0 ? std::string("-1") : std::to_string(s[i]));
+    for (size_t i = 0; i < s.size(); ++i)
+        t += (i ? ", " : "") + (s[i] < 0 ? std::string("-1") : std::to_string(s[i]));
     return t + "]";
 }
 
@@ -38,10 +39,14 @@ void flatten(od::value v, std::vector<float>& out, int depth) {
             out.push_back(static_cast<float>(d));
             return;
         }
-        case od::json_type::string: throw Refusal{"`data` holds a string where FP32 numbers are expected"};
-        case od::json_type::object: throw Refusal{"`data` holds an object where FP32 numbers are expected"};
-        case od::json_type::boolean: throw Refusal{"`data` holds a boolean where FP32 numbers are expected"};
-        case od::json_type::null: throw Refusal{"`data` holds null where FP32 numbers are expected"};
+        case od::json_type::string:
+            throw Refusal{"`data` holds a string where FP32 numbers are expected"};
+        case od::json_type::object:
+            throw Refusal{"`data` holds an object where FP32 numbers are expected"};
+        case od::json_type::boolean:
+            throw Refusal{"`data` holds a boolean where FP32 numbers are expected"};
+        case od::json_type::null:
+            throw Refusal{"`data` holds null where FP32 numbers are expected"};
     }
 }
 
@@ -54,8 +59,9 @@ void appendJsonString(std::string& out, const std::string& s) {
 // simdjson's On Demand parser: the request body is the server's hot path (a 1024-float request
 // cost 130 µs to parse into an nlohmann tree, as much as the model's forward for its row), and
 // On Demand validates while it reads the numbers straight into the batch row, without a tree.
-bool parseInferRequest(std::string_view body, const ModelSignature& signature, int64_t maxRows, InferRequest& out,
-                       ProtocolError& error, std::optional<std::string_view> headerLength) {
+bool parseInferRequest(std::string_view body, const ModelSignature& signature, int64_t maxRows,
+                       InferRequest& out, ProtocolError& error,
+                       std::optional<std::string_view> headerLength) {
     auto fail = [&](int status, std::string msg) {
         error = {status, std::move(msg)};
         return false;
@@ -77,17 +83,18 @@ bool parseInferRequest(std::string_view body, const ModelSignature& signature, i
         if (h.empty() || ec != std::errc() || end != h.data() + h.size())
             return fail(400, std::string(kInferHeaderLength) + " must be a byte count");
         if (n > body.size())
-            return fail(400, std::string(kInferHeaderLength) + " is " + std::to_string(n) + " but the body holds only " +
-                                 std::to_string(body.size()) + " bytes");
+            return fail(400, std::string(kInferHeaderLength) + " is " + std::to_string(n) +
+                                 " but the body holds only " + std::to_string(body.size()) + " bytes");
         binary = body.substr(n);
         body = body.substr(0, n);
     }
-    int64_t binarySize = -1;               // the input's binary_data_size, when it has one
-    std::optional<bool> outputBinary;      // `outputs[].parameters.binary_data` for our output
-    bool allBinary = false;                // the request's `parameters.binary_data_output`
+    int64_t binarySize = -1;           // the input's binary_data_size, when it has one
+    std::optional<bool> outputBinary;  // `outputs[].parameters.binary_data` for our output
+    bool allBinary = false;            // the request's `parameters.binary_data_output`
     // A parameter value that must be a boolean.
     auto boolean = [](od::value v, const char* what) {
-        if (v.type() != od::json_type::boolean) throw Refusal{std::string("parameter `") + what + "` must be true or false"};
+        if (v.type() != od::json_type::boolean)
+            throw Refusal{std::string("parameter `") + what + "` must be true or false"};
         return bool(v.get_bool());
     };
     try {
@@ -109,7 +116,8 @@ bool parseInferRequest(std::string_view body, const ModelSignature& signature, i
                 haveInputs = true;
                 for (od::value in : v.get_array()) {
                     if (++inputCount > 1) continue;  // counted, refused below
-                    if (in.type() != od::json_type::object) throw Refusal{"each entry of `inputs` must be an object"};
+                    if (in.type() != od::json_type::object)
+                        throw Refusal{"each entry of `inputs` must be an object"};
                     for (auto f : in.get_object()) {
                         const std::string_view k = f.unescaped_key();
                         od::value x = f.value();
@@ -125,20 +133,24 @@ bool parseInferRequest(std::string_view body, const ModelSignature& signature, i
                                 throw Refusal{"input '" + spec.name + "' has no `datatype`"};
                             const std::string_view dt = x.get_string();
                             if (dt != spec.datatype)
-                                throw Refusal{"input '" + spec.name + "' has datatype " + std::string(dt.substr(0, 16)) +
-                                              "; the model expects " + spec.datatype};
+                                throw Refusal{"input '" + spec.name + "' has datatype " +
+                                              std::string(dt.substr(0, 16)) + "; the model expects " +
+                                              spec.datatype};
                             haveType = true;
                         } else if (k == "shape") {
                             if (x.type() != od::json_type::array)
                                 throw Refusal{"input '" + spec.name + "' has no `shape`"};
                             for (od::value d : x.get_array()) {
-                                if (d.type() != od::json_type::number || d.get_number_type() == od::number_type::floating_point_number)
-                                    throw Refusal{"input '" + spec.name + "' has a shape entry that is not a non-negative integer"};
+                                if (d.type() != od::json_type::number ||
+                                    d.get_number_type() == od::number_type::floating_point_number)
+                                    throw Refusal{"input '" + spec.name +
+                                                  "' has a shape entry that is not a non-negative integer"};
                                 const int64_t n = d.get_number_type() == od::number_type::unsigned_integer
                                                       ? -1
                                                       : static_cast<int64_t>(d.get_int64());
                                 if (n < 0 || n > (int64_t{1} << 31) || dims.size() > 16)
-                                    throw Refusal{"input '" + spec.name + "' has a shape entry that is not a non-negative integer"};
+                                    throw Refusal{"input '" + spec.name +
+                                                  "' has a shape entry that is not a non-negative integer"};
                                 dims.push_back(n);
                             }
                             haveShape = true;
@@ -147,17 +159,20 @@ bool parseInferRequest(std::string_view body, const ModelSignature& signature, i
                             haveData = true;
                         } else if (k == "parameters") {
                             if (x.type() != od::json_type::object)
-                                throw Refusal{"input '" + spec.name + "' has `parameters` that are not an object"};
+                                throw Refusal{"input '" + spec.name +
+                                              "' has `parameters` that are not an object"};
                             for (auto pf : x.get_object()) {
                                 if (pf.unescaped_key() != std::string_view("binary_data_size")) continue;
                                 od::value b = pf.value();
                                 // A value is read once: On Demand does not keep it.
-                                const int64_t size = b.type() == od::json_type::number &&
-                                                             b.get_number_type() == od::number_type::signed_integer
-                                                         ? static_cast<int64_t>(b.get_int64())
-                                                         : -1;
+                                const int64_t size =
+                                    b.type() == od::json_type::number &&
+                                            b.get_number_type() == od::number_type::signed_integer
+                                        ? static_cast<int64_t>(b.get_int64())
+                                        : -1;
                                 if (size < 0)
-                                    throw Refusal{"input '" + spec.name + "': `binary_data_size` must be a byte count"};
+                                    throw Refusal{"input '" + spec.name +
+                                                  "': `binary_data_size` must be a byte count"};
                                 binarySize = size;
                             }
                         }
@@ -175,12 +190,16 @@ bool parseInferRequest(std::string_view body, const ModelSignature& signature, i
                         if (ok == "parameters") {
                             od::value pv = f.value();
                             if (pv.type() != od::json_type::object)
-                                throw Refusal{"an entry of `outputs` has `parameters` that are not an object"};
+                                throw Refusal{
+                                    "an entry of `outputs` has `parameters` that are not an object"};
                             for (auto pf : pv.get_object()) {
                                 const std::string_view pk = pf.unescaped_key();
-                                if (pk == "binary_data") binaryHere = boolean(pf.value(), "binary_data");
+                                if (pk == "binary_data")
+                                    binaryHere = boolean(pf.value(), "binary_data");
                                 else if (pk == "classification")
-                                    throw Refusal{"the classification extension is not supported: ask for the output tensor"};
+                                    throw Refusal{
+                                        "the classification extension is not supported: ask for the output "
+                                        "tensor"};
                             }
                             continue;
                         }
@@ -219,7 +238,8 @@ bool parseInferRequest(std::string_view body, const ModelSignature& signature, i
         return fail(400, std::string("malformed JSON: ") + ex.what());
     }
     if (inputCount != 1)
-        return fail(400, "the model takes 1 input ('" + spec.name + "'), the request has " + std::to_string(inputCount));
+        return fail(400, "the model takes 1 input ('" + spec.name + "'), the request has " +
+                             std::to_string(inputCount));
     if (!haveName) return fail(400, "input has no `name`");
     if (!haveType) return fail(400, "input '" + spec.name + "' has no `datatype`");
     if (!haveShape) return fail(400, "input '" + spec.name + "' has no `shape`");
@@ -231,7 +251,8 @@ bool parseInferRequest(std::string_view body, const ModelSignature& signature, i
     if (dims[0] < 1) return fail(400, "input '" + spec.name + "' has an empty batch");
     if (dims[0] > maxRows)
         return fail(400, "input '" + spec.name + "' has " + std::to_string(dims[0]) +
-                             " rows; this server takes at most " + std::to_string(maxRows) + " per request (--max-batch)");
+                             " rows; this server takes at most " + std::to_string(maxRows) +
+                             " per request (--max-batch)");
     // Bounded: dims are at most 2^31 each, and a product beyond any body limit is refused
     // before it can overflow.
     int64_t count = 1;
@@ -241,17 +262,21 @@ bool parseInferRequest(std::string_view body, const ModelSignature& signature, i
     }
     if (binarySize >= 0) {
         if (haveData)
-            return fail(400, "input '" + spec.name + "' has both `data` and `binary_data_size`: send one of them");
+            return fail(400,
+                        "input '" + spec.name + "' has both `data` and `binary_data_size`: send one of them");
         if (!extended)
             return fail(400, "input '" + spec.name + "' declares `binary_data_size` but the request has no " +
                                  kInferHeaderLength + " header to say where its bytes begin");
         if (binarySize != count * static_cast<int64_t>(sizeof(float)))
-            return fail(400, "input '" + spec.name + "' declares " + std::to_string(binarySize) + " bytes; shape " +
-                                 shapeText(dims) + " of FP32 needs " + std::to_string(count * sizeof(float)));
+            return fail(400, "input '" + spec.name + "' declares " + std::to_string(binarySize) +
+                                 " bytes; shape " + shapeText(dims) + " of FP32 needs " +
+                                 std::to_string(count * sizeof(float)));
     }
     if (extended && static_cast<int64_t>(binary.size()) != std::max<int64_t>(binarySize, 0))
-        return fail(400, "the body holds " + std::to_string(binary.size()) + " bytes after its JSON header; its inputs' " +
-                             "`binary_data_size` account for " + std::to_string(std::max<int64_t>(binarySize, 0)));
+        return fail(400, "the body holds " + std::to_string(binary.size()) +
+                             " bytes after its JSON header; its inputs' " +
+                             "`binary_data_size` account for " +
+                             std::to_string(std::max<int64_t>(binarySize, 0)));
     if (binarySize >= 0) {
         // Little-endian FP32, as the extension defines it: this build's own layout.
         static_assert(sizeof(float) == 4, "FP32 is 4 bytes");
@@ -263,14 +288,15 @@ bool parseInferRequest(std::string_view body, const ModelSignature& signature, i
     out.binaryOutput = outputBinary.value_or(allBinary);
     if (!haveData) return fail(400, "input '" + spec.name + "' has no `data`");
     if (static_cast<int64_t>(out.data.size()) != count)
-        return fail(400, "input '" + spec.name + "' has " + std::to_string(out.data.size()) + " values; shape " +
-                             shapeText(dims) + " needs " + std::to_string(count));
+        return fail(400, "input '" + spec.name + "' has " + std::to_string(out.data.size()) +
+                             " values; shape " + shapeText(dims) + " needs " + std::to_string(count));
     out.rows = dims[0];
     return true;
 }
 
-InferResponse inferResponse(const std::string& model, int64_t version, const std::string& id, const TensorSpec& output,
-                            int64_t rows, const float* data, int64_t perRow, bool binary) {
+InferResponse inferResponse(const std::string& model, int64_t version, const std::string& id,
+                            const TensorSpec& output, int64_t rows, const float* data, int64_t perRow,
+                            bool binary) {
     // Written by hand: dumping a json tree of thousands of floats would cost more than the model.
     const int64_t n = rows * perRow;
     InferResponse res;

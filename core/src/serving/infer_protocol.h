@@ -1,6 +1,7 @@
 #pragma once
 // The Open Inference (KServe v2) request and response bodies. Torch-free and self-contained
-// (simdjson and nlohmann JSON only) so the fuzz target can build it alone: request bodies are untrusted input.
+// (simdjson and nlohmann JSON only) so the fuzz target can build it alone: request bodies are untrusted
+// input.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -19,9 +20,9 @@ struct ProtocolError {
 
 struct InferRequest {
     std::string id;
-    int64_t rows = 0;            // the batch dimension of the input
-    std::vector<float> data;     // rows × prod(sample shape), row-major
-    bool binaryOutput = false;   // the output goes back as binary tensor data (Triton's extension)
+    int64_t rows = 0;           // the batch dimension of the input
+    std::vector<float> data;    // rows × prod(sample shape), row-major
+    bool binaryOutput = false;  // the output goes back as binary tensor data (Triton's extension)
 };
 
 /// The header of the binary tensor data extension: the length of the JSON part of the body.

@@ -6,6 +6,7 @@
 #include "lathe/core/loadgen.h"
 
 #include <pthread.h>
+#include <algorithm>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -14,7 +15,6 @@
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <chrono>
@@ -45,7 +45,7 @@ constexpr uint64_t kMaxResponseBytes = 256ull << 20;
 const char* const kServerHint = " — is a server running? (lathectl serve / lathectl deploy)";
 
 struct Target {
-    std::string base;    // http://host:port[/prefix], without a trailing slash
+    std::string base;  // http://host:port[/prefix], without a trailing slash
     std::string host;
     std::string port = "80";
     std::string prefix;  // path before /v2, may be empty
@@ -75,7 +75,8 @@ std::string modelPath(const Target& t, const std::string& model) { return t.pref
 std::string errorText(const std::string& body) {
     try {
         const auto j = nlohmann::json::parse(body);
-        if (j.is_object() && j.contains("error") && j["error"].is_string()) return j["error"].get<std::string>();
+        if (j.is_object() && j.contains("error") && j["error"].is_string())
+            return j["error"].get<std::string>();
     } catch (const std::exception&) {
     }
     return body.substr(0, 200);
@@ -133,7 +134,8 @@ InputSpec inputFromMetadata(const Target& t, const std::string& model, const std
     if (s.datatype != "FP32")
         throw Error(where + ": input '" + s.name + "' is " + s.datatype +
                     "; the load generator builds FP32 inputs only (pass a request body instead)");
-    if (s.shape.empty()) throw Error(where + ": input '" + s.name + "' has an empty shape (no batch dimension)");
+    if (s.shape.empty())
+        throw Error(where + ": input '" + s.name + "' has an empty shape (no batch dimension)");
     for (size_t i = 1; i < s.shape.size(); ++i)
         if (s.shape[i] < 1)
             throw Error(where + ": input '" + s.name + "' dimension " + std::to_string(i) +
@@ -235,9 +237,10 @@ public:
     void start() {
         asio::dispatch(m_strand, [self = shared_from_this()] {
             self->m_stream.expires_after(self->m_s.timeout);
-            self->m_stream.async_connect(self->m_s.endpoints, [self](beast::error_code ec, const tcp::endpoint&) {
-                self->onConnected(ec, /*warmup=*/true);
-            });
+            self->m_stream.async_connect(self->m_s.endpoints,
+                                         [self](beast::error_code ec, const tcp::endpoint&) {
+                                             self->onConnected(ec, /*warmup=*/true);
+                                         });
         });
     }
 
@@ -256,7 +259,8 @@ private:
         const auto now = Clock::now();
         if (m_s.stopping || now >= m_s.end) return finish();
         const int64_t i = m_s.nextSlot.fetch_add(1);
-        m_intended = m_s.start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(i * m_s.interval));
+        m_intended = m_s.start + std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(i * m_s.interval));
         if (m_intended >= m_s.end) return finish();
         m_retried = false;
         if (m_intended <= now) return send();
@@ -280,9 +284,10 @@ private:
     void connect() {
         m_buffer.clear();
         m_stream.expires_at(m_deadline);
-        m_stream.async_connect(m_s.endpoints, [self = shared_from_this()](beast::error_code ec, const tcp::endpoint&) {
-            self->onConnected(ec, false);
-        });
+        m_stream.async_connect(m_s.endpoints,
+                               [self = shared_from_this()](beast::error_code ec, const tcp::endpoint&) {
+                                   self->onConnected(ec, false);
+                               });
     }
 
     void onConnected(beast::error_code ec, bool warmup) {
@@ -294,7 +299,8 @@ private:
             m_timer.async_wait([self = shared_from_this()](beast::error_code) { self->next(); });
             return;
         }
-        if (ec) return failed(ec == beast::error::timeout ? "timeout" : m_s.aborting ? "cancelled" : "connect");
+        if (ec)
+            return failed(ec == beast::error::timeout ? "timeout" : m_s.aborting ? "cancelled" : "connect");
         m_connected = true;
         m_reused = false;
         m_stream.socket().set_option(tcp::no_delay(true), ec);
@@ -313,10 +319,11 @@ private:
         m_parser.emplace();
         m_parser->body_limit(kMaxResponseBytes);
         m_stream.expires_at(m_deadline);
-        http::async_read(m_stream, m_buffer, *m_parser, [self = shared_from_this()](beast::error_code ec, size_t) {
-            if (ec) return self->transportError(ec);
-            self->onResponse();
-        });
+        http::async_read(m_stream, m_buffer, *m_parser,
+                         [self = shared_from_this()](beast::error_code ec, size_t) {
+                             if (ec) return self->transportError(ec);
+                             self->onResponse();
+                         });
     }
 
     void onResponse() {
@@ -330,9 +337,9 @@ private:
     }
 
     static bool isClosed(const beast::error_code& ec) {
-        return ec == http::error::end_of_stream || ec == http::error::partial_message || ec == asio::error::eof ||
-               ec == asio::error::connection_reset || ec == asio::error::broken_pipe ||
-               ec == asio::error::connection_aborted;
+        return ec == http::error::end_of_stream || ec == http::error::partial_message ||
+               ec == asio::error::eof || ec == asio::error::connection_reset ||
+               ec == asio::error::broken_pipe || ec == asio::error::connection_aborted;
     }
 
     void transportError(const beast::error_code& ec) {
@@ -412,7 +419,8 @@ LoadReport summarise(Shared& s, Clock::time_point now, bool keepLatencies) {
         // the once-a-second progress stays cheap on runs of millions of requests.
         std::vector<double> v = r.latenciesMs;
         auto from = v.begin();
-        for (auto [p, out] : {std::pair{50.0, &r.p50Ms}, {90.0, &r.p90Ms}, {99.0, &r.p99Ms}, {99.9, &r.p999Ms}}) {
+        for (auto [p, out] :
+             {std::pair{50.0, &r.p50Ms}, {90.0, &r.p90Ms}, {99.0, &r.p99Ms}, {99.9, &r.p999Ms}}) {
             const auto k = v.begin() + static_cast<std::ptrdiff_t>(nearestRank(v.size(), p));
             std::nth_element(from, k, v.end());
             *out = *k;
@@ -424,9 +432,11 @@ LoadReport summarise(Shared& s, Clock::time_point now, bool keepLatencies) {
 }
 
 void checkOptions(const LoadOptions& o) {
-    if (o.model.empty()) throw ConfigError("--model is required: the name the server serves (GET /v2/models)");
+    if (o.model.empty())
+        throw ConfigError("--model is required: the name the server serves (GET /v2/models)");
     if (!(o.rate > 0) || !std::isfinite(o.rate)) throw ConfigError("--rate must be > 0 requests per second");
-    if (!(o.durationS > 0) || !std::isfinite(o.durationS)) throw ConfigError("--duration must be > 0 seconds");
+    if (!(o.durationS > 0) || !std::isfinite(o.durationS))
+        throw ConfigError("--duration must be > 0 seconds");
     if (o.users < 1 || o.users > 10000) throw ConfigError("--users must be between 1 and 10000");
     if (!(o.timeoutS > 0) || !std::isfinite(o.timeoutS)) throw ConfigError("--timeout must be > 0 seconds");
     if (o.rowsPerRequest < 1) throw ConfigError("--rows must be at least 1");
@@ -458,7 +468,9 @@ LoadReport runLoad(const LoadOptions& options, const std::atomic<bool>* stop, co
         tcp::resolver resolver(ioc);
         beast::error_code ec;
         s.endpoints = resolver.resolve(s.target.host, s.target.port, ec);
-        if (ec) throw Error("cannot reach " + s.target.base + ": cannot resolve '" + s.target.host + "': " + ec.message());
+        if (ec)
+            throw Error("cannot reach " + s.target.base + ": cannot resolve '" + s.target.host +
+                        "': " + ec.message());
     }
 
     // Before the run: the server answers and serves the model; its metadata shapes the body.
@@ -480,13 +492,13 @@ LoadReport runLoad(const LoadOptions& options, const std::atomic<bool>* stop, co
                     (served.empty() ? " (" + errorText(meta.body) + ")" : " (it serves: " + served + ")"));
     }
     if (meta.status != 200)
-        throw Error("GET " + s.target.base + "/v2/models/" + options.model + " answered " + std::to_string(meta.status) +
-                    ": " + errorText(meta.body));
+        throw Error("GET " + s.target.base + "/v2/models/" + options.model + " answered " +
+                    std::to_string(meta.status) + ": " + errorText(meta.body));
     std::string body = options.body;
     int64_t jsonLength = -1;
     if (body.empty())
-        body = randomBody(inputFromMetadata(s.target, options.model, meta.body), options.rowsPerRequest, options.binary,
-                          jsonLength);
+        body = randomBody(inputFromMetadata(s.target, options.model, meta.body), options.rowsPerRequest,
+                          options.binary, jsonLength);
 
     s.request = Request{http::verb::post, path + "/infer", 11};
     s.request.set(http::field::host, s.target.hostHeader);
@@ -507,7 +519,8 @@ LoadReport runLoad(const LoadOptions& options, const std::atomic<bool>* stop, co
     s.interval = 1.0 / options.rate;
     // A short lead lets every connection finish its handshake before the first slot.
     s.start = Clock::now() + std::chrono::milliseconds(50 + options.users / 4);
-    s.end = s.start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.durationS));
+    s.end = s.start +
+            std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.durationS));
     for (auto& c : connections) c->start();
     std::vector<std::thread> threads;
     std::atomic<int64_t> clientCpuNs{0};
@@ -516,7 +529,8 @@ LoadReport runLoad(const LoadOptions& options, const std::atomic<bool>* stop, co
             pthread_setname_np(pthread_self(), "lathe-load");
             ioc.run();
             timespec ts{};
-            if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) == 0) clientCpuNs += int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+            if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) == 0)
+                clientCpuNs += int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
         });
 
     // This thread reports progress and watches `stop`; the I/O threads do the rest.

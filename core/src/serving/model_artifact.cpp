@@ -18,12 +18,12 @@
 #include <variant>
 
 #include "artifact_io.h"
-#include "training/checkpoint_io.h"
 #include "data/raw.h"
-#include "training/zoo.h"
-#include "sha256.h"
 #include "lathe/core/store.h"
+#include "sha256.h"
 #include "torch_backend.h"
+#include "training/checkpoint_io.h"
+#include "training/zoo.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -35,24 +35,29 @@ constexpr const char* kMetaFile = "lathe_meta.json";
 
 std::string datatypeOf(c10::ScalarType t) {
     switch (t) {
-        case c10::kFloat: return "FP32";
-        case c10::kDouble: return "FP64";
-        case c10::kHalf: return "FP16";
-        case c10::kBFloat16: return "BF16";
-        case c10::kLong: return "INT64";
-        case c10::kInt: return "INT32";
-        case c10::kBool: return "BOOL";
-        default: return "BYTES";
+        case c10::kFloat:
+            return "FP32";
+        case c10::kDouble:
+            return "FP64";
+        case c10::kHalf:
+            return "FP16";
+        case c10::kBFloat16:
+            return "BF16";
+        case c10::kLong:
+            return "INT64";
+        case c10::kInt:
+            return "INT32";
+        case c10::kBool:
+            return "BOOL";
+        default:
+            return "BYTES";
     }
 }
 
 std::string metaJson(const ArtifactInfo& info) {
-    json j{{"format", kArtifactFormat},
-           {"signature", json::parse(signatureToJson(info.signature))},
-           {"metrics", info.metrics},
-           {"run_id", info.runId},
-           {"data", info.data},
-           {"source", info.source}};
+    json j{{"format", kArtifactFormat}, {"signature", json::parse(signatureToJson(info.signature))},
+           {"metrics", info.metrics},   {"run_id", info.runId},
+           {"data", info.data},         {"source", info.source}};
     return j.dump(2);
 }
 
@@ -79,7 +84,8 @@ void checkSignature(const ModelSignature& sig, const std::string& path) {
                                       std::to_string(kMaxDim) + ")");
                 row *= dynamicOutput ? 1 : d;
                 if (row > kMaxRow)
-                    throw ConfigError(what + "holds more than " + std::to_string(kMaxRow) + " values per row");
+                    throw ConfigError(what + "holds more than " + std::to_string(kMaxRow) +
+                                      " values per row");
             }
         }
 }
@@ -92,10 +98,12 @@ void fillMeta(ArtifactInfo& info, const std::string& text, const std::string& pa
                           " bytes of Lathe metadata (at most 1 MiB)");
     try {
         const auto j = json::parse(text, [&](int depth, json::parse_event_t, json&) {
-            if (depth > 16) throw ConfigError("model artifact " + path + " has Lathe metadata nested too deeply");
+            if (depth > 16)
+                throw ConfigError("model artifact " + path + " has Lathe metadata nested too deeply");
             return true;
         });
-        if (!j.is_object()) throw ConfigError("model artifact " + path + " has Lathe metadata that is not an object");
+        if (!j.is_object())
+            throw ConfigError("model artifact " + path + " has Lathe metadata that is not an object");
         const int format = j.at("format").get<int>();
         if (format > kArtifactFormat)
             throw ConfigError("model artifact " + path + " has format " + std::to_string(format) +
@@ -171,8 +179,9 @@ torch::jit::Module scriptSequential(torch::nn::Sequential& seq, const data::Spli
             const auto bins = std::to_string(HashedEmbeddingImpl::kBins);
             src << "    ids = torch.clamp(torch.floor(torch.flatten(x, 1) * " << bins << ".0), 0, "
                 << HashedEmbeddingImpl::kBins - 1 << ").long()\n"
-                << "    ids = torch.remainder((torch.arange(" << emb->features << ", device=x.device).unsqueeze(0) * "
-                << bins << " + ids) * " << HashedEmbeddingImpl::kHashMultiplier << ", " << emb->rows << ")\n"
+                << "    ids = torch.remainder((torch.arange(" << emb->features
+                << ", device=x.device).unsqueeze(0) * " << bins << " + ids) * "
+                << HashedEmbeddingImpl::kHashMultiplier << ", " << emb->rows << ")\n"
                 << "    x = torch.embedding(self." << n << "_weight, ids, -1, False, False).sum(1)\n";
         } else if (dynamic_cast<const torch::nn::ReLUImpl*>(p)) {
             src << "    x = torch.relu(x)\n";
@@ -185,15 +194,16 @@ torch::jit::Module scriptSequential(torch::nn::Sequential& seq, const data::Spli
             m.register_parameter(n + "_weight", conv->weight.detach().clone(), false);
             m.register_parameter(n + "_bias", conv->bias.detach().clone(), false);
             src << "    x = torch.conv2d(x, self." << n << "_weight, self." << n << "_bias, "
-                << intList({o.stride()->at(0), o.stride()->at(1)}) << ", " << intList({pad->at(0), pad->at(1)})
-                << ", " << intList({o.dilation()->at(0), o.dilation()->at(1)}) << ", " << o.groups() << ")\n";
+                << intList({o.stride()->at(0), o.stride()->at(1)}) << ", "
+                << intList({pad->at(0), pad->at(1)}) << ", "
+                << intList({o.dilation()->at(0), o.dilation()->at(1)}) << ", " << o.groups() << ")\n";
         } else if (const auto* pool = dynamic_cast<const torch::nn::MaxPool2dImpl*>(p)) {
             const auto& o = pool->options;
-            src << "    x = torch.max_pool2d(x, " << intList({o.kernel_size()->at(0), o.kernel_size()->at(1)}) << ", "
-                << intList({o.stride()->at(0), o.stride()->at(1)}) << ", "
+            src << "    x = torch.max_pool2d(x, " << intList({o.kernel_size()->at(0), o.kernel_size()->at(1)})
+                << ", " << intList({o.stride()->at(0), o.stride()->at(1)}) << ", "
                 << intList({o.padding()->at(0), o.padding()->at(1)}) << ", "
-                << intList({o.dilation()->at(0), o.dilation()->at(1)}) << ", " << (o.ceil_mode() ? "True" : "False")
-                << ")\n";
+                << intList({o.dilation()->at(0), o.dilation()->at(1)}) << ", "
+                << (o.ceil_mode() ? "True" : "False") << ")\n";
         } else {
             throw Error("cannot export layer '" + layer.ptr()->name() + "' to TorchScript");
         }
@@ -208,7 +218,8 @@ std::string readFileBytes(const std::string& path, size_t maxBytes) {
     std::error_code ec;
     const auto size = fs::file_size(path, ec);
     if (ec) throw ConfigError("cannot read " + path + ": " + ec.message());
-    if (size > maxBytes) throw ConfigError(path + " is larger than " + std::to_string(maxBytes >> 20) + " MiB");
+    if (size > maxBytes)
+        throw ConfigError(path + " is larger than " + std::to_string(maxBytes >> 20) + " MiB");
     std::ifstream in(path, std::ios::binary);
     std::string s(size, '\0');
     in.read(s.data(), static_cast<std::streamsize>(size));
@@ -222,8 +233,9 @@ torch::jit::Module loadScript(const std::string& path, torch::jit::ExtraFilesMap
         return torch::jit::load(path, device, extra);
     } catch (const c10::Error& ex) {
         std::string msg = ex.what_without_backtrace();
-        throw ConfigError(path + " is not a TorchScript model (save one with torch.jit.trace(model, x).save(path)): " +
-                          msg.substr(0, msg.find('\n')));
+        throw ConfigError(
+            path + " is not a TorchScript model (save one with torch.jit.trace(model, x).save(path)): " +
+            msg.substr(0, msg.find('\n')));
     }
 }
 
@@ -256,7 +268,8 @@ ArtifactInfo torch_impl::exportRunModel(const Store& store, int64_t runId, const
         if (k.rfind("val/", 0) == 0 || k == "train/loss") info.metrics[k] = v;
     info.runId = runId;
     info.data = spec.data;
-    info.source = "run " + std::to_string(runId) + " (" + run->name + ", " + spec.model + " on " + spec.data + ")";
+    info.source =
+        "run " + std::to_string(runId) + " (" + run->name + ", " + spec.model + " on " + spec.data + ")";
 
     torch::NoGradGuard noGrad;
     auto scripted = scriptSequential(model, split);
@@ -272,7 +285,8 @@ ArtifactInfo torch_impl::exportRunModel(const Store& store, int64_t runId, const
         const auto expected = model->forward(x);
         const auto got = scripted.forward({raw}).toTensor();
         if (!torch::allclose(expected, got, 1e-4, 1e-4))
-            throw Error("exported TorchScript of run " + std::to_string(runId) + " disagrees with the trained model");
+            throw Error("exported TorchScript of run " + std::to_string(runId) +
+                        " disagrees with the trained model");
     }
     saveModule(scripted, outPath, metaJson(info));
     finish(info, outPath);
@@ -280,7 +294,7 @@ ArtifactInfo torch_impl::exportRunModel(const Store& store, int64_t runId, const
 }
 
 ArtifactInfo torch_impl::importTorchScript(const std::string& file, const std::vector<int64_t>& inputShape,
-                               const std::string& outPath) {
+                                           const std::string& outPath) {
     torch::jit::ExtraFilesMap extra{{kMetaFile, ""}};
     auto m = loadScript(file, extra);
     ArtifactInfo info;
@@ -294,13 +308,15 @@ ArtifactInfo torch_impl::importTorchScript(const std::string& file, const std::v
         }
     } else {
         if (inputShape.empty())
-            throw ConfigError(file + " has no Lathe metadata: give one sample's input shape with --input-shape "
-                                     "(e.g. --input-shape 64 or --input-shape 3,224,224)");
+            throw ConfigError(file +
+                              " has no Lathe metadata: give one sample's input shape with --input-shape "
+                              "(e.g. --input-shape 64 or --input-shape 3,224,224)");
         int64_t row = 1;
         for (auto d : inputShape) {
             if (d <= 0 || d > (1 << 20)) throw ConfigError("--input-shape dimensions must be 1..1048576");
             row *= d;
-            if (row > (int64_t{1} << 24)) throw ConfigError("--input-shape holds more than 2^24 values per sample");
+            if (row > (int64_t{1} << 24))
+                throw ConfigError("--input-shape holds more than 2^24 values per sample");
         }
         std::vector<int64_t> shape{1};
         shape.insert(shape.end(), inputShape.begin(), inputShape.end());
@@ -314,8 +330,8 @@ ArtifactInfo torch_impl::importTorchScript(const std::string& file, const std::v
         } catch (const c10::Error& ex) {
             std::string msg = ex.what_without_backtrace();
             throw ConfigError(file + " does not accept input of shape [N, " +
-                              std::to_string(inputShape.size()) + " dims given by --input-shape]: " +
-                              msg.substr(0, msg.find('\n')));
+                              std::to_string(inputShape.size()) +
+                              " dims given by --input-shape]: " + msg.substr(0, msg.find('\n')));
         }
         std::vector<int64_t> in{-1};
         in.insert(in.end(), inputShape.begin(), inputShape.end());
@@ -329,8 +345,9 @@ ArtifactInfo torch_impl::importTorchScript(const std::string& file, const std::v
     // run with the same number, or none (a foreign-key failure). It is kept only in the source.
     const int64_t fromRun = info.runId;
     info.runId = 0;
-    info.source = "file " + fs::absolute(file).lexically_normal().string() +
-                  (fromRun > 0 ? " (exported from run " + std::to_string(fromRun) + " of another workspace)" : "");
+    info.source =
+        "file " + fs::absolute(file).lexically_normal().string() +
+        (fromRun > 0 ? " (exported from run " + std::to_string(fromRun) + " of another workspace)" : "");
     saveModule(m, outPath, metaJson(info));
     finish(info, outPath);
     return info;
@@ -340,8 +357,10 @@ torch::jit::Module loadArtifact(const std::string& path, const c10::Device& devi
     torch::jit::ExtraFilesMap extra{{kMetaFile, ""}};
     auto m = loadScript(path, extra, device);
     if (extra[kMetaFile].empty())
-        throw ConfigError(path + " is a TorchScript file without Lathe metadata: register it first "
-                                 "(lathectl models register NAME --file " + path + " --input-shape ...)");
+        throw ConfigError(path +
+                          " is a TorchScript file without Lathe metadata: register it first "
+                          "(lathectl models register NAME --file " +
+                          path + " --input-shape ...)");
     fillMeta(info, extra[kMetaFile], path);
     return m;
 }
@@ -353,12 +372,14 @@ ArtifactInfo torch_impl::readArtifact(const std::string& path) {
     return info;
 }
 
-ModelVersion torch_impl::registerModel(Registry& registry, const Store* store, const std::string& name, int64_t runId,
-                           const std::string& file, const std::vector<int64_t>& inputShape, int64_t parentVersion) {
+ModelVersion torch_impl::registerModel(Registry& registry, const Store* store, const std::string& name,
+                                       int64_t runId, const std::string& file,
+                                       const std::vector<int64_t>& inputShape, int64_t parentVersion) {
     checkModelName(name);
     if ((runId > 0) == !file.empty()) throw ConfigError("register a model from either --run or --file");
     if (runId > 0 && !store) throw ConfigError("registering a run's model needs its workspace");
-    if (parentVersion > 0) registry.resolve({name, parentVersion, {}});  // NotFoundError before any file is written
+    if (parentVersion > 0)
+        registry.resolve({name, parentVersion, {}});  // NotFoundError before any file is written
     const auto dir = fs::path(registry.modelDir(name));
     // Temporaries of registrations that were killed (an hour old) are of no use to anyone.
     {
@@ -370,11 +391,12 @@ ModelVersion torch_impl::registerModel(Registry& registry, const Store* store, c
     }
     // Written under a unique temporary name, then renamed to its content hash: two registrations
     // racing each other never overwrite one another's file.
-    const auto tmp = (dir / (".incoming-" + std::to_string(::getpid()) + "-" +
-                             std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) + ".pt"))
-                         .string();
+    const auto tmp =
+        (dir / (".incoming-" + std::to_string(::getpid()) + "-" +
+                std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) + ".pt"))
+            .string();
     ArtifactInfo info = runId > 0 ? torch_impl::exportRunModel(*store, runId, tmp)
-                                   : torch_impl::importTorchScript(file, inputShape, tmp);
+                                  : torch_impl::importTorchScript(file, inputShape, tmp);
     const auto final = (dir / (info.sha256.substr(0, 16) + ".pt")).string();
     std::error_code ec;
     const bool existed = fs::exists(final, ec);  // an earlier version with the same content

@@ -10,9 +10,9 @@
 #include <cstdio>
 
 #include "artifact_io.h"
-#include "sha256.h"
 #include "lathe/core/error.h"
 #include "lathe/core/model_artifact.h"
+#include "sha256.h"
 #include "torch_backend.h"
 
 namespace lathe::core {
@@ -34,9 +34,9 @@ torch::jit::Module optimizedForInference(const torch::jit::Module& module) {
 
 namespace lathe::core::serving {
 
-std::shared_ptr<LoadedModel> loadTorchModel(const ServedModel& model, int64_t maxBatch, const std::string& device,
-                                            const std::string& expectedSha256, int instances,
-                                            const std::string& optimize);
+std::shared_ptr<LoadedModel> loadTorchModel(const ServedModel& model, int64_t maxBatch,
+                                            const std::string& device, const std::string& expectedSha256,
+                                            int instances, const std::string& optimize);
 
 // The TorchScript side of a LoadedModel: the module and its per-instance batch buffers.
 class TorchModel final : public LoadedModel {
@@ -45,7 +45,9 @@ public:
     torch::Device device = torch::kCPU;
     std::vector<torch::Tensor> inputs;  // per instance: [maxBatch, sample...], allocated once
 
-    float* inputBuffer(int instance) override { return inputs.at(static_cast<size_t>(instance)).data_ptr<float>(); }
+    float* inputBuffer(int instance) override {
+        return inputs.at(static_cast<size_t>(instance)).data_ptr<float>();
+    }
     void run(int instance, int64_t rows, float* out) override;
 
     friend std::shared_ptr<LoadedModel> loadTorchModel(const ServedModel&, int64_t, const std::string&,
@@ -62,7 +64,8 @@ double forwardMs(torch::jit::Module& module, const torch::Tensor& x, int runs) {
     for (int i = 0; i < runs; ++i) {
         const auto t0 = std::chrono::steady_clock::now();
         module.forward({x});
-        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+        ms.push_back(
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
     std::sort(ms.begin(), ms.end());
     return ms[ms.size() / 2];
@@ -70,8 +73,10 @@ double forwardMs(torch::jit::Module& module, const torch::Tensor& x, int runs) {
 
 std::string fmtMs(double ms) {
     char buf[32];
-    if (ms < 0.1) std::snprintf(buf, sizeof buf, "%.1f us", ms * 1000);
-    else std::snprintf(buf, sizeof buf, "%.2f ms", ms);
+    if (ms < 0.1)
+        std::snprintf(buf, sizeof buf, "%.1f us", ms * 1000);
+    else
+        std::snprintf(buf, sizeof buf, "%.2f ms", ms);
     return buf;
 }
 
@@ -121,7 +126,8 @@ torch::jit::Module maybeOptimize(torch::jit::Module module, const std::string& m
     torch::Tensor want;
     {
         c10::InferenceMode guard;
-        want = module.forward({x}).toTensor().to(torch::kFloat);  // the model itself: its errors are the load's
+        want =
+            module.forward({x}).toTensor().to(torch::kFloat);  // the model itself: its errors are the load's
     }
     const auto one = x.narrow(0, 0, 1);
     torch::Tensor got;
@@ -160,15 +166,16 @@ torch::jit::Module maybeOptimize(torch::jit::Module module, const std::string& m
 
 }  // namespace
 
-std::shared_ptr<LoadedModel> loadTorchModel(const ServedModel& model, int64_t maxBatch, const std::string& device,
-                                               const std::string& expectedSha256, int instances,
-                                               const std::string& optimize) {
+std::shared_ptr<LoadedModel> loadTorchModel(const ServedModel& model, int64_t maxBatch,
+                                            const std::string& device, const std::string& expectedSha256,
+                                            int instances, const std::string& optimize) {
     if (instances < 1) throw ConfigError("--instances must be at least 1");
     if (!expectedSha256.empty()) {
         const auto sha = sha256File(model.path);
         if (sha != expectedSha256)
             throw Error("model artifact " + model.path + " fails its SHA-256 check (registered " +
-                        expectedSha256.substr(0, 12) + "…, file " + sha.substr(0, 12) + "…): it was changed or damaged");
+                        expectedSha256.substr(0, 12) + "…, file " + sha.substr(0, 12) +
+                        "…): it was changed or damaged");
     }
     // One deserialisation gives both the module and its metadata; the device is chosen first.
     torch::Device dev = torch::kCPU;
@@ -199,17 +206,21 @@ std::shared_ptr<LoadedModel> loadTorchModel(const ServedModel& model, int64_t ma
     std::vector<int64_t> shape{maxBatch};
     for (size_t i = 1; i < sig.inputs[0].shape.size(); ++i) {
         const auto s = sig.inputs[0].shape[i];
-        if (s <= 0) throw ConfigError("model " + model.name + ": input dimensions after the batch must be fixed to serve");
+        if (s <= 0)
+            throw ConfigError("model " + model.name +
+                              ": input dimensions after the batch must be fixed to serve");
         shape.push_back(s);
         d.m_inElems *= s;
     }
-    for (size_t i = 1; i < sig.outputs[0].shape.size(); ++i) d.m_outElems *= std::max<int64_t>(1, sig.outputs[0].shape[i]);
+    for (size_t i = 1; i < sig.outputs[0].shape.size(); ++i)
+        d.m_outElems *= std::max<int64_t>(1, sig.outputs[0].shape[i]);
     // Buffers are allocated per instance before the first request: bounded, with a reason.
     constexpr int64_t kMaxBatchValues = int64_t{1} << 30;
     for (const auto elems : {d.m_inElems, d.m_outElems})
         if (elems > kMaxBatchValues / std::max<int64_t>(1, maxBatch))
-            throw ConfigError("model " + model.name + ": --max-batch " + std::to_string(maxBatch) + " rows of " +
-                              std::to_string(elems) + " values exceed 2^30 values per batch buffer; lower --max-batch");
+            throw ConfigError("model " + model.name + ": --max-batch " + std::to_string(maxBatch) +
+                              " rows of " + std::to_string(elems) +
+                              " values exceed 2^30 values per batch buffer; lower --max-batch");
     try {
         d.module.eval();
         // On a GPU nothing of this has been measured: the module runs as loaded.
@@ -222,8 +233,8 @@ std::shared_ptr<LoadedModel> loadTorchModel(const ServedModel& model, int64_t ma
         }
         // Pinned host memory lets the copy to the GPU run asynchronously.
         for (int i = 0; i < instances; ++i)
-            d.inputs.push_back(
-                torch::zeros(shape, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(d.device.is_cuda())));
+            d.inputs.push_back(torch::zeros(
+                shape, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(d.device.is_cuda())));
         // Warm-up: the first forward pays for lazy initialisation (and the JIT's profiling runs);
         // a model is only switched in once that has happened.
         std::vector<float> out(static_cast<size_t>(maxBatch * d.m_outElems));
@@ -245,7 +256,8 @@ void TorchModel::run(int instance, int64_t rows, float* out) {
     y = y.to(torch::kCPU, torch::kFloat).contiguous();
     if (y.numel() != rows * m_outElems)
         throw Error("model " + m_model.name + " returned " + std::to_string(y.numel()) + " values for " +
-                    std::to_string(rows) + " rows; its signature promises " + std::to_string(m_outElems) + " per row");
+                    std::to_string(rows) + " rows; its signature promises " + std::to_string(m_outElems) +
+                    " per row");
     std::memcpy(out, y.data_ptr<float>(), static_cast<size_t>(y.numel()) * sizeof(float));
 }
 

@@ -28,7 +28,8 @@ public:
     ///
     /// The model itself lives in the torch-backed library (serving/model_runner.cpp), loaded on
     /// the first call (torch_backend.h).
-    static std::shared_ptr<LoadedModel> load(const ServedModel& model, int64_t maxBatch, const std::string& device,
+    static std::shared_ptr<LoadedModel> load(const ServedModel& model, int64_t maxBatch,
+                                             const std::string& device,
                                              const std::string& expectedSha256 = {}, int instances = 1,
                                              const std::string& optimize = "off");
     virtual ~LoadedModel() = default;

@@ -18,8 +18,7 @@
 
 namespace lathe::core {
 
-namespace {
-}  // namespace
+namespace {}  // namespace
 
 struct Scraper::Impl {
     Registry& registry;
@@ -42,7 +41,7 @@ struct Scraper::Impl {
 
 void Scraper::Impl::run() {
     AlertEvaluator evaluator(rules);
-    std::map<std::string, int64_t> openAlerts;  // rule -> registry alert id
+    std::map<std::string, int64_t> openAlerts;          // rule -> registry alert id
     std::deque<std::pair<AlertEvent, double>> pending;  // events (and their time) not yet recorded
     std::vector<PromSample> prev;
     double prevT = 0;
@@ -93,7 +92,8 @@ void Scraper::Impl::run() {
             registry.appendServingMetrics(model, stats.version, stats.t, stats.values);
         } catch (const std::exception& ex) {
             // A busy or full workspace must not end monitoring; the next scrape tries again.
-            std::fprintf(stderr, "lathe: storing serving metrics of %s failed: %s\n", model.c_str(), ex.what());
+            std::fprintf(stderr, "lathe: storing serving metrics of %s failed: %s\n", model.c_str(),
+                         ex.what());
         }
         while (!pending.empty()) {
             const auto& [e, at] = pending.front();
@@ -105,8 +105,9 @@ void Scraper::Impl::run() {
                     openAlerts.erase(it);
                 }
             } catch (const std::exception& ex) {
-                std::fprintf(stderr, "lathe: recording the %s alert of %s failed (retried with the next scrape): %s\n",
-                             e.rule.c_str(), model.c_str(), ex.what());
+                std::fprintf(
+                    stderr, "lathe: recording the %s alert of %s failed (retried with the next scrape): %s\n",
+                    e.rule.c_str(), model.c_str(), ex.what());
                 break;
             }
             pending.pop_front();

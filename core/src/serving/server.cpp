@@ -5,6 +5,11 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
@@ -16,20 +21,15 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <prometheus/counter.h>
-#include <prometheus/gauge.h>
-#include <prometheus/histogram.h>
-#include <prometheus/registry.h>
-#include <prometheus/text_serializer.h>
 #include <shared_mutex>
 #include <thread>
 
 #include "batcher.h"
 #include "infer_protocol.h"
-#include "threads.h"
 #include "lathe/core/error.h"
 #include "lathe/core/server.h"
 #include "lathe/kernels/info.h"
+#include "threads.h"
 
 namespace beast = boost::beast;
 namespace http = beast::http;
@@ -46,18 +46,19 @@ using serving::LoadedModel;
 using serving::PendingRequest;
 using Response = http::response<http::string_body>;
 
-const prometheus::Histogram::BucketBoundaries kLatencyBuckets{0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01,
-                                                              0.015,  0.02,  0.03,  0.05,  0.075,  0.1,    0.15,
-                                                              0.25,   0.5,   1,     2.5,   5,      10};
+const prometheus::Histogram::BucketBoundaries kLatencyBuckets{
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03,
+    0.05,   0.075, 0.1,   0.15,  0.25,  0.5,    1,    2.5,   5,    10};
 const prometheus::Histogram::BucketBoundaries kBatchBuckets{1, 2, 4, 8, 16, 32, 64, 128, 256};
 
 // Metric families and the per-label children, created once per (model, version[, code]).
 struct Metrics {
     prometheus::Registry registry;
-    prometheus::Family<prometheus::Counter>& requests = prometheus::BuildCounter()
-                                                            .Name("lathe_requests_total")
-                                                            .Help("Inference requests by model, version and HTTP status")
-                                                            .Register(registry);
+    prometheus::Family<prometheus::Counter>& requests =
+        prometheus::BuildCounter()
+            .Name("lathe_requests_total")
+            .Help("Inference requests by model, version and HTTP status")
+            .Register(registry);
     prometheus::Family<prometheus::Histogram>& latency =
         prometheus::BuildHistogram()
             .Name("lathe_request_duration_seconds")
@@ -75,8 +76,10 @@ struct Metrics {
                                                            .Name("lathe_batch_size")
                                                            .Help("Rows per executed batch")
                                                            .Register(registry);
-    prometheus::Family<prometheus::Gauge>& depth =
-        prometheus::BuildGauge().Name("lathe_queue_depth").Help("Rows waiting for a batch").Register(registry);
+    prometheus::Family<prometheus::Gauge>& depth = prometheus::BuildGauge()
+                                                       .Name("lathe_queue_depth")
+                                                       .Help("Rows waiting for a batch")
+                                                       .Register(registry);
     prometheus::Family<prometheus::Gauge>& info = prometheus::BuildGauge()
                                                       .Name("lathe_model_info")
                                                       .Help("1 for the version now served under a model name")
@@ -89,10 +92,14 @@ struct Metrics {
                                                      .Name("process_resident_memory_bytes")
                                                      .Help("Resident memory of the server process")
                                                      .Register(registry);
-    prometheus::Family<prometheus::Gauge>& gpuUtil =
-        prometheus::BuildGauge().Name("lathe_gpu_utilization_percent").Help("GPU utilisation").Register(registry);
-    prometheus::Family<prometheus::Gauge>& gpuMem =
-        prometheus::BuildGauge().Name("lathe_gpu_memory_used_bytes").Help("GPU memory in use").Register(registry);
+    prometheus::Family<prometheus::Gauge>& gpuUtil = prometheus::BuildGauge()
+                                                         .Name("lathe_gpu_utilization_percent")
+                                                         .Help("GPU utilisation")
+                                                         .Register(registry);
+    prometheus::Family<prometheus::Gauge>& gpuMem = prometheus::BuildGauge()
+                                                        .Name("lathe_gpu_memory_used_bytes")
+                                                        .Help("GPU memory in use")
+                                                        .Register(registry);
 
     struct PerVersion {
         prometheus::Histogram* latency;
@@ -110,8 +117,8 @@ struct Metrics {
         auto it = perVersion.find({model, version});
         if (it != perVersion.end()) return it->second;
         const prometheus::Labels l{{"model", model}, {"version", std::to_string(version)}};
-        PerVersion p{&latency.Add(l, kLatencyBuckets), &queue.Add(l, kLatencyBuckets), &compute.Add(l, kLatencyBuckets),
-                     &batch.Add(l, kBatchBuckets)};
+        PerVersion p{&latency.Add(l, kLatencyBuckets), &queue.Add(l, kLatencyBuckets),
+                     &compute.Add(l, kLatencyBuckets), &batch.Add(l, kBatchBuckets)};
         return perVersion.emplace(std::make_pair(model, version), p).first->second;
     }
     void count(const std::string& model, int64_t version, int code) {
@@ -143,7 +150,8 @@ struct Metrics {
         }
         std::ifstream statm("/proc/self/statm");
         long pages = 0, resident = 0;
-        if (statm >> pages >> resident) rss.Add({}).Set(static_cast<double>(resident) * sysconf(_SC_PAGESIZE));
+        if (statm >> pages >> resident)
+            rss.Add({}).Set(static_cast<double>(resident) * sysconf(_SC_PAGESIZE));
     }
 };
 
@@ -158,7 +166,10 @@ struct GpuProbe {
         std::lock_guard<std::mutex> lk(mutex);
         if (Clock::now() - last < std::chrono::seconds(2)) return;
         last = Clock::now();
-        FILE* p = ::popen("nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader,nounits -i 0 2>/dev/null", "r");
+        FILE* p = ::popen(
+            "nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader,nounits -i 0 "
+            "2>/dev/null",
+            "r");
         if (!p) return;
         double util = 0, memMiB = 0;
         if (std::fscanf(p, "%lf, %lf", &util, &memMiB) == 2) {
@@ -210,7 +221,8 @@ struct InferenceServer::Impl {
     void load(const ServedModel& m, const std::string& sha) {
         std::lock_guard<std::mutex> loadLock(loadMutex);
         // Throws: the old one keeps serving.
-        auto fresh = LoadedModel::load(m, options.maxBatch, options.device, sha, options.instances, options.optimize);
+        auto fresh =
+            LoadedModel::load(m, options.maxBatch, options.device, sha, options.instances, options.optimize);
         // In the server's log (a deployment's log file): which graph this version runs, and why.
         if (!fresh->optimization().empty())
             std::fprintf(stderr, "%s v%lld: %s\n", m.name.c_str(), static_cast<long long>(m.version),
@@ -231,8 +243,9 @@ struct InferenceServer::Impl {
                 stats.onQueueDepth = [this, name](int64_t rows) {
                     metrics.depth.Add({{"model", name}}).Set(static_cast<double>(rows));
                 };
-                entry->batcher = std::make_unique<Batcher>(options.maxBatch, options.maxDelayMs, options.maxQueue,
-                                                           std::move(stats), options.instances);
+                entry->batcher =
+                    std::make_unique<Batcher>(options.maxBatch, options.maxDelayMs, options.maxQueue,
+                                              std::move(stats), options.instances);
             }
             s = entry;
         }
@@ -252,7 +265,9 @@ struct InferenceServer::Impl {
 
 namespace {
 
-std::string jsonOk(const nlohmann::json& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
+std::string jsonOk(const nlohmann::json& j) {
+    return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
 
 class Session : public std::enable_shared_from_this<Session> {
 public:
@@ -276,7 +291,8 @@ private:
         // rather than the stream's timeout, which would close the socket before we could answer.
         m_stream.expires_never();
         m_timedOut = false;
-        m_timer.expires_after(std::chrono::milliseconds(static_cast<int64_t>(m_server->options.idleTimeoutS * 1000)));
+        m_timer.expires_after(
+            std::chrono::milliseconds(static_cast<int64_t>(m_server->options.idleTimeoutS * 1000)));
         m_timer.async_wait([self = shared_from_this()](beast::error_code ec) {
             if (ec) return;  // cancelled: the request arrived in time
             self->m_timedOut = true;
@@ -290,16 +306,20 @@ private:
     void onRead(beast::error_code ec) {
         m_timer.cancel();
         if (m_timedOut && ec) ec = beast::error::timeout;
-        if (ec == http::error::end_of_stream || ec == net::error::eof || ec == net::error::connection_reset) return close();
+        if (ec == http::error::end_of_stream || ec == net::error::eof || ec == net::error::connection_reset)
+            return close();
         if (ec == beast::error::timeout) {
             // Nothing was started: a keep-alive connection that went quiet is closed silently;
             // one that stalled mid-request learns why.
-            if (m_parser && m_parser->got_some()) return sendError(408, "request not received within the timeout", false);
+            if (m_parser && m_parser->got_some())
+                return sendError(408, "request not received within the timeout", false);
             return close();
         }
         if (ec == http::error::body_limit)
-            return sendError(413, "request body is larger than " + std::to_string(m_server->options.maxBodyBytes) +
-                                      " bytes", false);
+            return sendError(
+                413,
+                "request body is larger than " + std::to_string(m_server->options.maxBodyBytes) + " bytes",
+                false);
         if (ec == http::error::header_limit) return sendError(431, "request headers are too large", false);
         if (ec) return sendError(400, std::string("malformed HTTP request: ") + ec.message(), false);
         m_request = m_parser->release();
@@ -338,7 +358,8 @@ private:
             m_server->metrics.refreshProcess();
             m_server->gpu.refresh(m_server->metrics);
             prometheus::TextSerializer ser;
-            return send(200, ser.Serialize(m_server->metrics.registry.Collect()), "text/plain; version=0.0.4");
+            return send(200, ser.Serialize(m_server->metrics.registry.Collect()),
+                        "text/plain; version=0.0.4");
         }
         if (seg.empty() || seg[0] != "v2") return sendError(404, "no such endpoint: " + target);
         if (is({"v2"})) {
@@ -367,7 +388,8 @@ private:
             std::shared_lock<std::shared_mutex> lk(m_server->modelsMutex);
             for (const auto& [name, s] : m_server->models)
                 if (auto m = s->get())
-                    a.push_back({{"name", name}, {"version", std::to_string(m->version())}, {"state", "READY"}});
+                    a.push_back(
+                        {{"name", name}, {"version", std::to_string(m->version())}, {"state", "READY"}});
             return send(200, jsonOk(a));
         }
         if (is({"v2", "repository", "models", "*", "load"})) {
@@ -382,7 +404,8 @@ private:
             size_t rest = 3;
             if (seg.size() >= 5 && seg[3] == "versions") {
                 if (seg[4] != std::to_string(model->version()))
-                    return sendError(404, "model '" + name + "' version " + seg[4] + " is not served (serving version " +
+                    return sendError(404, "model '" + name + "' version " + seg[4] +
+                                              " is not served (serving version " +
                                               std::to_string(model->version()) + ")");
                 rest = 5;
             }
@@ -406,11 +429,12 @@ private:
         serving::InferRequest req;
         serving::ProtocolError err;
         const auto headerLength = m_request.find(serving::kInferHeaderLength);
-        if (!serving::parseInferRequest(m_request.body(), model->signature(), model->maxBatch(), req, err,
-                                        headerLength == m_request.end()
-                                            ? std::nullopt
-                                            : std::optional<std::string_view>(std::string_view(
-                                                  headerLength->value().data(), headerLength->value().size())))) {
+        if (!serving::parseInferRequest(
+                m_request.body(), model->signature(), model->maxBatch(), req, err,
+                headerLength == m_request.end()
+                    ? std::nullopt
+                    : std::optional<std::string_view>(
+                          std::string_view(headerLength->value().data(), headerLength->value().size())))) {
             m_server->metrics.count(model->name(), model->version(), err.status);
             return sendError(err.status, err.message);
         }
@@ -423,17 +447,19 @@ private:
                   binary = req.binaryOutput](BatchResult&& r) {
             // Back onto this connection's strand: the batcher thread must not touch the socket,
             // and JSON encoding belongs on the I/O threads, not in the batch loop.
-            net::post(self->m_stream.get_executor(), [self, model, id, rows, binary, r = std::move(r)]() mutable {
-                self->answer(*model, id, rows, binary, r);
-            });
+            net::post(self->m_stream.get_executor(),
+                      [self, model, id, rows, binary, r = std::move(r)]() mutable {
+                          self->answer(*model, id, rows, binary, r);
+                      });
         };
         if (!slot->batcher->submit(std::move(p))) {
             m_server->metrics.count(model->name(), model->version(), 503);
             Response res{http::status::service_unavailable, m_request.version()};
             res.set(http::field::retry_after, "1");
             res.set(http::field::content_type, "application/json");
-            res.body() = serving::errorBody("server overloaded: the request queue is full (--max-queue " +
-                                            std::to_string(m_server->options.maxQueue) + " rows); retry later");
+            res.body() =
+                serving::errorBody("server overloaded: the request queue is full (--max-queue " +
+                                   std::to_string(m_server->options.maxQueue) + " rows); retry later");
             return write(std::move(res));
         }
     }
@@ -443,21 +469,25 @@ private:
         if (r.status != 200) return sendError(r.status, r.error);
         auto& pv = m_server->metrics.of(model.name(), model.version());
         pv.queue->Observe(r.queueS);
-        auto out = serving::inferResponse(model.name(), model.version(), id, model.signature().outputs[0], rows,
-                                          r.output.data(), model.outputElems(), binary);
-        if (out.jsonLength < 0) send(200, std::move(out.body));
-        else send(200, std::move(out.body), "application/octet-stream", out.jsonLength);
+        auto out = serving::inferResponse(model.name(), model.version(), id, model.signature().outputs[0],
+                                          rows, r.output.data(), model.outputElems(), binary);
+        if (out.jsonLength < 0)
+            send(200, std::move(out.body));
+        else
+            send(200, std::move(out.body), "application/octet-stream", out.jsonLength);
         pv.latency->Observe(std::chrono::duration<double>(Clock::now() - m_started).count());
     }
 
     void loadModel(const std::string& name) {
         if (m_server->options.workspace.empty())
-            return sendError(400, "this server was started with --file and has no registry to load versions from");
+            return sendError(400,
+                             "this server was started with --file and has no registry to load versions from");
         ModelRef ref;
         try {
             checkModelName(name);
             ref.name = name;
-            const auto j = nlohmann::json::parse(m_request.body().empty() ? std::string("{}") : m_request.body());
+            const auto j =
+                nlohmann::json::parse(m_request.body().empty() ? std::string("{}") : m_request.body());
             const auto params = j.value("parameters", nlohmann::json::object());
             if (params.contains("version")) {
                 const auto& v = params["version"];
@@ -488,10 +518,12 @@ private:
                 body = serving::errorBody(ex.what());
             } catch (const std::exception& ex) {
                 status = 500;
-                body = serving::errorBody(std::string("load failed, the previous version keeps serving: ") + ex.what());
+                body = serving::errorBody(std::string("load failed, the previous version keeps serving: ") +
+                                          ex.what());
             }
-            net::post(self->m_stream.get_executor(),
-                      [self, status, body = std::move(body)]() mutable { self->send(status, std::move(body)); });
+            net::post(self->m_stream.get_executor(), [self, status, body = std::move(body)]() mutable {
+                self->send(status, std::move(body));
+            });
         });
     }
 
@@ -518,7 +550,8 @@ private:
         res.keep_alive(keepAlive && m_request.keep_alive() && !m_server->stopping);
         res.prepare_payload();
         auto sp = std::make_shared<Response>(std::move(res));
-        m_stream.expires_after(std::chrono::milliseconds(static_cast<int64_t>(m_server->options.idleTimeoutS * 1000)));
+        m_stream.expires_after(
+            std::chrono::milliseconds(static_cast<int64_t>(m_server->options.idleTimeoutS * 1000)));
         http::async_write(m_stream, *sp, [self = shared_from_this(), sp](beast::error_code ec, size_t) {
             if (ec || !sp->keep_alive()) return self->close();
             self->m_request = {};
@@ -558,10 +591,11 @@ void InferenceServer::Impl::stop() {
     if (stopped) return;
     stopped = true;
     stopping = true;
-    if (acceptor) net::post(ioc, [this] {
-        beast::error_code ec;
-        acceptor->close(ec);
-    });
+    if (acceptor)
+        net::post(ioc, [this] {
+            beast::error_code ec;
+            acceptor->close(ec);
+        });
     // Queued requests are answered before the batchers end.
     std::vector<std::shared_ptr<ModelSlot>> slots;
     {
@@ -587,7 +621,8 @@ InferenceServer::InferenceServer(ServeOptions options) : d(std::make_unique<Impl
     if (options.maxDelayMs < 0) throw ConfigError("--max-delay-ms must be 0 or more");
     if (options.maxQueue < options.maxBatch) throw ConfigError("--max-queue must be at least --max-batch");
     if (options.ioThreads < 1) throw ConfigError("--threads must be at least 1");
-    if (options.instances < 1 || options.instances > 64) throw ConfigError("--instances must be between 1 and 64");
+    if (options.instances < 1 || options.instances > 64)
+        throw ConfigError("--instances must be between 1 and 64");
     if (options.device != "auto" && options.device != "cpu" && options.device != "cuda")
         throw ConfigError("--device '" + options.device + "': use auto, cpu or cuda");
     if (options.optimize != "auto" && options.optimize != "on" && options.optimize != "off")
@@ -619,15 +654,20 @@ void InferenceServer::load(const ServedModel& model) {
 uint16_t InferenceServer::start() {
     beast::error_code ec;
     const auto address = net::ip::make_address(d->options.host, ec);
-    if (ec) throw ConfigError("--host '" + d->options.host + "' is not an IP address (use e.g. 127.0.0.1 or 0.0.0.0)");
+    if (ec)
+        throw ConfigError("--host '" + d->options.host +
+                          "' is not an IP address (use e.g. 127.0.0.1 or 0.0.0.0)");
     const tcp::endpoint ep{address, d->options.port};
     d->acceptor.emplace(d->ioc);
     d->acceptor->open(ep.protocol(), ec);
     if (!ec) d->acceptor->set_option(net::socket_base::reuse_address(true), ec);
     if (!ec) d->acceptor->bind(ep, ec);
     if (ec)
-        throw Error("cannot listen on " + d->options.host + ":" + std::to_string(d->options.port) + ": " + ec.message() +
-                    (ec == net::error::address_in_use ? " (another server is using the port; choose one with --port)" : ""));
+        throw Error("cannot listen on " + d->options.host + ":" + std::to_string(d->options.port) + ": " +
+                    ec.message() +
+                    (ec == net::error::address_in_use
+                         ? " (another server is using the port; choose one with --port)"
+                         : ""));
     d->acceptor->listen(net::socket_base::max_listen_connections, ec);
     if (ec) throw Error("cannot listen on port " + std::to_string(d->options.port) + ": " + ec.message());
     d->boundPort = d->acceptor->local_endpoint().port();
@@ -669,7 +709,8 @@ void InferenceServer::stop() {
 }
 
 void InferenceServer::runUntil(const std::atomic<bool>& stopFlag) {
-    while (!stopFlag.load() && !d->stopping.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    while (!stopFlag.load() && !d->stopping.load())
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
     stop();
 }
 

@@ -1,16 +1,16 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <algorithm>
 
-#include "training/checkpoint_file.h"
 #include "lathe/core/error.h"
 #include "sha256.h"
+#include "training/checkpoint_file.h"
 
 namespace fs = std::filesystem;
 
@@ -51,7 +51,8 @@ std::string readVerified(const std::string& path, CheckpointInfo& info) {
     if (!in) throw CheckpointError("checkpoint " + path + " cannot be read: " + std::strerror(errno));
     std::string line;
     std::getline(in, line);
-    if (line.rfind(kMagic, 0) != 0) throw CheckpointError("checkpoint " + path + " is not a Lathe checkpoint");
+    if (line.rfind(kMagic, 0) != 0)
+        throw CheckpointError("checkpoint " + path + " is not a Lathe checkpoint");
     const int format = std::atoi(line.c_str() + std::strlen(kMagic));
     if (format < 1 || format > kCheckpointFormat)
         throw CheckpointError("checkpoint " + path + " has format " + std::to_string(format) +
@@ -66,12 +67,18 @@ std::string readVerified(const std::string& path, CheckpointInfo& info) {
         std::istringstream ls(line);
         std::string key;
         ls >> key;
-        if (key == "epoch") ls >> info.epoch;
-        else if (key == "step") ls >> info.step;
-        else if (key == "sha256") ls >> info.sha256;
-        else if (key == "workspace" && format >= 2) ls >> info.workspaceId;
-        else if (key == "run" && format >= 2) ls >> info.runId;
-        else if (key == "size") haveSize = static_cast<bool>(ls >> info.payloadBytes);
+        if (key == "epoch")
+            ls >> info.epoch;
+        else if (key == "step")
+            ls >> info.step;
+        else if (key == "sha256")
+            ls >> info.sha256;
+        else if (key == "workspace" && format >= 2)
+            ls >> info.workspaceId;
+        else if (key == "run" && format >= 2)
+            ls >> info.runId;
+        else if (key == "size")
+            haveSize = static_cast<bool>(ls >> info.payloadBytes);
     }
     if (!in || !haveSize || info.sha256.size() != 64 || info.payloadBytes < 0 ||
         info.workspaceId.size() > 64 || (info.workspaceId.empty() != (info.runId == 0)))
@@ -107,13 +114,16 @@ CheckpointInfo readCheckpointInfo(const std::string& path) {
     return info;
 }
 
-std::string readCheckpointPayload(const std::string& path, CheckpointInfo& info) { return readVerified(path, info); }
+std::string readCheckpointPayload(const std::string& path, CheckpointInfo& info) {
+    return readVerified(path, info);
+}
 
-CheckpointInfo writeCheckpointFile(const std::string& path, int64_t epoch, int64_t step, const std::string& payload,
-                                   const CheckpointOwner& owner) {
+CheckpointInfo writeCheckpointFile(const std::string& path, int64_t epoch, int64_t step,
+                                   const std::string& payload, const CheckpointOwner& owner) {
     if (owner.workspaceId.find_first_of(" \t\r\n") != std::string::npos || owner.workspaceId.size() > 64 ||
         (owner.workspaceId.empty() != (owner.runId == 0)))
-        throw CheckpointError("checkpoint owner must be a workspace id (no spaces, at most 64 characters) and a run");
+        throw CheckpointError(
+            "checkpoint owner must be a workspace id (no spaces, at most 64 characters) and a run");
     CheckpointInfo info;
     info.path = path;
     info.epoch = epoch;
@@ -152,7 +162,8 @@ CheckpointInfo writeCheckpointFile(const std::string& path, int64_t epoch, int64
     // The rename itself is durable only once the directory is: without this a power cut may
     // bring the previous checkpoint back.
     const auto dir = fs::path(path).parent_path();
-    if (const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+    if (const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        dfd >= 0) {
         ::fsync(dfd);
         ::close(dfd);
     }
@@ -160,7 +171,8 @@ CheckpointInfo writeCheckpointFile(const std::string& path, int64_t epoch, int64
     for (const auto& entry : fs::directory_iterator(dir.empty() ? fs::path(".") : dir, ec)) {
         const auto name = entry.path().filename().string();
         const auto base = fs::path(path).filename().string() + ".tmp-";
-        if (name.rfind(base, 0) == 0 && name != fs::path(tmp).filename().string()) fs::remove(entry.path(), ec);
+        if (name.rfind(base, 0) == 0 && name != fs::path(tmp).filename().string())
+            fs::remove(entry.path(), ec);
     }
     return info;
 }

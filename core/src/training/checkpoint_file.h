@@ -14,7 +14,7 @@ std::string readCheckpointPayload(const std::string& path, CheckpointInfo& info)
 /// Writes header and payload to a temporary name, fsyncs, renames into place and fsyncs the
 /// directory. `owner` (when given) is written into the header and covered by the checksum.
 /// Throws CheckpointError.
-CheckpointInfo writeCheckpointFile(const std::string& path, int64_t epoch, int64_t step, const std::string& payload,
-                                   const CheckpointOwner& owner = {});
+CheckpointInfo writeCheckpointFile(const std::string& path, int64_t epoch, int64_t step,
+                                   const std::string& payload, const CheckpointOwner& owner = {});
 
 }  // namespace lathe::core

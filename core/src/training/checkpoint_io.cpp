@@ -9,9 +9,9 @@
 
 namespace lathe::core {
 
-CheckpointInfo saveCheckpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                              int64_t epoch, int64_t step, const CheckpointExtras& extras,
-                              const CheckpointOwner& owner) {
+CheckpointInfo saveCheckpoint(const std::string& path, torch::nn::Module& model,
+                              torch::optim::Optimizer& optimizer, int64_t epoch, int64_t step,
+                              const CheckpointExtras& extras, const CheckpointOwner& owner) {
     torch::serialize::OutputArchive archive;
     model.save(archive);
     for (const auto& [name, t] : extras) archive.write("lathe." + name, t.cpu());
@@ -38,15 +38,17 @@ CheckpointInfo restoreFrom(const std::string& path, const char* what, Restore&& 
         restore(archive);
     } catch (const c10::Error& ex) {
         std::string msg = ex.what_without_backtrace();
-        throw CheckpointError("checkpoint " + path + " does not fit " + what + ": " + msg.substr(0, msg.find('\n')));
+        throw CheckpointError("checkpoint " + path + " does not fit " + what + ": " +
+                              msg.substr(0, msg.find('\n')));
     }
     return info;
 }
 
 }  // namespace
 
-CheckpointInfo loadCheckpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                              CheckpointExtras* extras, const std::string& extrasPrefix) {
+CheckpointInfo loadCheckpoint(const std::string& path, torch::nn::Module& model,
+                              torch::optim::Optimizer& optimizer, CheckpointExtras* extras,
+                              const std::string& extrasPrefix) {
     return restoreFrom(path, "this model and optimizer", [&](torch::serialize::InputArchive& archive) {
         model.load(archive);
         torch::serialize::InputArchive optimArchive;
@@ -72,7 +74,8 @@ CheckpointInfo loadCheckpoint(const std::string& path, torch::nn::Module& model,
 }
 
 CheckpointInfo loadModelWeights(const std::string& path, torch::nn::Module& model) {
-    return restoreFrom(path, "this model", [&](torch::serialize::InputArchive& archive) { model.load(archive); });
+    return restoreFrom(path, "this model",
+                       [&](torch::serialize::InputArchive& archive) { model.load(archive); });
 }
 
 }  // namespace lathe::core

@@ -12,16 +12,17 @@ namespace lathe::core {
 /// Named tensors saved beside model and optimizer (e.g. the loss scaler's state).
 using CheckpointExtras = std::map<std::string, torch::Tensor>;
 
-CheckpointInfo saveCheckpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                              int64_t epoch, int64_t step, const CheckpointExtras& extras = {},
-                              const CheckpointOwner& owner = {});
+CheckpointInfo saveCheckpoint(const std::string& path, torch::nn::Module& model,
+                              torch::optim::Optimizer& optimizer, int64_t epoch, int64_t step,
+                              const CheckpointExtras& extras = {}, const CheckpointOwner& owner = {});
 /// Verifies the checksum, then restores model and optimizer. Throws CheckpointError, also when
 /// the checkpoint was written for a different model.
 /// `extras` (optional): the names to look for; those present in the file are filled in, the
 /// others are removed from the map. Every extra whose name starts with `extrasPrefix` (when not
 /// empty) is added too.
-CheckpointInfo loadCheckpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                              CheckpointExtras* extras = nullptr, const std::string& extrasPrefix = {});
+CheckpointInfo loadCheckpoint(const std::string& path, torch::nn::Module& model,
+                              torch::optim::Optimizer& optimizer, CheckpointExtras* extras = nullptr,
+                              const std::string& extrasPrefix = {});
 
 /// Verifies the checksum and restores only the model's parameters and buffers (for export).
 CheckpointInfo loadModelWeights(const std::string& path, torch::nn::Module& model);

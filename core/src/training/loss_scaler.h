@@ -78,7 +78,8 @@ public:
         }
         bool found = false;
         for (auto& g : grads) {
-            TORCH_CHECK(g.scalar_type() == torch::kFloat && g.is_contiguous(), "gradients must be contiguous float32");
+            TORCH_CHECK(g.scalar_type() == torch::kFloat && g.is_contiguous(),
+                        "gradients must be contiguous float32");
             found |= kernels::scaleAndCheck(g.data_ptr<float>(), static_cast<size_t>(g.numel()), inv);
         }
         return found;
@@ -88,8 +89,10 @@ public:
         if (!m_dynamic) return;
         if (m_useAten && m_foundDevice.defined()) {
             if (foundInf) m_foundDevice.fill_(1.0f);  // also a non-finite loss, not only gradients
-            auto scaleT = torch::full({1}, m_scale, torch::TensorOptions().dtype(torch::kFloat).device(m_device));
-            auto tracker = torch::full({1}, m_tracker, torch::TensorOptions().dtype(torch::kInt).device(m_device));
+            auto scaleT =
+                torch::full({1}, m_scale, torch::TensorOptions().dtype(torch::kFloat).device(m_device));
+            auto tracker =
+                torch::full({1}, m_tracker, torch::TensorOptions().dtype(torch::kInt).device(m_device));
             at::_amp_update_scale_(scaleT, tracker, m_foundDevice, m_growth, m_backoff, m_interval);
             m_scale = scaleT.item<float>();
             m_tracker = tracker.item<int>();

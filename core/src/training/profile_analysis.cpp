@@ -44,7 +44,8 @@ std::vector<OpSummary> topOps(const std::vector<ProfileSpan>& spans, int top) {
         std::vector<size_t> stack;
         for (size_t i = 0; i < ops.size(); ++i) {
             const auto* op = ops[i];
-            while (!stack.empty() && ops[stack.back()]->startNs + ops[stack.back()]->durationNs <= op->startNs)
+            while (!stack.empty() &&
+                   ops[stack.back()]->startNs + ops[stack.back()]->durationNs <= op->startNs)
                 stack.pop_back();
             if (!stack.empty()) {
                 childNs[stack.back()] += op->durationNs;
@@ -60,7 +61,8 @@ std::vector<OpSummary> topOps(const std::vector<ProfileSpan>& spans, int top) {
             a.selfNs += std::max<int64_t>(0, ops[i]->durationNs - childNs[i]);
             if (ops[i]->cudaNs >= 0) {  // device time nests as the host intervals do
                 a.cudaTotalNs = std::max<int64_t>(0, a.cudaTotalNs) + ops[i]->cudaNs;
-                a.cudaSelfNs = std::max<int64_t>(0, a.cudaSelfNs) + std::max<int64_t>(0, ops[i]->cudaNs - childCudaNs[i]);
+                a.cudaSelfNs = std::max<int64_t>(0, a.cudaSelfNs) +
+                               std::max<int64_t>(0, ops[i]->cudaNs - childCudaNs[i]);
             }
         }
     }
@@ -70,7 +72,8 @@ std::vector<OpSummary> topOps(const std::vector<ProfileSpan>& spans, int top) {
         selfSum += a.selfNs;
         out.push_back(a);
     }
-    for (auto& a : out) a.share = selfSum > 0 ? static_cast<double>(a.selfNs) / static_cast<double>(selfSum) : 0.0;
+    for (auto& a : out)
+        a.share = selfSum > 0 ? static_cast<double>(a.selfNs) / static_cast<double>(selfSum) : 0.0;
     std::sort(out.begin(), out.end(), [](const OpSummary& a, const OpSummary& b) {
         return a.selfNs != b.selfNs ? a.selfNs > b.selfNs : a.name < b.name;
     });
@@ -84,7 +87,8 @@ std::vector<PhaseSummary> phasesByStep(const std::vector<ProfileSpan>& spans) {
         if (s.kind != ProfileSpan::Kind::Phase) continue;
         auto& ps = steps[s.step];
         ps.step = s.step;
-        auto it = std::find_if(ps.phases.begin(), ps.phases.end(), [&](const auto& p) { return p.first == s.name; });
+        auto it = std::find_if(ps.phases.begin(), ps.phases.end(),
+                               [&](const auto& p) { return p.first == s.name; });
         if (it == ps.phases.end())
             ps.phases.emplace_back(s.name, s.durationNs);
         else
@@ -95,18 +99,20 @@ std::vector<PhaseSummary> phasesByStep(const std::vector<ProfileSpan>& spans) {
     return out;
 }
 
-void writeChromeTrace(const std::vector<ProfileSpan>& spans, std::ostream& out, const std::string& processName) {
+void writeChromeTrace(const std::vector<ProfileSpan>& spans, std::ostream& out,
+                      const std::string& processName) {
     using nlohmann::json;
     json events = json::array();
     events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 1}, {"args", {{"name", processName}}}});
     std::map<int64_t, bool> threads;
     for (const auto& s : spans) threads[s.thread] = true;
     for (const auto& [t, unused] : threads)
-        events.push_back({{"name", "thread_name"},
-                          {"ph", "M"},
-                          {"pid", 1},
-                          {"tid", t},
-                          {"args", {{"name", t == 0 ? std::string("training") : "thread " + std::to_string(t)}}}});
+        events.push_back(
+            {{"name", "thread_name"},
+             {"ph", "M"},
+             {"pid", 1},
+             {"tid", t},
+             {"args", {{"name", t == 0 ? std::string("training") : "thread " + std::to_string(t)}}}});
     // Microseconds from the first span: absolute epoch times would not keep nanosecond fractions
     // in a double, and nesting must survive the unit change.
     int64_t origin = spans.empty() ? 0 : spans.front().startNs;
@@ -125,7 +131,8 @@ void writeChromeTrace(const std::vector<ProfileSpan>& spans, std::ostream& out, 
                           {"args", args}});
     }
     // Run names are free text: invalid UTF-8 is replaced rather than failing the export.
-    out << json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump(-1, ' ', false, json::error_handler_t::replace)
+    out << json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump(-1, ' ', false,
+                                                                         json::error_handler_t::replace)
         << '\n';
 }
 

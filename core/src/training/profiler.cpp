@@ -153,14 +153,16 @@ Profiler::~Profiler() {
 
 int64_t Profiler::nowNs() const {
     return m_originWallNs +
-           std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - m_origin).count();
+           std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - m_origin)
+               .count();
 }
 
 void Profiler::attach() {
     if (m_attached) return;
-    m_handle = at::addGlobalCallback(at::RecordFunctionCallback(&onStart, &onEnd)
-                                         .needsInputs(true)
-                                         .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+    m_handle =
+        at::addGlobalCallback(at::RecordFunctionCallback(&onStart, &onEnd)
+                                  .needsInputs(true)
+                                  .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
     m_attached = true;
 }
 
@@ -194,8 +196,10 @@ void Profiler::addPhase(const char* name, int64_t startNs, int64_t endNs, int64_
 
 void Profiler::addOp(ProfileSpan&& span, void* startEvent, void* endEvent) {
     std::lock_guard<std::mutex> lk(m_mutex);
-    if (startEvent && endEvent) m_deviceTimed.push_back({m_spans.size(), startEvent, endEvent});
-    else if (startEvent) m_freeEvents.push_back(startEvent);
+    if (startEvent && endEvent)
+        m_deviceTimed.push_back({m_spans.size(), startEvent, endEvent});
+    else if (startEvent)
+        m_freeEvents.push_back(startEvent);
     m_spans.push_back(std::move(span));
 }
 

@@ -1,28 +1,35 @@
 // Ties a training run to the workspace: the store records every event of the stream.
+#include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <optional>
 #include <istream>
+#include <optional>
 #include <set>
 #include <thread>
-#include <chrono>
 
-#include "workspace/file_lock.h"
 #include "lathe/core/checkpoint.h"
-#include "lathe/core/launcher.h"
 #include "lathe/core/error.h"
-#include "lathe/core/store.h"
+#include "lathe/core/launcher.h"
 #include "lathe/core/record.h"
+#include "lathe/core/store.h"
 #include "lathe/core/trainer.h"
+#include "workspace/file_lock.h"
 
 namespace lathe::core {
 
 void recordEvent(Store& store, int64_t runId, const Event& e) {
     switch (e.type) {
-        case Event::Type::Run: break;  // consumed by ingestEventStream, which creates the run
-        case Event::Type::Span: store.appendSpan(runId, e.span); break;
-        case Event::Type::Metric: store.appendMetric(runId, e.key, e.step, e.wallTime, e.value); break;
-        case Event::Type::Log: store.appendLog(runId, e.wallTime, e.level.empty() ? "info" : e.level, e.text); break;
+        case Event::Type::Run:
+            break;  // consumed by ingestEventStream, which creates the run
+        case Event::Type::Span:
+            store.appendSpan(runId, e.span);
+            break;
+        case Event::Type::Metric:
+            store.appendMetric(runId, e.key, e.step, e.wallTime, e.value);
+            break;
+        case Event::Type::Log:
+            store.appendLog(runId, e.wallTime, e.level.empty() ? "info" : e.level, e.text);
+            break;
         case Event::Type::Status:
             // decodeEvent admits only the statuses a worker reports.
             store.setRunStatus(runId, runStatusFromString(e.text).value_or(RunStatus::Failed));
@@ -34,8 +41,8 @@ void recordEvent(Store& store, int64_t runId, const Event& e) {
         case Event::Type::Checkpoint:
             store.addArtifact(runId, "checkpoint", e.text, e.sha256);
             store.appendLog(runId, e.wallTime, "info",
-                            "checkpoint after epoch " + std::to_string(static_cast<int64_t>(e.value)) + " (step " +
-                                std::to_string(e.step) + "): " + e.text);
+                            "checkpoint after epoch " + std::to_string(static_cast<int64_t>(e.value)) +
+                                " (step " + std::to_string(e.step) + "): " + e.text);
             break;
     }
 }
@@ -71,7 +78,8 @@ TrainResult trainInWorkers(Store& store, int64_t runId, const RunSpec& spec, con
     if (r.status == RunStatus::Failed && !r.error.empty()) sink(Event::error(r.error));
     store.flush();
     const auto lastMetrics = store.lastMetrics(runId);
-    if (auto it = lastMetrics.find("train/epoch"); it != lastMetrics.end()) r.epochsDone = static_cast<int64_t>(it->second);
+    if (auto it = lastMetrics.find("train/epoch"); it != lastMetrics.end())
+        r.epochsDone = static_cast<int64_t>(it->second);
     const auto epochs = store.metrics(runId, "train/epoch");
     if (!epochs.empty()) r.steps = epochs.back().step;
     return r;
@@ -83,12 +91,29 @@ TrainResult trainInWorkers(Store& store, int64_t runId, const RunSpec& spec, con
 // the trajectory the checkpoint is a point of (model, data, optimizer, learning rate and
 // schedule, batch, seed, ranks, gradient exchange) and must stay as recorded.
 bool mayChangeOnResume(const std::string& key) {
-    static const std::set<std::string> keys{
-        "epochs",         "name",           "experiment",        "log_every",          "checkpoint_every",
-        "threads",        "device",         "backend",           "bucket_mb",          "activation_checkpointing",
-        "inject_nonfinite", "profile",      "profile_wait",      "profile_warmup",     "profile_active",
-        "profile_repeat", "precision",      "loss_scale",        "loss_scale_init",    "loss_scale_growth",
-        "loss_scale_backoff", "loss_scale_growth_interval", "clip_grad_norm"};
+    static const std::set<std::string> keys{"epochs",
+                                            "name",
+                                            "experiment",
+                                            "log_every",
+                                            "checkpoint_every",
+                                            "threads",
+                                            "device",
+                                            "backend",
+                                            "bucket_mb",
+                                            "activation_checkpointing",
+                                            "inject_nonfinite",
+                                            "profile",
+                                            "profile_wait",
+                                            "profile_warmup",
+                                            "profile_active",
+                                            "profile_repeat",
+                                            "precision",
+                                            "loss_scale",
+                                            "loss_scale_init",
+                                            "loss_scale_growth",
+                                            "loss_scale_backoff",
+                                            "loss_scale_growth_interval",
+                                            "clip_grad_norm"};
     return keys.count(key) > 0;
 }
 
@@ -111,7 +136,8 @@ void lockRun(std::optional<FileLock>& lock, const Store& store, int64_t runId) {
 
 }  // namespace
 
-RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOptions& options, const EventSink& observer) {
+RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOptions& options,
+                           const EventSink& observer) {
     checkRunnable(spec);  // a spec this machine cannot run is a usage error, not a failed run
     RecordedRun rec;
     TrainOptions topts;
@@ -122,11 +148,14 @@ RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOption
     topts.stop = options.stop;
     if (options.resumeRunId > 0) {
         const auto run = store.run(options.resumeRunId);
-        if (!run) throw ConfigError("cannot resume: no run " + std::to_string(options.resumeRunId) + " in " + store.path());
+        if (!run)
+            throw ConfigError("cannot resume: no run " + std::to_string(options.resumeRunId) + " in " +
+                              store.path());
         lockRun(lock, store, run->id);
         // Refused before anything is touched, naming each setting (and logged with the run).
         {
-            const auto was = specParams(parseRunSpec(run->config, "run " + std::to_string(run->id) + " config", false));
+            const auto was =
+                specParams(parseRunSpec(run->config, "run " + std::to_string(run->id) + " config", false));
             std::string changed;
             for (const auto& [key, value] : specParams(spec)) {
                 const auto it = was.find(key);
@@ -155,13 +184,13 @@ RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOption
         // A checkpoint names its owner: one of another workspace (a neighbouring workspace file
         // that once shared the folder's files) or of another run is never resumed from.
         if (!info.workspaceId.empty() && (info.workspaceId != store.workspaceId() || info.runId != run->id))
-            throw CheckpointError(
-                "checkpoint " + ckpt->path + " belongs to run " + std::to_string(info.runId) +
-                (info.workspaceId == store.workspaceId()
-                     ? " of this workspace"
-                     : " of another workspace (id " + info.workspaceId + ")") +
-                ", not to run " + std::to_string(run->id) + " of " + store.path() + " (id " + store.workspaceId() +
-                "); refusing to resume from it");
+            throw CheckpointError("checkpoint " + ckpt->path + " belongs to run " +
+                                  std::to_string(info.runId) +
+                                  (info.workspaceId == store.workspaceId()
+                                       ? " of this workspace"
+                                       : " of another workspace (id " + info.workspaceId + ")") +
+                                  ", not to run " + std::to_string(run->id) + " of " + store.path() +
+                                  " (id " + store.workspaceId() + "); refusing to resume from it");
         if (info.sha256 != ckpt->sha256) {
             // The file checks out on its own but is not the recorded one. Only one cause is
             // forgiven: the run wrote a newer checkpoint into its own directory and was killed
@@ -172,7 +201,8 @@ RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOption
             // Only an owned checkpoint (format 2) can prove it is this run's: an older file that
             // differs from the record may have been written by another workspace's run.
             if (ec || info.workspaceId.empty() || std::filesystem::weakly_canonical(ckpt->path, ec) != own)
-                throw CheckpointError("checkpoint " + ckpt->path + " is not the one run " + std::to_string(run->id) +
+                throw CheckpointError("checkpoint " + ckpt->path + " is not the one run " +
+                                      std::to_string(run->id) +
                                       " recorded (checksum differs) and is not in the run's own directory " +
                                       store.artifactDir(run->id) + "; was it overwritten?");
             store.appendLog(run->id, nowSeconds(), "warn",
@@ -189,8 +219,8 @@ RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOption
         // The run's status changes only once the trainer has loaded the checkpoint and says
         // "running" (recordEvent), so a resume that cannot start leaves the run as it was.
     } else {
-        rec.runId = store.createRun(spec.experiment, spec.name, spec.model, spec.data, toToml(spec), specParams(spec),
-                                    options.host);
+        rec.runId = store.createRun(spec.experiment, spec.name, spec.model, spec.data, toToml(spec),
+                                    specParams(spec), options.host);
         lockRun(lock, store, rec.runId);
         store.setRunStatus(rec.runId, RunStatus::Running);
     }
@@ -246,7 +276,8 @@ RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOption
         if (rec.result.status == RunStatus::Failed) {
             store.appendLog(rec.runId, nowSeconds(), "warn", "resume failed: " + rec.result.error);
             store.flush();
-            throw Error(rec.result.error.empty() ? "the resume failed before training started" : rec.result.error);
+            throw Error(rec.result.error.empty() ? "the resume failed before training started"
+                                                 : rec.result.error);
         }
     } else {
         store.setRunStatus(rec.runId, rec.result.status, rec.result.error);
@@ -294,15 +325,18 @@ IngestResult ingestEventStream(Store& store, std::istream& in, const EventSink& 
             // One stream, one run: a second run record, or anything after the final status, is
             // another stream glued on (`cat a b`), which must not be merged into this run.
             fail("event stream line " + std::to_string(lineNo) +
-                 (e.type == Event::Type::Run ? ": a second run record" : ": events after the run's final status '" + std::string(toString(res.status)) + "'") +
+                 (e.type == Event::Type::Run
+                      ? ": a second run record"
+                      : ": events after the run's final status '" + std::string(toString(res.status)) + "'") +
                  " (two streams concatenated?); the rest is not recorded");
             store.flush();
             return res;
         }
         if (res.runId == 0) {
             if (e.type != Event::Type::Run)
-                throw EventStreamError("event stream line " + std::to_string(lineNo) +
-                                       ": expected a \"run\" record first (is this the output of lathectl worker?)");
+                throw EventStreamError(
+                    "event stream line " + std::to_string(lineNo) +
+                    ": expected a \"run\" record first (is this the output of lathectl worker?)");
             RunSpec spec;
             try {
                 spec = parseRunSpec(e.text, "event stream run record");
@@ -316,7 +350,8 @@ IngestResult ingestEventStream(Store& store, std::istream& in, const EventSink& 
             if (observer) observer(e);
             continue;
         }
-        if (e.type == Event::Type::Status) res.status = runStatusFromString(e.text).value_or(RunStatus::Failed);
+        if (e.type == Event::Type::Status)
+            res.status = runStatusFromString(e.text).value_or(RunStatus::Failed);
         if (e.type == Event::Type::Error) res.error = e.text;
         if (store.writeFailed()) {
             try {
@@ -335,7 +370,8 @@ IngestResult ingestEventStream(Store& store, std::istream& in, const EventSink& 
         fail("event stream ended before the run finished (worker killed or connection lost) after line " +
              std::to_string(lineNo));
     else  // the final status event carries no message: the error event's must stay with the run
-        store.setRunStatus(res.runId, res.status, res.status == RunStatus::Failed ? res.error : std::string());
+        store.setRunStatus(res.runId, res.status,
+                           res.status == RunStatus::Failed ? res.error : std::string());
     store.flush();
     return res;
 }

@@ -4,24 +4,24 @@
 
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <set>
-#include <limits>
-#include <optional>
 
+#include "data/raw.h"
+#include "distributed/reducer.h"
+#include "lathe/core/error.h"
+#include "lathe/core/trainer.h"
+#include "lathe/kernels/cuda_device.h"
+#include "lathe/kernels/scale_and_check.h"
+#include "torch_backend.h"
 #include "training/amp.h"
 #include "training/checkpoint_io.h"
-#include "distributed/reducer.h"
-#include "data/raw.h"
-#include "lathe/core/error.h"
-#include "lathe/kernels/cuda_device.h"
-#include "lathe/core/trainer.h"
-#include "lathe/kernels/scale_and_check.h"
-#include "training/zoo.h"
-#include "torch_backend.h"
 #include "training/loss_scaler.h"
 #include "training/profiler.h"
+#include "training/zoo.h"
 
 namespace lathe::core {
 // LibTorch's intra-op threads do not bound OpenBLAS's own pool, which then oversubscribes the
@@ -39,10 +39,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // The training objective, one definition for the step and for evaluation.
-torch::Tensor classificationLoss(const torch::Tensor& logits, const torch::Tensor& labels,
-                                 torch::nn::functional::CrossEntropyFuncOptions::reduction_t reduction = torch::kMean) {
-    return torch::nn::functional::cross_entropy(logits, labels,
-                                                torch::nn::functional::CrossEntropyFuncOptions().reduction(reduction));
+torch::Tensor classificationLoss(
+    const torch::Tensor& logits, const torch::Tensor& labels,
+    torch::nn::functional::CrossEntropyFuncOptions::reduction_t reduction = torch::kMean) {
+    return torch::nn::functional::cross_entropy(
+        logits, labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(reduction));
 }
 
 struct Tensors {
@@ -59,16 +60,17 @@ Tensors toTensors(data::RawSet& raw) {
     return t;
 }
 
-std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const RunSpec& spec, const std::vector<torch::Tensor>& params) {
+std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const RunSpec& spec,
+                                                       const std::vector<torch::Tensor>& params) {
     if (spec.optimizer == "sgd")
         return std::make_unique<torch::optim::SGD>(
             params, torch::optim::SGDOptions(spec.lr).momentum(spec.momentum).weight_decay(spec.weightDecay));
     if (spec.optimizer == "adam")
-        return std::make_unique<torch::optim::Adam>(params,
-                                                    torch::optim::AdamOptions(spec.lr).weight_decay(spec.weightDecay));
+        return std::make_unique<torch::optim::Adam>(
+            params, torch::optim::AdamOptions(spec.lr).weight_decay(spec.weightDecay));
     if (spec.optimizer == "adamw")
-        return std::make_unique<torch::optim::AdamW>(params,
-                                                     torch::optim::AdamWOptions(spec.lr).weight_decay(spec.weightDecay));
+        return std::make_unique<torch::optim::AdamW>(
+            params, torch::optim::AdamWOptions(spec.lr).weight_decay(spec.weightDecay));
     throw ConfigError("`optimizer` must be one of sgd, adam, adamw (got '" + spec.optimizer + "')");
 }
 
@@ -103,16 +105,19 @@ namespace {
 torch::Device resolveDevice(const RunSpec& spec, const DistEnv& dist = {}) {
     const bool cuda = torch::cuda::is_available();
     if (spec.device == "cuda" && !cuda)
-        throw ConfigError("`device` cuda: no CUDA device is available (this LibTorch or this machine has none); use "
-                          "device = \"cpu\" or \"auto\"");
+        throw ConfigError(
+            "`device` cuda: no CUDA device is available (this LibTorch or this machine has none); use "
+            "device = \"cpu\" or \"auto\"");
     const int gpus = cuda ? static_cast<int>(torch::cuda::device_count()) : 0;
-    const torch::Device dev = (spec.device == "cuda" || (spec.device == "auto" && cuda))
-                                  ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(
-                                                                     dist.distributed() ? dist.localRank % std::max(1, gpus) : 0))
-                                  : torch::Device(torch::kCPU);
+    const torch::Device dev =
+        (spec.device == "cuda" || (spec.device == "auto" && cuda))
+            ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(
+                                              dist.distributed() ? dist.localRank % std::max(1, gpus) : 0))
+            : torch::Device(torch::kCPU);
     if (spec.precision == "fp16" && !dev.is_cuda())
-        throw ConfigError("`precision` fp16 needs a CUDA GPU and none is available here; use precision = \"bf16\" "
-                          "(--precision bf16), which runs on the CPU");
+        throw ConfigError(
+            "`precision` fp16 needs a CUDA GPU and none is available here; use precision = \"bf16\" "
+            "(--precision bf16), which runs on the CPU");
     return dev;
 }
 
@@ -177,8 +182,9 @@ std::string resolveBackend(const RunSpec& spec, torch::Device device, int ranksO
     if (!DistContext::ncclBuilt())
         throw ConfigError("`backend` nccl: this LibTorch was built without NCCL; use backend = \"gloo\"");
     if (!device.is_cuda())
-        throw ConfigError("`backend` nccl exchanges CUDA tensors: train with device = \"cuda\", or use "
-                          "backend = \"gloo\"");
+        throw ConfigError(
+            "`backend` nccl exchanges CUDA tensors: train with device = \"cuda\", or use "
+            "backend = \"gloo\"");
     if (ranksOnHost > gpus)
         throw ConfigError("`backend` nccl needs a GPU per rank: " + std::to_string(ranksOnHost) +
                           " ranks on this host, " + std::to_string(gpus) + " GPU(s); use backend = \"gloo\"");
@@ -190,7 +196,8 @@ std::string resolveBackend(const RunSpec& spec, torch::Device device, int ranksO
 void torch_impl::checkRunnable(const RunSpec& spec) {
     validateOrThrow(spec);
     const auto device = resolveDevice(spec);
-    if (spec.nproc > 1) resolveBackend(spec, device, static_cast<int>(spec.nproc));  // refused before workers start
+    if (spec.nproc > 1)
+        resolveBackend(spec, device, static_cast<int>(spec.nproc));  // refused before workers start
 }
 
 TrainResult torch_impl::train(const RunSpec& spec, const TrainOptions& options, const EventSink& sink) {
@@ -198,7 +205,8 @@ TrainResult torch_impl::train(const RunSpec& spec, const TrainOptions& options, 
     auto emit = [&](Event e) {
         if (sink) sink(e);
     };
-    auto metric = [&](const std::string& key, int64_t step, double value, std::map<std::string, double>& last) {
+    auto metric = [&](const std::string& key, int64_t step, double value,
+                      std::map<std::string, double>& last) {
         emit(Event::metric(key, step, value));
         last[key] = value;
     };
@@ -218,7 +226,8 @@ TrainResult torch_impl::train(const RunSpec& spec, const TrainOptions& options, 
     valSet = {valSet.x.to(device), valSet.y.to(device)};
 
     // Sparse embedding gradients only pay off where the ps exchange sends touched rows alone.
-    auto model = makeModel(spec, sampleShape, numClasses, options.dist.distributed() && spec.strategy == "ps");
+    auto model =
+        makeModel(spec, sampleShape, numClasses, options.dist.distributed() && spec.strategy == "ps");
     model->to(device);  // parameters stay FP32: autocast casts per op (FP32 master weights)
     auto optimizer = makeOptimizer(spec, model->parameters());
     LossScaler scaler(spec, device);
@@ -230,8 +239,9 @@ TrainResult torch_impl::train(const RunSpec& spec, const TrainOptions& options, 
     CheckpointExtras resumedExtras;  // the checkpoint's named tensors, for the reducer too
     if (!options.resumeFrom.empty()) {
         CheckpointExtras extras = scaler.state();
-        const auto info = loadCheckpoint(options.resumeFrom, *model, *optimizer, &extras,
-                                         Reducer::residualPrefix(options.dist.distributed() ? options.dist.rank : 0));
+        const auto info =
+            loadCheckpoint(options.resumeFrom, *model, *optimizer, &extras,
+                           Reducer::residualPrefix(options.dist.distributed() ? options.dist.rank : 0));
         scaler.restore(extras);
         resumedExtras = std::move(extras);
         startEpoch = info.epoch;
@@ -247,11 +257,13 @@ TrainResult torch_impl::train(const RunSpec& spec, const TrainOptions& options, 
     const int world = denv.distributed() ? denv.worldSize : 1;
     const int rank = denv.distributed() ? denv.rank : 0;
     if (denv.distributed()) {
-        emit(Event::log("info", "rank " + std::to_string(rank) + " of " + std::to_string(world) + ": rendezvous at " +
-                                    denv.masterAddr + ":" + std::to_string(denv.masterPort)));
+        emit(Event::log("info", "rank " + std::to_string(rank) + " of " + std::to_string(world) +
+                                    ": rendezvous at " + denv.masterAddr + ":" +
+                                    std::to_string(denv.masterPort)));
         const std::string backend = resolveBackend(spec, device, denv.localWorldSize);
         emit(Event::log("info", "collectives: " + backend + (device.is_cuda() ? " on " + device.str() : "")));
-        dist = std::make_unique<DistContext>(denv, backend, backend == "nccl" ? device : torch::Device(torch::kCPU));
+        dist = std::make_unique<DistContext>(denv, backend,
+                                             backend == "nccl" ? device : torch::Device(torch::kCPU));
         auto p = model->parameters();
         for (auto& b : model->buffers()) p.push_back(b);
         {
@@ -262,14 +274,17 @@ TrainResult torch_impl::train(const RunSpec& spec, const TrainOptions& options, 
         compress.strategy = spec.strategy;
         compress.psRanks = static_cast<int>(spec.psRanks);
         if (spec.strategy == "hierarchical")
-            dist->initHierarchy(static_cast<int>(spec.ranksPerHost > 0 ? spec.ranksPerHost : denv.localWorldSize));
+            dist->initHierarchy(
+                static_cast<int>(spec.ranksPerHost > 0 ? spec.ranksPerHost : denv.localWorldSize));
         compress.format = spec.compress;
-        compress.errorFeedback = spec.errorFeedback == "on" ||
-                                 (spec.errorFeedback == "auto" && (spec.compress == "int8" || spec.compress == "int4"));
+        compress.errorFeedback =
+            spec.errorFeedback == "on" ||
+            (spec.errorFeedback == "auto" && (spec.compress == "int8" || spec.compress == "int4"));
         compress.chunk = spec.compressChunk;
         compress.stochastic = spec.stochasticRounding;
         compress.seed = static_cast<uint64_t>(spec.seed);
-        reducer = std::make_unique<Reducer>(*dist, params, spec.bucketMb, compress, sparseParameterIndices(model));
+        reducer =
+            std::make_unique<Reducer>(*dist, params, spec.bucketMb, compress, sparseParameterIndices(model));
         if (compress.errorFeedback && !options.resumeFrom.empty()) {
             const auto prefix = Reducer::residualPrefix(rank);
             const bool has = std::any_of(resumedExtras.begin(), resumedExtras.end(),
@@ -277,16 +292,19 @@ TrainResult torch_impl::train(const RunSpec& spec, const TrainOptions& options, 
             if (has)
                 reducer->restoreResiduals(resumedExtras);
             else
-                emit(Event::log("warn", "the checkpoint has no error-feedback residuals (written by an older Lathe): "
-                                        "they start again from zero"));
+                emit(Event::log("warn",
+                                "the checkpoint has no error-feedback residuals (written by an older Lathe): "
+                                "they start again from zero"));
         }
-        emit(Event::log("info", "gradient exchange: " + spec.strategy +
-                                    (spec.strategy == "hierarchical"
-                                         ? " (" + std::to_string(dist->ranksPerHost()) + " ranks per host)"
-                                         : spec.strategy == "ps" ? " (" + std::to_string(spec.psRanks) + " server ranks)" : "")));
+        emit(Event::log("info",
+                        "gradient exchange: " + spec.strategy +
+                            (spec.strategy == "hierarchical"
+                                 ? " (" + std::to_string(dist->ranksPerHost()) + " ranks per host)"
+                             : spec.strategy == "ps" ? " (" + std::to_string(spec.psRanks) + " server ranks)"
+                                                     : "")));
         if (spec.compress != "none")
-            emit(Event::log("info", "gradients on the wire: " + spec.compress + (compress.errorFeedback ? " with" : " without") +
-                                        " error feedback"));
+            emit(Event::log("info", "gradients on the wire: " + spec.compress +
+                                        (compress.errorFeedback ? " with" : " without") + " error feedback"));
     }
 
     const int64_t nTrain = trainSet.size();
@@ -328,8 +346,8 @@ TrainResult torch_impl::train(const RunSpec& spec, const TrainOptions& options, 
         if (reducer)
             for (auto& [name, t] : reducer->gatherResiduals()) extras[name] = std::move(t);
         if (rank != 0) return;
-        const auto info = saveCheckpoint(options.checkpointDir + "/last.ckpt", *model, *optimizer, epochsDone, step,
-                                         extras, options.owner);
+        const auto info = saveCheckpoint(options.checkpointDir + "/last.ckpt", *model, *optimizer, epochsDone,
+                                         step, extras, options.owner);
         emit(Event::checkpoint(info.path, info.sha256, step, epochsDone));
     };
 
@@ -364,7 +382,8 @@ TrainResult torch_impl::train(const RunSpec& spec, const TrainOptions& options, 
         if (world > 1) {
             std::vector<int64_t> shard;
             shard.reserve(static_cast<size_t>(perRank));
-            for (int64_t i = rank; i < perRank * world; i += world) shard.push_back(order[static_cast<size_t>(i % nTrain)]);
+            for (int64_t i = rank; i < perRank * world; i += world)
+                shard.push_back(order[static_cast<size_t>(i % nTrain)]);
             order.swap(shard);
         }
         const auto nLocal = static_cast<int64_t>(order.size());
@@ -399,7 +418,8 @@ TrainResult torch_impl::train(const RunSpec& spec, const TrainOptions& options, 
                 yb = trainSet.y.index_select(0, idx);
             }
             optimizer->zero_grad();
-            if (sampleMemory) heapStart = heapPeak = heapInUse();  // after zero_grad, which may free gradients
+            if (sampleMemory)
+                heapStart = heapPeak = heapInUse();  // after zero_grad, which may free gradients
             {
                 PhaseScope phase(profiler.get(), "forward");
                 {
@@ -475,7 +495,8 @@ TrainResult torch_impl::train(const RunSpec& spec, const TrainOptions& options, 
             if (reducer) {
                 metric("comm/bytes_sent", step, static_cast<double>(comm.bytesSent), last);
                 metric("comm/ms", step, comm.commMs, last);
-                metric("comm/overlap", step, comm.commMs > 0 ? std::clamp(1.0 - comm.exposedMs / comm.commMs, 0.0, 1.0) : 0.0,
+                metric("comm/overlap", step,
+                       comm.commMs > 0 ? std::clamp(1.0 - comm.exposedMs / comm.commMs, 0.0, 1.0) : 0.0,
                        last);
                 metric("comm/compression_ratio", step, comm.compressionRatio, last);
             }
@@ -499,8 +520,11 @@ TrainResult torch_impl::train(const RunSpec& spec, const TrainOptions& options, 
             consecutiveSkips = skip ? consecutiveSkips + 1 : 0;
             if (skip && scaler.isStatic() && consecutiveSkips >= kMaxStaticSkips) {
                 result.status = RunStatus::Failed;
-                result.error = std::to_string(consecutiveSkips) + " steps in a row had non-finite gradients at the static "
-                               "loss scale " + fmt(scaler.scale()) + "; lower it (loss_scale = \"static:N\") or use "
+                result.error = std::to_string(consecutiveSkips) +
+                               " steps in a row had non-finite gradients at the static "
+                               "loss scale " +
+                               fmt(scaler.scale()) +
+                               "; lower it (loss_scale = \"static:N\") or use "
                                "loss_scale = \"dynamic\"";
                 emit(Event::error(result.error));
                 emit(Event::status(RunStatus::Failed));
@@ -513,8 +537,9 @@ TrainResult torch_impl::train(const RunSpec& spec, const TrainOptions& options, 
                 flushWindow();  // a skipped step adds no loss, but the epoch's last window still goes out
                 if (scaler.scale() < 1e-30) {
                     result.status = RunStatus::Failed;
-                    result.error = "the loss scale collapsed below 1e-30 after " + std::to_string(skipped) +
-                                   " skipped steps: gradients are non-finite at any scale; lower `lr` or use fp32";
+                    result.error =
+                        "the loss scale collapsed below 1e-30 after " + std::to_string(skipped) +
+                        " skipped steps: gradients are non-finite at any scale; lower `lr` or use fp32";
                     emit(Event::error(result.error));
                     emit(Event::status(RunStatus::Failed));
                     result.epochsDone = epochsDone;
@@ -526,8 +551,8 @@ TrainResult torch_impl::train(const RunSpec& spec, const TrainOptions& options, 
             if (lossBad) {
                 metric("train/loss", step, lossValue, last);
                 result.status = RunStatus::Failed;
-                result.error = "loss became " + fmt(lossValue) + " at step " + std::to_string(step) + " (epoch " +
-                               std::to_string(epoch + 1) + "); lower `lr` (now " + fmt(lr) +
+                result.error = "loss became " + fmt(lossValue) + " at step " + std::to_string(step) +
+                               " (epoch " + std::to_string(epoch + 1) + "); lower `lr` (now " + fmt(lr) +
                                ") or set `clip_grad_norm`";
                 emit(Event::error(result.error));
                 emit(Event::status(RunStatus::Failed));
@@ -540,7 +565,7 @@ TrainResult torch_impl::train(const RunSpec& spec, const TrainOptions& options, 
             flushWindow();
         }
         if (profiler) profiler->beginStep(0);  // detach during validation
-        if (epochSteps == 0) break;  // stopped before this epoch did anything
+        if (epochSteps == 0) break;            // stopped before this epoch did anything
         if (dist) {
             auto t = torch::tensor({static_cast<double>(correct), static_cast<double>(seen)}, torch::kDouble);
             dist->allreduceSum(t);
@@ -556,7 +581,8 @@ TrainResult torch_impl::train(const RunSpec& spec, const TrainOptions& options, 
         metric("train/lr", step, learningRate(spec, step - 1, epoch, totalSteps), last);
         metric("perf/step_ms", step, 1000.0 * stepSeconds / static_cast<double>(epochSteps), last);
         metric("perf/samples_per_s", step, static_cast<double>(seen) / std::max(stepSeconds, 1e-9), last);
-        if (activationBytes > 0) metric("perf/activation_mb", step, static_cast<double>(activationBytes) / 1e6, last);
+        if (activationBytes > 0)
+            metric("perf/activation_mb", step, static_cast<double>(activationBytes) / 1e6, last);
         metric("train/epoch", step, static_cast<double>(epoch + 1), last);
         if (!stopped) {
             epochsDone = epoch + 1;
@@ -568,7 +594,8 @@ TrainResult torch_impl::train(const RunSpec& spec, const TrainOptions& options, 
     result.epochsDone = epochsDone;
     result.steps = step;
     result.status = stopped ? RunStatus::Stopped : RunStatus::Completed;
-    emit(Event::log("info", std::string("training ") + toString(result.status) + " after " + std::to_string(step) + " steps"));
+    emit(Event::log("info", std::string("training ") + toString(result.status) + " after " +
+                                std::to_string(step) + " steps"));
     emit(Event::status(result.status));
     return result;
 }

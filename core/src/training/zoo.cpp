@@ -5,8 +5,8 @@
 #include <cmath>
 #include <mutex>
 
-#include "training/amp.h"
 #include "lathe/core/error.h"
+#include "training/amp.h"
 
 namespace lathe::core {
 namespace {
@@ -66,11 +66,13 @@ torch::nn::Sequential embed(const RunSpec& spec, int64_t inputs, int64_t classes
 HashedEmbeddingImpl::HashedEmbeddingImpl(int64_t features, int64_t rows, int64_t dim, bool sparse)
     : features(features), rows(rows), sparse(sparse) {
     // Each sample sums `features` rows: scaled so the sum starts with about unit variance.
-    weight = register_parameter("weight", torch::randn({rows, dim}) / std::sqrt(static_cast<double>(features)));
+    weight =
+        register_parameter("weight", torch::randn({rows, dim}) / std::sqrt(static_cast<double>(features)));
 }
 
 torch::Tensor HashedEmbeddingImpl::rowIds(const torch::Tensor& x) const {
-    const auto bins = (x.flatten(1) * static_cast<double>(kBins)).floor().clamp(0, kBins - 1).to(torch::kLong);
+    const auto bins =
+        (x.flatten(1) * static_cast<double>(kBins)).floor().clamp(0, kBins - 1).to(torch::kLong);
     const auto feature = torch::arange(features, x.options().dtype(torch::kLong)).unsqueeze(0);
     return ((feature * kBins + bins) * kHashMultiplier).remainder(rows);
 }
@@ -89,8 +91,8 @@ std::vector<size_t> sparseParameterIndices(torch::nn::Sequential& model) {
     return out;
 }
 
-torch::nn::Sequential makeModel(const RunSpec& spec, const std::vector<int64_t>& sampleShape, int64_t numClasses,
-                                bool sparseEmbedding) {
+torch::nn::Sequential makeModel(const RunSpec& spec, const std::vector<int64_t>& sampleShape,
+                                int64_t numClasses, bool sparseEmbedding) {
     int64_t inputs = 1;
     for (auto s : sampleShape) inputs *= s;
     if (spec.model == "mlp") return mlp(spec, inputs, numClasses);
@@ -200,11 +202,17 @@ struct CheckpointRange : torch::autograd::Function<CheckpointRange> {
             setRngStates(rngDevice, now);
         }
         sampleHeapPeak();
-        if (!out.requires_grad()) return {torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
-                                          torch::Tensor(), torch::Tensor(), torch::Tensor()};
+        if (!out.requires_grad())
+            return {torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
+                    torch::Tensor(), torch::Tensor(), torch::Tensor()};
         torch::autograd::backward({out}, {grads[0]});
-        return {inputGrad ? input.grad() : torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
-                torch::Tensor(), torch::Tensor(), torch::Tensor()};
+        return {inputGrad ? input.grad() : torch::Tensor(),
+                torch::Tensor(),
+                torch::Tensor(),
+                torch::Tensor(),
+                torch::Tensor(),
+                torch::Tensor(),
+                torch::Tensor()};
     }
 };
 
@@ -212,14 +220,15 @@ bool endsBlock(torch::nn::Sequential& model, size_t i) {
     const auto* m = model->ptr(i).get();
     const bool relu = dynamic_cast<const torch::nn::ReLUImpl*>(m) != nullptr;
     const bool pool = dynamic_cast<const torch::nn::MaxPool2dImpl*>(m) != nullptr;
-    const bool nextIsPool =
-        i + 1 < model->size() && dynamic_cast<const torch::nn::MaxPool2dImpl*>(model->ptr(i + 1).get()) != nullptr;
+    const bool nextIsPool = i + 1 < model->size() &&
+                            dynamic_cast<const torch::nn::MaxPool2dImpl*>(model->ptr(i + 1).get()) != nullptr;
     return (relu && !nextIsPool) || pool;
 }
 
 }  // namespace
 
-torch::Tensor forwardModel(torch::nn::Sequential& model, const torch::Tensor& x, const ForwardOptions& options) {
+torch::Tensor forwardModel(torch::nn::Sequential& model, const torch::Tensor& x,
+                           const ForwardOptions& options) {
     if (!options.checkpoint || !torch::GradMode::is_enabled()) return model->forward(x);
     // Block boundaries: after each activation (and its pool). The head after the last block
     // runs normally.

@@ -12,8 +12,8 @@ namespace lathe::core {
 /// Builds spec.model for samples of `sampleShape` and `numClasses` outputs. Throws ConfigError
 /// when the model does not fit the data (a cnn needs C×H×W images). `sparseEmbedding`: embedding
 /// tables produce sparse gradients (for the parameter-server exchange of touched rows only).
-torch::nn::Sequential makeModel(const RunSpec& spec, const std::vector<int64_t>& sampleShape, int64_t numClasses,
-                                bool sparseEmbedding = false);
+torch::nn::Sequential makeModel(const RunSpec& spec, const std::vector<int64_t>& sampleShape,
+                                int64_t numClasses, bool sparseEmbedding = false);
 
 /// The "wide" features of the embed model: each input value is put into one of kBins bins over
 /// 0..1 (pixel-like data; other values are clamped), and (feature, bin) is hashed into `rows`
@@ -45,6 +45,7 @@ struct ForwardOptions {
 };
 
 /// The model's forward pass, with activation checkpointing when asked.
-torch::Tensor forwardModel(torch::nn::Sequential& model, const torch::Tensor& x, const ForwardOptions& options);
+torch::Tensor forwardModel(torch::nn::Sequential& model, const torch::Tensor& x,
+                           const ForwardOptions& options);
 
 }  // namespace lathe::core

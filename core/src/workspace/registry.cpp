@@ -69,14 +69,16 @@ ModelRef parseModelRef(const std::string& text) {
     const auto colon = text.find(':');
     const auto at = text.find('@');
     if (colon != std::string::npos && at != std::string::npos)
-        throw ConfigError("model reference '" + text + "': give a version (NAME:V) or an alias (NAME@ALIAS), not both");
+        throw ConfigError("model reference '" + text +
+                          "': give a version (NAME:V) or an alias (NAME@ALIAS), not both");
     if (colon != std::string::npos) {
         r.name = text.substr(0, colon);
         const auto v = text.substr(colon + 1);
         if (v.empty()) throw ConfigError("model reference '" + text + "' has no version after ':'");
         for (char c : v)
             if (!std::isdigit(static_cast<unsigned char>(c)) || v.size() > 12)
-                throw ConfigError("model reference '" + text + "': version '" + v + "' is not a positive number");
+                throw ConfigError("model reference '" + text + "': version '" + v +
+                                  "' is not a positive number");
         r.version = std::stoll(v);
         if (r.version <= 0) throw ConfigError("model reference '" + text + "': versions start at 1");
     } else if (at != std::string::npos) {
@@ -159,7 +161,8 @@ struct Registry::Impl {
     }
 
     static constexpr const char* kVersionColumns =
-        "version, path, sha256, size_bytes, signature, metrics, run_id, data, parent_version, source, created_at";
+        "version, path, sha256, size_bytes, signature, metrics, run_id, data, parent_version, source, "
+        "created_at";
 };
 
 namespace {
@@ -183,7 +186,8 @@ Deployment readDeployment(Stmt& s) {
     return d;
 }
 constexpr const char* kDeploymentColumns =
-    "id, model, version, target, url, pid, log_path, actor, action, reason, started_at, ended_at, end_reason, instance";
+    "id, model, version, target, url, pid, log_path, actor, action, reason, started_at, ended_at, "
+    "end_reason, instance";
 
 }  // namespace
 
@@ -194,8 +198,10 @@ Registry::Registry(const std::string& workspacePath) : d(std::make_unique<Impl>(
         Store store(workspacePath);
         d->path = store.path();
     }
-    if (sqlite3_open_v2(d->path.c_str(), &d->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, nullptr) != SQLITE_OK)
-        throw StoreError("cannot open workspace " + d->path + ": " + (d->db ? sqlite3_errmsg(d->db) : "out of memory"));
+    if (sqlite3_open_v2(d->path.c_str(), &d->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, nullptr) !=
+        SQLITE_OK)
+        throw StoreError("cannot open workspace " + d->path + ": " +
+                         (d->db ? sqlite3_errmsg(d->db) : "out of memory"));
     sqlite3_busy_timeout(d->db, 10000);
     exec(d->db, "PRAGMA foreign_keys=ON");
 }
@@ -241,13 +247,20 @@ ModelVersion Registry::addVersion(ModelVersion v) {
                                     " to be the parent");
         }
         Stmt s(d->db,
-               "INSERT INTO model_versions(model_id, version, path, sha256, size_bytes, signature, metrics, run_id, "
+               "INSERT INTO model_versions(model_id, version, path, sha256, size_bytes, signature, metrics, "
+               "run_id, "
                "data, parent_version, source, created_at) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)");
         s.bind(1, id).bind(2, v.version).bind(3, v.path).bind(4, v.sha256).bind(5, v.sizeBytes);
         s.bind(6, signatureToJson(v.signature)).bind(7, metrics.dump());
-        if (v.runId > 0) s.bind(8, v.runId); else s.bindNull(8);
+        if (v.runId > 0)
+            s.bind(8, v.runId);
+        else
+            s.bindNull(8);
         s.bind(9, v.data);
-        if (v.parentVersion > 0) s.bind(10, v.parentVersion); else s.bindNull(10);
+        if (v.parentVersion > 0)
+            s.bind(10, v.parentVersion);
+        else
+            s.bindNull(10);
         s.bind(11, v.source).bind(12, now).run();
         v.createdAt = now;
         return v;
@@ -280,7 +293,8 @@ std::vector<ModelVersion> Registry::versions(const std::string& name) const {
     const int64_t id = d->modelId(name);
     if (id == 0) return out;
     Stmt s(d->db, (std::string("SELECT ") + Impl::kVersionColumns +
-                   " FROM model_versions WHERE model_id = ? ORDER BY version").c_str());
+                   " FROM model_versions WHERE model_id = ? ORDER BY version")
+                      .c_str());
     s.bind(1, id);
     while (s.step()) {
         out.push_back(d->readVersion(s, name));
@@ -292,7 +306,8 @@ std::vector<ModelVersion> Registry::versions(const std::string& name) const {
 ModelVersion Registry::resolve(const ModelRef& ref) const {
     std::lock_guard<std::mutex> lk(d->mutex);
     const int64_t id = d->modelId(ref.name);
-    if (id == 0) throw NotFoundError("no model named '" + ref.name + "' in the registry (see `lathectl models list`)");
+    if (id == 0)
+        throw NotFoundError("no model named '" + ref.name + "' in the registry (see `lathectl models list`)");
     int64_t version = ref.version;
     if (!ref.alias.empty()) {
         Stmt a(d->db, "SELECT version FROM model_aliases WHERE model_id = ? AND alias = ?");
@@ -300,7 +315,8 @@ ModelVersion Registry::resolve(const ModelRef& ref) const {
         if (!a.step()) throw NotFoundError("model " + ref.name + " has no alias '" + ref.alias + "'");
         version = a.i64(0);
     }
-    std::string sql = std::string("SELECT ") + Impl::kVersionColumns + " FROM model_versions WHERE model_id = ? " +
+    std::string sql = std::string("SELECT ") + Impl::kVersionColumns +
+                      " FROM model_versions WHERE model_id = ? " +
                       (version > 0 ? "AND version = ?" : "ORDER BY version DESC LIMIT 1");
     Stmt s(d->db, sql.c_str());
     s.bind(1, id);
@@ -322,7 +338,8 @@ void Registry::setAlias(const std::string& name, const std::string& alias, int64
         Stmt p(d->db, "SELECT 1 FROM model_versions WHERE model_id = ? AND version = ?");
         p.bind(1, id).bind(2, version);
         if (!p.step()) throw NotFoundError("model " + name + " has no version " + std::to_string(version));
-        Stmt s(d->db, "INSERT OR REPLACE INTO model_aliases(model_id, alias, version, updated_at) VALUES(?,?,?,?)");
+        Stmt s(d->db,
+               "INSERT OR REPLACE INTO model_aliases(model_id, alias, version, updated_at) VALUES(?,?,?,?)");
         s.bind(1, id).bind(2, alias).bind(3, version).bind(4, nowSeconds()).run();
     });
 }
@@ -330,9 +347,12 @@ void Registry::setAlias(const std::string& name, const std::string& alias, int64
 void Registry::removeAlias(const std::string& name, const std::string& alias) {
     std::lock_guard<std::mutex> lk(d->mutex);
     d->write([&] {
-        Stmt s(d->db, "DELETE FROM model_aliases WHERE alias = ? AND model_id = (SELECT id FROM models WHERE name = ?)");
+        Stmt s(d->db,
+               "DELETE FROM model_aliases WHERE alias = ? AND model_id = (SELECT id FROM models WHERE name = "
+               "?)");
         s.bind(1, alias).bind(2, name).run();
-        if (sqlite3_changes(d->db) == 0) throw NotFoundError("model " + name + " has no alias '" + alias + "'");
+        if (sqlite3_changes(d->db) == 0)
+            throw NotFoundError("model " + name + " has no alias '" + alias + "'");
     });
 }
 
@@ -342,13 +362,18 @@ int64_t Registry::recordDeployment(Deployment dep) {
     std::lock_guard<std::mutex> lk(d->mutex);
     const double now = dep.startedAt > 0 ? dep.startedAt : nowSeconds();
     return d->write([&] {
-        Stmt e(d->db, "UPDATE deployments SET ended_at = ?, end_reason = ? WHERE model = ? AND ended_at IS NULL");
+        Stmt e(d->db,
+               "UPDATE deployments SET ended_at = ?, end_reason = ? WHERE model = ? AND ended_at IS NULL");
         e.bind(1, now).bind(2, "replaced by v" + std::to_string(dep.version)).bind(3, dep.model).run();
         Stmt s(d->db,
-               "INSERT INTO deployments(model, version, target, url, pid, log_path, actor, action, reason, started_at, "
+               "INSERT INTO deployments(model, version, target, url, pid, log_path, actor, action, reason, "
+               "started_at, "
                "instance) VALUES(?,?,?,?,?,?,?,?,?,?,?)");
         s.bind(1, dep.model).bind(2, dep.version).bind(3, dep.target).bind(4, dep.url);
-        if (dep.pid > 0) s.bind(5, dep.pid); else s.bindNull(5);
+        if (dep.pid > 0)
+            s.bind(5, dep.pid);
+        else
+            s.bindNull(5);
         s.bind(6, dep.logPath).bind(7, dep.actor).bind(8, dep.action).bind(9, dep.reason).bind(10, now);
         s.bind(11, dep.instance).run();
         return static_cast<int64_t>(sqlite3_last_insert_rowid(d->db));
@@ -358,7 +383,8 @@ int64_t Registry::recordDeployment(Deployment dep) {
 void Registry::endDeployment(int64_t id, const std::string& reason) {
     std::lock_guard<std::mutex> lk(d->mutex);
     d->write([&] {
-        Stmt s(d->db, "UPDATE deployments SET ended_at = ?, end_reason = ? WHERE id = ? AND ended_at IS NULL");
+        Stmt s(d->db,
+               "UPDATE deployments SET ended_at = ?, end_reason = ? WHERE id = ? AND ended_at IS NULL");
         s.bind(1, nowSeconds()).bind(2, reason).bind(3, id).run();
     });
 }
@@ -367,7 +393,8 @@ std::vector<Deployment> Registry::deployments(const std::string& model) const {
     std::lock_guard<std::mutex> lk(d->mutex);
     std::vector<Deployment> out;
     Stmt s(d->db, (std::string("SELECT ") + kDeploymentColumns +
-                   " FROM deployments WHERE model = ? ORDER BY id DESC").c_str());
+                   " FROM deployments WHERE model = ? ORDER BY id DESC")
+                      .c_str());
     s.bind(1, model);
     while (s.step()) out.push_back(readDeployment(s));
     return out;
@@ -376,8 +403,8 @@ std::vector<Deployment> Registry::deployments(const std::string& model) const {
 std::vector<Deployment> Registry::allDeployments() const {
     std::lock_guard<std::mutex> lk(d->mutex);
     std::vector<Deployment> out;
-    Stmt s(d->db, (std::string("SELECT ") + kDeploymentColumns +
-                   " FROM deployments ORDER BY id DESC").c_str());
+    Stmt s(d->db,
+           (std::string("SELECT ") + kDeploymentColumns + " FROM deployments ORDER BY id DESC").c_str());
     while (s.step()) out.push_back(readDeployment(s));
     return out;
 }
@@ -385,7 +412,8 @@ std::vector<Deployment> Registry::allDeployments() const {
 std::optional<Deployment> Registry::liveDeployment(const std::string& model) const {
     std::lock_guard<std::mutex> lk(d->mutex);
     Stmt s(d->db, (std::string("SELECT ") + kDeploymentColumns +
-                   " FROM deployments WHERE model = ? AND ended_at IS NULL ORDER BY id DESC LIMIT 1").c_str());
+                   " FROM deployments WHERE model = ? AND ended_at IS NULL ORDER BY id DESC LIMIT 1")
+                      .c_str());
     s.bind(1, model);
     if (!s.step()) return std::nullopt;
     return readDeployment(s);
@@ -400,7 +428,10 @@ void Registry::appendServingMetrics(const std::string& model, int64_t version, d
         Stmt s(d->db, "INSERT INTO serving_metrics(model, key, t, value, version) VALUES(?,?,?,?,?)");
         for (const auto& [k, v] : values) {
             s.bind(1, model).bind(2, k).bind(3, t);
-            if (std::isfinite(v)) s.bind(4, v); else s.bindNull(4);
+            if (std::isfinite(v))
+                s.bind(4, v);
+            else
+                s.bindNull(4);
             s.bind(5, version).run();
         }
     });
@@ -420,7 +451,8 @@ std::vector<ServingPoint> Registry::servingMetrics(const std::string& model, con
     std::lock_guard<std::mutex> lk(d->mutex);
     std::vector<ServingPoint> out;
     Stmt s(d->db,
-           "SELECT t, value, version FROM serving_metrics WHERE model = ? AND key = ? AND t > ? AND value IS NOT NULL "
+           "SELECT t, value, version FROM serving_metrics WHERE model = ? AND key = ? AND t > ? AND value IS "
+           "NOT NULL "
            "ORDER BY t");
     s.bind(1, model).bind(2, key).bind(3, since);
     while (s.step()) out.push_back({s.f64(0), s.f64(1), s.i64(2)});
@@ -433,7 +465,10 @@ int64_t Registry::fireAlert(const std::string& model, const std::string& rule, c
     return d->write([&] {
         Stmt s(d->db, "INSERT INTO alerts(model, rule, message, value, fired_at) VALUES(?,?,?,?,?)");
         s.bind(1, model).bind(2, rule).bind(3, message);
-        if (std::isfinite(value)) s.bind(4, value); else s.bindNull(4);
+        if (std::isfinite(value))
+            s.bind(4, value);
+        else
+            s.bindNull(4);
         s.bind(5, t).run();
         return static_cast<int64_t>(sqlite3_last_insert_rowid(d->db));
     });

@@ -12,12 +12,12 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
-#include <limits>
 #include <cstdlib>
 #include <deque>
 #include <exception>
 #include <filesystem>
 #include <future>
+#include <limits>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -33,7 +33,7 @@ namespace fs = std::filesystem;
 namespace lathe::core {
 namespace {
 
-constexpr int kCommitAttempts = 5;  // 50 + 100 + 200 + 400 ms between them
+constexpr int kCommitAttempts = 5;          // 50 + 100 + 200 + 400 ms between them
 constexpr int kApplicationId = 0x4C415448;  // "LATH": marks a file as a Lathe workspace
 
 // Schema migrations: entry i takes a database from version i to i + 1.
@@ -187,13 +187,24 @@ struct MetricRow {
 };
 
 struct WriteOp {
-    enum class Kind { CreateRun, Status, UpdateConfig, Metrics, Spans, Log, Artifact, DropMetrics, MaxPages, Flush } kind;
+    enum class Kind {
+        CreateRun,
+        Status,
+        UpdateConfig,
+        Metrics,
+        Spans,
+        Log,
+        Artifact,
+        DropMetrics,
+        MaxPages,
+        Flush
+    } kind;
     int64_t run = 0;
     std::string a, b, c, d, e, f;  // meaning per kind
     int64_t step = 0;
     double t = 0;
     std::map<std::string, std::string> params;
-    std::vector<MetricRow> rows;   // Kind::Metrics: consecutive points, in order
+    std::vector<MetricRow> rows;                         // Kind::Metrics: consecutive points, in order
     std::vector<std::pair<int64_t, ProfileSpan>> spans;  // Kind::Spans: (run, span), in order
     std::shared_ptr<std::promise<int64_t>> reply;
 };
@@ -276,7 +287,9 @@ void Store::Impl::open() {
         const auto parent = fs::path(path).parent_path();
         if (!parent.empty()) {
             fs::create_directories(parent, ec);
-            if (ec) throw StoreError("cannot create workspace directory " + parent.string() + ": " + ec.message());
+            if (ec)
+                throw StoreError("cannot create workspace directory " + parent.string() + ": " +
+                                 ec.message());
         }
     }
     const int flags = SQLITE_OPEN_READWRITE | (exists ? 0 : SQLITE_OPEN_CREATE) | SQLITE_OPEN_NOMUTEX;
@@ -307,7 +320,8 @@ void Store::Impl::open() {
                          "); choose another file with --db or LATHE_DB");
     }
     if (appId != kApplicationId && !(appId == 0 && tables == 0))
-        throw StoreError(path + " is not a Lathe workspace (an SQLite database of another program); "
+        throw StoreError(path +
+                         " is not a Lathe workspace (an SQLite database of another program); "
                          "choose another file with --db or LATHE_DB");
     if (version > kLatestSchema)
         throw StoreError(path + " has workspace schema version " + std::to_string(version) +
@@ -322,12 +336,14 @@ void Store::Impl::open() {
 
     {
         Stmt w(writeDb, "SELECT id FROM workspace LIMIT 1");
-        if (!w.step() || w.text(0).empty()) throw StoreError("workspace " + path + " has no id (damaged file?)");
+        if (!w.step() || w.text(0).empty())
+            throw StoreError("workspace " + path + " has no id (damaged file?)");
         workspaceId = w.text(0);
     }
     adoptLegacyFiles();
 
-    if (sqlite3_open_v2(path.c_str(), &readDb, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, nullptr) != SQLITE_OK)
+    if (sqlite3_open_v2(path.c_str(), &readDb, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, nullptr) !=
+        SQLITE_OK)
         throw StoreError("cannot open workspace " + path + " for reading: " + sqlite3_errmsg(readDb));
     sqlite3_busy_timeout(readDb, 5000);
     exec(readDb, "PRAGMA query_only=ON");
@@ -342,7 +358,8 @@ void Store::Impl::open() {
 // one was overwritten by another workspace: it is left where it is, and a resume from it is
 // refused by name.
 void Store::Impl::adoptLegacyFiles() {
-    const fs::path parent = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
+    const fs::path parent =
+        fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
     const fs::path own = Store::filesDirFor(path);
     struct Table {
         const char* name;
@@ -351,7 +368,8 @@ void Store::Impl::adoptLegacyFiles() {
         bool wholeFile;  // model artifacts: the SHA-256 of the file; checkpoints: of their header's fields
     };
     const Table tables[] = {
-        {"artifacts", "SELECT rowid, path, sha256 FROM artifacts", "UPDATE artifacts SET path = ? WHERE rowid = ?", false},
+        {"artifacts", "SELECT rowid, path, sha256 FROM artifacts",
+         "UPDATE artifacts SET path = ? WHERE rowid = ?", false},
         {"model_versions", "SELECT rowid, path, sha256 FROM model_versions",
          "UPDATE model_versions SET path = ? WHERE rowid = ?", true},
     };
@@ -452,11 +470,14 @@ int64_t Store::Impl::keyId(int64_t run, uint32_t key) {
 int64_t Store::Impl::apply(const WriteOp& op) {
     // Statements that run per metric point are prepared once for the writer's lifetime.
     if (!insertMetric) {
-        insertMetric = std::make_unique<Stmt>(writeDb, "INSERT INTO metrics(key_id, step, wall_time, value) VALUES(?,?,?,?)");
-        insertLog = std::make_unique<Stmt>(writeDb, "INSERT INTO events(run_id, wall_time, level, text) VALUES(?,?,?,?)");
-        insertSpan = std::make_unique<Stmt>(writeDb,
-                                            "INSERT INTO profile_spans(run_id, step, kind, name, shapes, thread, start_ns, "
-                                            "dur_ns, cuda_ns) VALUES(?,?,?,?,?,?,?,?,?)");
+        insertMetric = std::make_unique<Stmt>(
+            writeDb, "INSERT INTO metrics(key_id, step, wall_time, value) VALUES(?,?,?,?)");
+        insertLog = std::make_unique<Stmt>(
+            writeDb, "INSERT INTO events(run_id, wall_time, level, text) VALUES(?,?,?,?)");
+        insertSpan = std::make_unique<Stmt>(
+            writeDb,
+            "INSERT INTO profile_spans(run_id, step, kind, name, shapes, thread, start_ns, "
+            "dur_ns, cuda_ns) VALUES(?,?,?,?,?,?,?,?,?)");
     }
     switch (op.kind) {
         case WriteOp::Kind::Metrics: {
@@ -465,7 +486,10 @@ int64_t Store::Impl::apply(const WriteOp& op) {
             for (const auto& r : op.rows) {
                 try {
                     s.bind(1, keyId(r.run, r.key)).bind(2, r.step).bind(3, r.t);
-                    if (std::isnan(r.value)) s.bindNull(4); else s.bind(4, r.value);
+                    if (std::isnan(r.value))
+                        s.bindNull(4);
+                    else
+                        s.bind(4, r.value);
                     s.run();
                 } catch (...) {
                     // A point for a missing run must not cost the other runs' points.
@@ -481,9 +505,18 @@ int64_t Store::Impl::apply(const WriteOp& op) {
             std::exception_ptr firstError;
             for (const auto& [run, sp] : op.spans) {
                 try {
-                    s.bind(1, run).bind(2, sp.step).bind(3, std::string(sp.kind == ProfileSpan::Kind::Phase ? "phase" : "op"));
-                    s.bind(4, sp.name).bind(5, sp.shapes).bind(6, sp.thread).bind(7, sp.startNs).bind(8, sp.durationNs);
-                    if (sp.cudaNs >= 0) s.bind(9, sp.cudaNs); else s.bindNull(9);
+                    s.bind(1, run)
+                        .bind(2, sp.step)
+                        .bind(3, std::string(sp.kind == ProfileSpan::Kind::Phase ? "phase" : "op"));
+                    s.bind(4, sp.name)
+                        .bind(5, sp.shapes)
+                        .bind(6, sp.thread)
+                        .bind(7, sp.startNs)
+                        .bind(8, sp.durationNs);
+                    if (sp.cudaNs >= 0)
+                        s.bind(9, sp.cudaNs);
+                    else
+                        s.bindNull(9);
                     s.run();
                 } catch (...) {
                     if (!firstError) firstError = std::current_exception();
@@ -501,7 +534,14 @@ int64_t Store::Impl::apply(const WriteOp& op) {
             Stmt r(writeDb,
                    "INSERT INTO runs(experiment_id, name, status, model, data, config, host, created_at) "
                    "VALUES((SELECT id FROM experiments WHERE name = ?), ?, 'created', ?, ?, ?, ?, ?)");
-            r.bind(1, op.a).bind(2, op.b).bind(3, op.c).bind(4, op.d).bind(5, op.e).bind(6, op.f).bind(7, op.t).run();
+            r.bind(1, op.a)
+                .bind(2, op.b)
+                .bind(3, op.c)
+                .bind(4, op.d)
+                .bind(5, op.e)
+                .bind(6, op.f)
+                .bind(7, op.t)
+                .run();
             const int64_t id = sqlite3_last_insert_rowid(writeDb);
             if (op.b.empty()) {
                 Stmt n(writeDb, "UPDATE runs SET name = ? WHERE id = ?");
@@ -514,7 +554,8 @@ int64_t Store::Impl::apply(const WriteOp& op) {
         case WriteOp::Kind::Status: {
             const char* sql =
                 op.a == "running"
-                    ? "UPDATE runs SET status = ?, error = NULLIF(?, ''), started_at = COALESCE(started_at, ?), "
+                    ? "UPDATE runs SET status = ?, error = NULLIF(?, ''), started_at = COALESCE(started_at, "
+                      "?), "
                       "ended_at = NULL WHERE id = ?"
                     : "UPDATE runs SET status = ?, error = NULLIF(?, ''), ended_at = ? WHERE id = ?";
             Stmt s(writeDb, sql);
@@ -531,13 +572,15 @@ int64_t Store::Impl::apply(const WriteOp& op) {
             return 0;
         }
         case WriteOp::Kind::Artifact: {
-            Stmt s(writeDb, "INSERT INTO artifacts(run_id, kind, path, sha256, created_at) VALUES(?,?,?,?,?)");
+            Stmt s(writeDb,
+                   "INSERT INTO artifacts(run_id, kind, path, sha256, created_at) VALUES(?,?,?,?,?)");
             s.bind(1, op.run).bind(2, op.a).bind(3, op.b).bind(4, op.c).bind(5, op.t).run();
             return sqlite3_last_insert_rowid(writeDb);
         }
         case WriteOp::Kind::DropMetrics: {
             Stmt s(writeDb,
-                   "DELETE FROM metrics WHERE step > ? AND key_id IN (SELECT id FROM metric_keys WHERE run_id = ?)");
+                   "DELETE FROM metrics WHERE step > ? AND key_id IN (SELECT id FROM metric_keys WHERE "
+                   "run_id = ?)");
             s.bind(1, op.step).bind(2, op.run).run();
             Stmt p(writeDb, "DELETE FROM profile_spans WHERE run_id = ? AND step > ?");
             p.bind(1, op.run).bind(2, op.step).run();
@@ -550,7 +593,8 @@ int64_t Store::Impl::apply(const WriteOp& op) {
             p.step();
             return 0;
         }
-        case WriteOp::Kind::Flush: return 0;
+        case WriteOp::Kind::Flush:
+            return 0;
     }
     return 0;
 }
@@ -575,7 +619,8 @@ void Store::Impl::writerLoop() {
             if (queue.empty() && stopping) return;
             batch.swap(queue);
             queuedRows = 0;
-            for (size_t i = writerKeyNames.size(); i < keyNames.size(); ++i) writerKeyNames.push_back(keyNames[i]);
+            for (size_t i = writerKeyNames.size(); i < keyNames.size(); ++i)
+                writerKeyNames.push_back(keyNames[i]);
         }
         spaceCv.notify_all();
         // One transaction per drained batch: thousands of points cost one commit. Replies are
@@ -616,10 +661,10 @@ void Store::Impl::writerLoop() {
             try {
                 std::rethrow_exception(batchError);
             } catch (const std::exception& ex) {
-                batchError = std::make_exception_ptr(StoreError(
-                    "workspace " + path + ": " + std::to_string(batch.size()) + " records could not be written after " +
-                    std::to_string(kCommitAttempts) + " attempts (" + ex.what() +
-                    "); free disk space, then resume the run"));
+                batchError = std::make_exception_ptr(
+                    StoreError("workspace " + path + ": " + std::to_string(batch.size()) +
+                               " records could not be written after " + std::to_string(kCommitAttempts) +
+                               " attempts (" + ex.what() + "); free disk space, then resume the run"));
             }
             writeFailed.store(true);
         }
@@ -653,7 +698,8 @@ Store::~Store() = default;
 std::string Store::resolvePath(const std::string& explicitPath) {
     if (!explicitPath.empty()) return explicitPath;
     if (const char* env = std::getenv("LATHE_DB"); env && *env) return env;
-    if (const char* xdg = std::getenv("XDG_DATA_HOME"); xdg && *xdg) return std::string(xdg) + "/lathe/lathe.db";
+    if (const char* xdg = std::getenv("XDG_DATA_HOME"); xdg && *xdg)
+        return std::string(xdg) + "/lathe/lathe.db";
     const char* home = std::getenv("HOME");
     return std::string(home && *home ? home : ".") + "/.local/share/lathe/lathe.db";
 }
@@ -742,7 +788,8 @@ void Store::appendLog(int64_t runId, double wallTime, const std::string& level, 
     d->enqueue(std::move(op));
 }
 
-void Store::addArtifact(int64_t runId, const std::string& kind, const std::string& path, const std::string& sha256) {
+void Store::addArtifact(int64_t runId, const std::string& kind, const std::string& path,
+                        const std::string& sha256) {
     WriteOp op{WriteOp::Kind::Artifact};
     op.run = runId;
     op.a = kind;
@@ -821,7 +868,8 @@ bool lockHeld(const std::string& path) {
 
 // A run recorded as running whose recorder is gone (its lock is free) was interrupted.
 void markInterrupted(const Store& store, RunRecord& r) {
-    if (r.status == RunStatus::Running && !lockHeld(store.runLockPath(r.id))) r.status = RunStatus::Interrupted;
+    if (r.status == RunStatus::Running && !lockHeld(store.runLockPath(r.id)))
+        r.status = RunStatus::Interrupted;
 }
 
 }  // namespace
@@ -877,26 +925,28 @@ std::vector<MetricPoint> Store::metrics(int64_t runId, const std::string& key, i
     s.bind(1, runId).bind(2, key).bind(3, afterStep);
     std::vector<MetricPoint> out;
     while (s.step())
-        out.push_back({s.i64(0), s.f64(1), s.isNull(2) ? std::numeric_limits<double>::quiet_NaN() : s.f64(2)});
+        out.push_back(
+            {s.i64(0), s.f64(1), s.isNull(2) ? std::numeric_limits<double>::quiet_NaN() : s.f64(2)});
     return out;
 }
 
 std::map<std::string, double> Store::lastMetrics(int64_t runId) const {
     std::lock_guard<std::mutex> lk(d->readMutex);
     Stmt s(d->readDb,
-           "SELECT k.key, (SELECT m.value FROM metrics m WHERE m.key_id = k.id ORDER BY m.step DESC, m.rowid DESC "
+           "SELECT k.key, (SELECT m.value FROM metrics m WHERE m.key_id = k.id ORDER BY m.step DESC, m.rowid "
+           "DESC "
            "LIMIT 1) FROM metric_keys k WHERE k.run_id = ?");
     s.bind(1, runId);
     std::map<std::string, double> out;
-    while (s.step())
-        out[s.text(0)] = s.isNull(1) ? std::numeric_limits<double>::quiet_NaN() : s.f64(1);
+    while (s.step()) out[s.text(0)] = s.isNull(1) ? std::numeric_limits<double>::quiet_NaN() : s.f64(1);
     return out;
 }
 
 std::map<int64_t, double> Store::lastMetricOfRuns(const std::string& key) const {
     std::lock_guard<std::mutex> lk(d->readMutex);
     Stmt s(d->readDb,
-           "SELECT k.run_id, (SELECT m.value FROM metrics m WHERE m.key_id = k.id ORDER BY m.step DESC, m.rowid DESC "
+           "SELECT k.run_id, (SELECT m.value FROM metrics m WHERE m.key_id = k.id ORDER BY m.step DESC, "
+           "m.rowid DESC "
            "LIMIT 1) FROM metric_keys k WHERE k.key = ?");
     s.bind(1, key);
     std::map<int64_t, double> out;
@@ -916,7 +966,8 @@ std::vector<LogRecord> Store::logs(int64_t runId) const {
 
 std::vector<ArtifactRecord> Store::artifacts(int64_t runId) const {
     std::lock_guard<std::mutex> lk(d->readMutex);
-    Stmt s(d->readDb, "SELECT id, kind, path, sha256, created_at FROM artifacts WHERE run_id = ? ORDER BY id");
+    Stmt s(d->readDb,
+           "SELECT id, kind, path, sha256, created_at FROM artifacts WHERE run_id = ? ORDER BY id");
     s.bind(1, runId);
     std::vector<ArtifactRecord> out;
     while (s.step()) out.push_back({s.i64(0), s.text(1), s.text(2), s.text(3), s.f64(4)});

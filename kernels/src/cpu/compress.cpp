@@ -27,8 +27,10 @@ void quantizeScalar(const QuantArgs& a) noexcept {
         for (std::size_t i = b; i < e; ++i) amax = std::max(amax, bits(loadS(a, i)) & kAbsMask);
         const float scale = chunkScale(amax, qmax);
         a.scales[b / a.chunk] = scale;
-        if (isNan(scale) || scale == 0.f) zeroCodes(a, b, e);
-        else quantizeElementsScalar(a, b, e, scale);
+        if (isNan(scale) || scale == 0.f)
+            zeroCodes(a, b, e);
+        else
+            quantizeElementsScalar(a, b, e, scale);
     }
 }
 
@@ -44,9 +46,12 @@ void quantizeElementsScalar(const QuantArgs& a, std::size_t b, std::size_t e, fl
     const float inv = reciprocal(scale);
     for (std::size_t i = b; i < e; ++i) {
         const float s = loadS(a, i);
-        const int q = quantOne(s, scale, inv, qmax, a.stochastic, a.key, static_cast<std::uint32_t>(a.offset + i));
-        if (a.int4) storeInt4(static_cast<std::uint8_t*>(a.codes), i, q);
-        else static_cast<std::int8_t*>(a.codes)[i] = static_cast<std::int8_t>(q);
+        const int q =
+            quantOne(s, scale, inv, qmax, a.stochastic, a.key, static_cast<std::uint32_t>(a.offset + i));
+        if (a.int4)
+            storeInt4(static_cast<std::uint8_t*>(a.codes), i, q);
+        else
+            static_cast<std::int8_t*>(a.codes)[i] = static_cast<std::int8_t>(q);
         if (a.residual) a.residual[i] = s - static_cast<float>(q) * scale;
     }
 }
@@ -129,23 +134,35 @@ CpuIsa effective(CpuIsa isa) noexcept {
 void runQuantize(const float* g, float* r, std::size_t n, void* codes, float* scales, const QuantizeParams& p,
                  bool int4, CpuIsa isa) noexcept {
     if (n == 0) return;
-    const QuantArgs a{g, r, n, p.chunk ? p.chunk : n, codes, scales, int4, p.stochastic, streamKey(p.seed),
-                      p.indexOffset};
+    const QuantArgs a{
+        g, r, n, p.chunk ? p.chunk : n, codes, scales, int4, p.stochastic, streamKey(p.seed), p.indexOffset};
     switch (effective(isa)) {
-        case CpuIsa::Avx512: quantizeAvx512(a); return;
-        case CpuIsa::Avx2: quantizeAvx2(a); return;
-        case CpuIsa::Scalar: quantizeScalar(a); return;
+        case CpuIsa::Avx512:
+            quantizeAvx512(a);
+            return;
+        case CpuIsa::Avx2:
+            quantizeAvx2(a);
+            return;
+        case CpuIsa::Scalar:
+            quantizeScalar(a);
+            return;
     }
 }
 
-void runDequantize(const void* codes, const float* scales, std::size_t n, std::size_t chunk, float* out, bool int4,
-                   bool accumulate, CpuIsa isa) noexcept {
+void runDequantize(const void* codes, const float* scales, std::size_t n, std::size_t chunk, float* out,
+                   bool int4, bool accumulate, CpuIsa isa) noexcept {
     if (n == 0) return;
     const DequantArgs a{codes, scales, n, chunk ? chunk : n, out, int4, accumulate};
     switch (effective(isa)) {
-        case CpuIsa::Avx512: dequantizeAvx512(a); return;
-        case CpuIsa::Avx2: dequantizeAvx2(a); return;
-        case CpuIsa::Scalar: dequantizeScalar(a); return;
+        case CpuIsa::Avx512:
+            dequantizeAvx512(a);
+            return;
+        case CpuIsa::Avx2:
+            dequantizeAvx2(a);
+            return;
+        case CpuIsa::Scalar:
+            dequantizeScalar(a);
+            return;
     }
 }
 
@@ -155,21 +172,34 @@ void runTo16(const float* x, float* r, std::size_t n, std::uint16_t* out, bool b
     CpuIsa eff = effective(isa);
     if (eff == CpuIsa::Avx2 && !bf16 && !hasF16c()) eff = CpuIsa::Scalar;
     switch (eff) {
-        case CpuIsa::Avx512: to16Avx512(a); return;
-        case CpuIsa::Avx2: to16Avx2(a); return;
-        case CpuIsa::Scalar: to16Scalar(a, 0, n); return;
+        case CpuIsa::Avx512:
+            to16Avx512(a);
+            return;
+        case CpuIsa::Avx2:
+            to16Avx2(a);
+            return;
+        case CpuIsa::Scalar:
+            to16Scalar(a, 0, n);
+            return;
     }
 }
 
-void runFrom16(const std::uint16_t* x, std::size_t n, float* out, bool bf16, bool accumulate, CpuIsa isa) noexcept {
+void runFrom16(const std::uint16_t* x, std::size_t n, float* out, bool bf16, bool accumulate,
+               CpuIsa isa) noexcept {
     if (n == 0) return;
     const From16Args a{x, n, out, bf16, accumulate};
     CpuIsa eff = effective(isa);
     if (eff == CpuIsa::Avx2 && !bf16 && !hasF16c()) eff = CpuIsa::Scalar;
     switch (eff) {
-        case CpuIsa::Avx512: from16Avx512(a); return;
-        case CpuIsa::Avx2: from16Avx2(a); return;
-        case CpuIsa::Scalar: from16Scalar(a, 0, n); return;
+        case CpuIsa::Avx512:
+            from16Avx512(a);
+            return;
+        case CpuIsa::Avx2:
+            from16Avx2(a);
+            return;
+        case CpuIsa::Scalar:
+            from16Scalar(a, 0, n);
+            return;
     }
 }
 
@@ -177,18 +207,23 @@ void runFrom16(const std::uint16_t* x, std::size_t n, float* out, bool bf16, boo
 
 const char* compressFormatName(CompressFormat f) noexcept {
     switch (f) {
-        case CompressFormat::None: return "none";
-        case CompressFormat::Fp16: return "fp16";
-        case CompressFormat::Bf16: return "bf16";
-        case CompressFormat::Int8: return "int8";
-        case CompressFormat::Int4: return "int4";
+        case CompressFormat::None:
+            return "none";
+        case CompressFormat::Fp16:
+            return "fp16";
+        case CompressFormat::Bf16:
+            return "bf16";
+        case CompressFormat::Int8:
+            return "int8";
+        case CompressFormat::Int4:
+            return "int4";
     }
     return "unknown";
 }
 
 std::optional<CompressFormat> parseCompressFormat(std::string_view name) noexcept {
-    for (CompressFormat f : {CompressFormat::None, CompressFormat::Fp16, CompressFormat::Bf16, CompressFormat::Int8,
-                             CompressFormat::Int4})
+    for (CompressFormat f : {CompressFormat::None, CompressFormat::Fp16, CompressFormat::Bf16,
+                             CompressFormat::Int8, CompressFormat::Int4})
         if (name == compressFormatName(f)) return f;
     return std::nullopt;
 }
@@ -201,11 +236,15 @@ std::size_t chunkCount(std::size_t n, std::size_t chunk) noexcept {
 
 std::size_t codeBytes(std::size_t n, CompressFormat f) noexcept {
     switch (f) {
-        case CompressFormat::None: return n * 4;
+        case CompressFormat::None:
+            return n * 4;
         case CompressFormat::Fp16:
-        case CompressFormat::Bf16: return n * 2;
-        case CompressFormat::Int8: return n;
-        case CompressFormat::Int4: return n / 2 + (n & 1);
+        case CompressFormat::Bf16:
+            return n * 2;
+        case CompressFormat::Int8:
+            return n;
+        case CompressFormat::Int4:
+            return n / 2 + (n & 1);
     }
     return 0;
 }
@@ -233,28 +272,28 @@ void quantizeInt4(const float* x, std::size_t n, std::uint8_t* codes, float* sca
                   CpuIsa isa) noexcept {
     runQuantize(x, nullptr, n, codes, scales, p, true, isa);
 }
-void quantizeInt8ErrorFeedback(const float* grad, float* residual, std::size_t n, std::int8_t* codes, float* scales,
-                               const QuantizeParams& p, CpuIsa isa) noexcept {
+void quantizeInt8ErrorFeedback(const float* grad, float* residual, std::size_t n, std::int8_t* codes,
+                               float* scales, const QuantizeParams& p, CpuIsa isa) noexcept {
     runQuantize(grad, residual, n, codes, scales, p, false, isa);
 }
-void quantizeInt4ErrorFeedback(const float* grad, float* residual, std::size_t n, std::uint8_t* codes, float* scales,
-                               const QuantizeParams& p, CpuIsa isa) noexcept {
+void quantizeInt4ErrorFeedback(const float* grad, float* residual, std::size_t n, std::uint8_t* codes,
+                               float* scales, const QuantizeParams& p, CpuIsa isa) noexcept {
     runQuantize(grad, residual, n, codes, scales, p, true, isa);
 }
-void dequantizeInt8(const std::int8_t* codes, const float* scales, std::size_t n, std::size_t chunk, float* out,
-                    CpuIsa isa) noexcept {
+void dequantizeInt8(const std::int8_t* codes, const float* scales, std::size_t n, std::size_t chunk,
+                    float* out, CpuIsa isa) noexcept {
     runDequantize(codes, scales, n, chunk, out, false, false, isa);
 }
-void dequantizeInt4(const std::uint8_t* codes, const float* scales, std::size_t n, std::size_t chunk, float* out,
-                    CpuIsa isa) noexcept {
+void dequantizeInt4(const std::uint8_t* codes, const float* scales, std::size_t n, std::size_t chunk,
+                    float* out, CpuIsa isa) noexcept {
     runDequantize(codes, scales, n, chunk, out, true, false, isa);
 }
-void dequantizeAddInt8(const std::int8_t* codes, const float* scales, std::size_t n, std::size_t chunk, float* out,
-                       CpuIsa isa) noexcept {
+void dequantizeAddInt8(const std::int8_t* codes, const float* scales, std::size_t n, std::size_t chunk,
+                       float* out, CpuIsa isa) noexcept {
     runDequantize(codes, scales, n, chunk, out, false, true, isa);
 }
-void dequantizeAddInt4(const std::uint8_t* codes, const float* scales, std::size_t n, std::size_t chunk, float* out,
-                       CpuIsa isa) noexcept {
+void dequantizeAddInt4(const std::uint8_t* codes, const float* scales, std::size_t n, std::size_t chunk,
+                       float* out, CpuIsa isa) noexcept {
     runDequantize(codes, scales, n, chunk, out, true, true, isa);
 }
 void floatToHalf(const float* x, std::size_t n, std::uint16_t* out, CpuIsa isa) noexcept {
@@ -286,24 +325,28 @@ void floatToBf16ErrorFeedback(const float* grad, float* residual, std::size_t n,
 
 // ---- dispatching entry points ---------------------------------------------------------------
 
-void quantizeInt8(const float* x, std::size_t n, std::int8_t* codes, float* scales, const QuantizeParams& p) noexcept {
+void quantizeInt8(const float* x, std::size_t n, std::int8_t* codes, float* scales,
+                  const QuantizeParams& p) noexcept {
     quantizeInt8(x, n, codes, scales, p, bestCpuIsa());
 }
-void quantizeInt4(const float* x, std::size_t n, std::uint8_t* codes, float* scales, const QuantizeParams& p) noexcept {
+void quantizeInt4(const float* x, std::size_t n, std::uint8_t* codes, float* scales,
+                  const QuantizeParams& p) noexcept {
     quantizeInt4(x, n, codes, scales, p, bestCpuIsa());
 }
-void quantizeInt8ErrorFeedback(const float* grad, float* residual, std::size_t n, std::int8_t* codes, float* scales,
-                               const QuantizeParams& p) noexcept {
+void quantizeInt8ErrorFeedback(const float* grad, float* residual, std::size_t n, std::int8_t* codes,
+                               float* scales, const QuantizeParams& p) noexcept {
     quantizeInt8ErrorFeedback(grad, residual, n, codes, scales, p, bestCpuIsa());
 }
-void quantizeInt4ErrorFeedback(const float* grad, float* residual, std::size_t n, std::uint8_t* codes, float* scales,
-                               const QuantizeParams& p) noexcept {
+void quantizeInt4ErrorFeedback(const float* grad, float* residual, std::size_t n, std::uint8_t* codes,
+                               float* scales, const QuantizeParams& p) noexcept {
     quantizeInt4ErrorFeedback(grad, residual, n, codes, scales, p, bestCpuIsa());
 }
-void dequantizeInt8(const std::int8_t* codes, const float* scales, std::size_t n, std::size_t chunk, float* out) noexcept {
+void dequantizeInt8(const std::int8_t* codes, const float* scales, std::size_t n, std::size_t chunk,
+                    float* out) noexcept {
     dequantizeInt8(codes, scales, n, chunk, out, bestCpuIsa());
 }
-void dequantizeInt4(const std::uint8_t* codes, const float* scales, std::size_t n, std::size_t chunk, float* out) noexcept {
+void dequantizeInt4(const std::uint8_t* codes, const float* scales, std::size_t n, std::size_t chunk,
+                    float* out) noexcept {
     dequantizeInt4(codes, scales, n, chunk, out, bestCpuIsa());
 }
 void dequantizeAddInt8(const std::int8_t* codes, const float* scales, std::size_t n, std::size_t chunk,
@@ -314,20 +357,30 @@ void dequantizeAddInt4(const std::uint8_t* codes, const float* scales, std::size
                        float* out) noexcept {
     dequantizeAddInt4(codes, scales, n, chunk, out, bestCpuIsa());
 }
-void floatToHalf(const float* x, std::size_t n, std::uint16_t* out) noexcept { floatToHalf(x, n, out, bestCpuIsa()); }
-void halfToFloat(const std::uint16_t* x, std::size_t n, float* out) noexcept { halfToFloat(x, n, out, bestCpuIsa()); }
+void floatToHalf(const float* x, std::size_t n, std::uint16_t* out) noexcept {
+    floatToHalf(x, n, out, bestCpuIsa());
+}
+void halfToFloat(const std::uint16_t* x, std::size_t n, float* out) noexcept {
+    halfToFloat(x, n, out, bestCpuIsa());
+}
 void addHalfToFloat(const std::uint16_t* x, std::size_t n, float* out) noexcept {
     addHalfToFloat(x, n, out, bestCpuIsa());
 }
-void floatToHalfErrorFeedback(const float* grad, float* residual, std::size_t n, std::uint16_t* out) noexcept {
+void floatToHalfErrorFeedback(const float* grad, float* residual, std::size_t n,
+                              std::uint16_t* out) noexcept {
     floatToHalfErrorFeedback(grad, residual, n, out, bestCpuIsa());
 }
-void floatToBf16(const float* x, std::size_t n, std::uint16_t* out) noexcept { floatToBf16(x, n, out, bestCpuIsa()); }
-void bf16ToFloat(const std::uint16_t* x, std::size_t n, float* out) noexcept { bf16ToFloat(x, n, out, bestCpuIsa()); }
+void floatToBf16(const float* x, std::size_t n, std::uint16_t* out) noexcept {
+    floatToBf16(x, n, out, bestCpuIsa());
+}
+void bf16ToFloat(const std::uint16_t* x, std::size_t n, float* out) noexcept {
+    bf16ToFloat(x, n, out, bestCpuIsa());
+}
 void addBf16ToFloat(const std::uint16_t* x, std::size_t n, float* out) noexcept {
     addBf16ToFloat(x, n, out, bestCpuIsa());
 }
-void floatToBf16ErrorFeedback(const float* grad, float* residual, std::size_t n, std::uint16_t* out) noexcept {
+void floatToBf16ErrorFeedback(const float* grad, float* residual, std::size_t n,
+                              std::uint16_t* out) noexcept {
     floatToBf16ErrorFeedback(grad, residual, n, out, bestCpuIsa());
 }
 

@@ -34,7 +34,8 @@ LATHE_T256 inline __m256i mix(__m256i x) noexcept {
 }
 
 LATHE_T256 inline __m256i streamBits8(__m256i key, std::uint32_t ctr0) noexcept {
-    const __m256i ctr = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(ctr0)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i ctr = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(ctr0)),
+                                         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     return mix(_mm256_add_epi32(mix(_mm256_xor_si256(ctr, key)), key));
 }
 
@@ -43,11 +44,14 @@ LATHE_T256 std::uint32_t chunkAmax(const QuantArgs& a, std::size_t b, std::size_
     __m256i m0 = _mm256_setzero_si256(), m1 = _mm256_setzero_si256();
     std::size_t i = b;
     for (; i + 16 <= e; i += 16) {
-        m0 = _mm256_max_epu32(m0, _mm256_and_si256(_mm256_castps_si256(loadS(a.grad, a.residual, i)), absMask));
-        m1 = _mm256_max_epu32(m1, _mm256_and_si256(_mm256_castps_si256(loadS(a.grad, a.residual, i + 8)), absMask));
+        m0 = _mm256_max_epu32(m0,
+                              _mm256_and_si256(_mm256_castps_si256(loadS(a.grad, a.residual, i)), absMask));
+        m1 = _mm256_max_epu32(
+            m1, _mm256_and_si256(_mm256_castps_si256(loadS(a.grad, a.residual, i + 8)), absMask));
     }
     for (; i + 8 <= e; i += 8)
-        m0 = _mm256_max_epu32(m0, _mm256_and_si256(_mm256_castps_si256(loadS(a.grad, a.residual, i)), absMask));
+        m0 = _mm256_max_epu32(m0,
+                              _mm256_and_si256(_mm256_castps_si256(loadS(a.grad, a.residual, i)), absMask));
     alignas(32) std::uint32_t lanes[8];
     _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), _mm256_max_epu32(m0, m1));
     std::uint32_t amax = *std::max_element(lanes, lanes + 8);
@@ -110,7 +114,8 @@ LATHE_T256 std::uint32_t quantizeChunkT(const QuantArgs& a, std::size_t b, std::
         if (Int4) {
             const __m256i t = _mm256_and_si256(q, nib);
             const __m256i y = _mm256_shuffle_epi8(_mm256_or_si256(t, _mm256_srli_epi64(t, 28)), pick);
-            const __m128i packed = _mm_unpacklo_epi16(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
+            const __m128i packed =
+                _mm_unpacklo_epi16(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
             const int w = _mm_cvtsi128_si32(packed);
             std::memcpy(c4 + i / 2, &w, 4);
         } else {
@@ -119,7 +124,8 @@ LATHE_T256 std::uint32_t quantizeChunkT(const QuantArgs& a, std::size_t b, std::
         }
         if (Feedback) _mm256_storeu_ps(r + i, _mm256_sub_ps(s, _mm256_mul_ps(_mm256_cvtepi32_ps(q), vs)));
         if (j + 8 <= ne) {
-            nextMax = _mm256_max_epu32(nextMax, _mm256_and_si256(_mm256_castps_si256(loadS(g, r, j)), absMask));
+            nextMax =
+                _mm256_max_epu32(nextMax, _mm256_and_si256(_mm256_castps_si256(loadS(g, r, j)), absMask));
             j += 8;
         }
     }
@@ -131,7 +137,9 @@ LATHE_T256 std::uint32_t quantizeChunkT(const QuantArgs& a, std::size_t b, std::
 }
 
 struct Avx2 {
-    static std::uint32_t amax(const QuantArgs& a, std::size_t b, std::size_t e) noexcept { return chunkAmax(a, b, e); }
+    static std::uint32_t amax(const QuantArgs& a, std::size_t b, std::size_t e) noexcept {
+        return chunkAmax(a, b, e);
+    }
     template <bool Int4, bool Stochastic, bool Feedback>
     static std::uint32_t code(const QuantArgs& a, std::size_t b, std::size_t e, float scale, std::size_t nb,
                               std::size_t ne) noexcept {
@@ -182,7 +190,8 @@ LATHE_T256 void dequantizeAvx2(const DequantArgs& a) noexcept {
 LATHE_T256H void to16Avx2(const To16Args& a) noexcept {
     const __m256i absMask = _mm256_set1_epi32(static_cast<int>(kAbsMask));
     const __m256i exp = _mm256_set1_epi32(static_cast<int>(kExpMask));
-    const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1), bfNan = _mm256_set1_epi32(0x7fc0);
+    const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1),
+                  bfNan = _mm256_set1_epi32(0x7fc0);
     std::size_t i = 0;
     for (; i + 8 <= a.n; i += 8) {
         const __m256 s = loadS(a.x, a.residual, i);
@@ -191,7 +200,8 @@ LATHE_T256H void to16Avx2(const To16Args& a) noexcept {
         if (a.bf16) {
             const __m256i u = _mm256_castps_si256(s);
             const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, absMask), exp);  // both non-negative
-            __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, bias), _mm256_and_si256(_mm256_srli_epi32(u, 16), one));
+            __m256i r =
+                _mm256_add_epi32(_mm256_add_epi32(u, bias), _mm256_and_si256(_mm256_srli_epi32(u, 16), one));
             r = _mm256_blendv_epi8(_mm256_srli_epi32(r, 16), bfNan, nan);
             h = _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));
             back = _mm256_castsi256_ps(_mm256_slli_epi32(r, 16));
@@ -201,8 +211,8 @@ LATHE_T256H void to16Avx2(const To16Args& a) noexcept {
         }
         _mm_storeu_si128(reinterpret_cast<__m128i*>(a.out + i), h);
         if (a.residual) {
-            const __m256 bad =
-                _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(back), exp), exp));
+            const __m256 bad = _mm256_castsi256_ps(
+                _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(back), exp), exp));
             const __m256 old = _mm256_loadu_ps(a.residual + i);
             _mm256_storeu_ps(a.residual + i, _mm256_blendv_ps(_mm256_sub_ps(s, back), old, bad));
         }
@@ -214,7 +224,8 @@ LATHE_T256H void from16Avx2(const From16Args& a) noexcept {
     std::size_t i = 0;
     for (; i + 8 <= a.n; i += 8) {
         const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a.x + i));
-        __m256 v = a.bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h);
+        __m256 v = a.bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+                          : _mm256_cvtph_ps(h);
         if (a.accumulate) v = canonicalizeNan(_mm256_add_ps(_mm256_loadu_ps(a.out + i), v));
         _mm256_storeu_ps(a.out + i, v);
     }

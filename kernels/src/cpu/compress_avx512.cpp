@@ -44,11 +44,14 @@ LATHE_T512 std::uint32_t chunkAmax(const QuantArgs& a, std::size_t b, std::size_
     __m512i m0 = _mm512_setzero_si512(), m1 = _mm512_setzero_si512();
     std::size_t i = b;
     for (; i + 32 <= e; i += 32) {
-        m0 = _mm512_max_epu32(m0, _mm512_and_si512(_mm512_castps_si512(loadS(a.grad, a.residual, i)), absMask));
-        m1 = _mm512_max_epu32(m1, _mm512_and_si512(_mm512_castps_si512(loadS(a.grad, a.residual, i + 16)), absMask));
+        m0 = _mm512_max_epu32(m0,
+                              _mm512_and_si512(_mm512_castps_si512(loadS(a.grad, a.residual, i)), absMask));
+        m1 = _mm512_max_epu32(
+            m1, _mm512_and_si512(_mm512_castps_si512(loadS(a.grad, a.residual, i + 16)), absMask));
     }
     for (; i + 16 <= e; i += 16)
-        m0 = _mm512_max_epu32(m0, _mm512_and_si512(_mm512_castps_si512(loadS(a.grad, a.residual, i)), absMask));
+        m0 = _mm512_max_epu32(m0,
+                              _mm512_and_si512(_mm512_castps_si512(loadS(a.grad, a.residual, i)), absMask));
     if (i < e) {
         // Dead lanes load as +0, which never raises the maximum.
         const __mmask16 k = static_cast<__mmask16>((1u << (e - i)) - 1u);
@@ -62,7 +65,8 @@ LATHE_T512 std::uint32_t chunkAmax(const QuantArgs& a, std::size_t b, std::size_
 // Codes of the 16 elements at i as int32 lanes; with error feedback, also their new residuals.
 template <int Q, bool Stochastic, bool Feedback>
 LATHE_T512 inline __m512i quantVec(const float* __restrict g, float* __restrict r, std::size_t i, __m512 vs,
-                                   __m512 vinv, __m512 lo, __m512 hi, __m512i key, std::uint32_t ctr) noexcept {
+                                   __m512 vinv, __m512 lo, __m512 hi, __m512i key,
+                                   std::uint32_t ctr) noexcept {
     __m512 s = _mm512_loadu_ps(g + i);
     if (Feedback) s = _mm512_add_ps(s, _mm512_loadu_ps(r + i));
     __m512i q;
@@ -71,7 +75,8 @@ LATHE_T512 inline __m512i quantVec(const float* __restrict g, float* __restrict 
         const __m512 fl = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
         const __m512 frac = _mm512_sub_ps(v, fl);
         const __m512 u = _mm512_cvtepi32_ps(_mm512_srli_epi32(streamBits16(key, ctr), 8));
-        const __mmask16 up = _mm512_cmp_ps_mask(u, _mm512_mul_ps(frac, _mm512_set1_ps(16777216.f)), _CMP_LT_OQ);
+        const __mmask16 up =
+            _mm512_cmp_ps_mask(u, _mm512_mul_ps(frac, _mm512_set1_ps(16777216.f)), _CMP_LT_OQ);
         q = _mm512_cvttps_epi32(fl);
         q = _mm512_mask_add_epi32(q, up, q, _mm512_set1_epi32(1));
     } else {
@@ -80,7 +85,8 @@ LATHE_T512 inline __m512i quantVec(const float* __restrict g, float* __restrict 
         // integer min/max are cheaper here than float ones. (|s * inv| can exceed Q by a few ulps,
         // and under a directed rounding mode that rounds to Q + 1.)
         q = _mm512_cvtps_epi32(_mm512_mul_ps(s, vinv));
-        q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_set1_epi32(-static_cast<int>(Q))), _mm512_set1_epi32(Q));
+        q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_set1_epi32(-static_cast<int>(Q))),
+                             _mm512_set1_epi32(Q));
     }
     if (Feedback) _mm512_storeu_ps(r + i, _mm512_sub_ps(s, _mm512_mul_ps(_mm512_cvtepi32_ps(q), vs)));
     return q;
@@ -126,8 +132,8 @@ LATHE_T512BW std::uint32_t quantizeChunkT(const QuantArgs& a, std::size_t b, std
     // (A lambda would not inherit the target attribute its intrinsics need.)
 #define LATHE_FOLD_NEXT()                                                                                  \
     if (j + 16 <= ne) {                                                                                    \
-        nextMax = _mm512_max_epu32(nextMax, _mm512_and_si512(_mm512_castps_si512(loadS(g, Feedback ? r : nullptr, j)), \
-                                                             absMask));                                    \
+        nextMax = _mm512_max_epu32(                                                                        \
+            nextMax, _mm512_and_si512(_mm512_castps_si512(loadS(g, Feedback ? r : nullptr, j)), absMask)); \
         j += 16;                                                                                           \
     }
     const auto ctr = [&](std::size_t k) { return static_cast<std::uint32_t>(offset + k); };
@@ -139,9 +145,12 @@ LATHE_T512BW std::uint32_t quantizeChunkT(const QuantArgs& a, std::size_t b, std
     if (!Int4) {
         for (; i + 64 <= e; i += 64) {
             const __m512i q0 = quantVec<kQ, Stochastic, Feedback>(g, r, i, vs, vinv, lo, hi, key, ctr(i));
-            const __m512i q1 = quantVec<kQ, Stochastic, Feedback>(g, r, i + 16, vs, vinv, lo, hi, key, ctr(i + 16));
-            const __m512i q2 = quantVec<kQ, Stochastic, Feedback>(g, r, i + 32, vs, vinv, lo, hi, key, ctr(i + 32));
-            const __m512i q3 = quantVec<kQ, Stochastic, Feedback>(g, r, i + 48, vs, vinv, lo, hi, key, ctr(i + 48));
+            const __m512i q1 =
+                quantVec<kQ, Stochastic, Feedback>(g, r, i + 16, vs, vinv, lo, hi, key, ctr(i + 16));
+            const __m512i q2 =
+                quantVec<kQ, Stochastic, Feedback>(g, r, i + 32, vs, vinv, lo, hi, key, ctr(i + 32));
+            const __m512i q3 =
+                quantVec<kQ, Stochastic, Feedback>(g, r, i + 48, vs, vinv, lo, hi, key, ctr(i + 48));
             _mm512_storeu_si512(c8 + i, packCodes64(q0, q1, q2, q3));
             LATHE_FOLD_NEXT()
             LATHE_FOLD_NEXT()
@@ -166,7 +175,9 @@ LATHE_T512BW std::uint32_t quantizeChunkT(const QuantArgs& a, std::size_t b, std
 }
 
 struct Avx512 {
-    static std::uint32_t amax(const QuantArgs& a, std::size_t b, std::size_t e) noexcept { return chunkAmax(a, b, e); }
+    static std::uint32_t amax(const QuantArgs& a, std::size_t b, std::size_t e) noexcept {
+        return chunkAmax(a, b, e);
+    }
     template <bool Int4, bool Stochastic, bool Feedback>
     static std::uint32_t code(const QuantArgs& a, std::size_t b, std::size_t e, float scale, std::size_t nb,
                               std::size_t ne) noexcept {
@@ -176,7 +187,8 @@ struct Avx512 {
 
 LATHE_T512 inline __m512 canonicalizeNan(__m512 d) noexcept {
     const __mmask16 nan = _mm512_cmp_ps_mask(d, d, _CMP_UNORD_Q);
-    return _mm512_mask_mov_ps(d, nan, _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(kCanonicalNan))));
+    return _mm512_mask_mov_ps(d, nan,
+                              _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(kCanonicalNan))));
 }
 
 }  // namespace
@@ -198,7 +210,8 @@ LATHE_T512 void dequantizeAvx512(const DequantArgs& a) noexcept {
         for (; i + 16 <= e; i += 16) {
             __m512i q;
             if (a.int4) {
-                __m512i x = _mm512_cvtepu8_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c4 + i / 2)));
+                __m512i x =
+                    _mm512_cvtepu8_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c4 + i / 2)));
                 x = _mm512_or_si512(x, _mm512_slli_epi64(x, 28));  // high nibble -> bits 32..35
                 q = _mm512_srai_epi32(_mm512_slli_epi32(x, 28), 28);
             } else {
@@ -215,7 +228,8 @@ LATHE_T512 void dequantizeAvx512(const DequantArgs& a) noexcept {
 LATHE_T512 void to16Avx512(const To16Args& a) noexcept {
     const __m512i absMask = _mm512_set1_epi32(static_cast<int>(kAbsMask));
     const __m512i exp = _mm512_set1_epi32(static_cast<int>(kExpMask));
-    const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1), bfNan = _mm512_set1_epi32(0x7fc0);
+    const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1),
+                  bfNan = _mm512_set1_epi32(0x7fc0);
     std::size_t i = 0;
     for (; i + 16 <= a.n; i += 16) {
         const __m512 s = loadS(a.x, a.residual, i);
@@ -224,7 +238,8 @@ LATHE_T512 void to16Avx512(const To16Args& a) noexcept {
         if (a.bf16) {
             const __m512i u = _mm512_castps_si512(s);
             const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, absMask), exp);
-            __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, bias), _mm512_and_si512(_mm512_srli_epi32(u, 16), one));
+            __m512i r =
+                _mm512_add_epi32(_mm512_add_epi32(u, bias), _mm512_and_si512(_mm512_srli_epi32(u, 16), one));
             r = _mm512_mask_mov_epi32(_mm512_srli_epi32(r, 16), nan, bfNan);
             h = _mm512_cvtepi32_epi16(r);
             back = _mm512_castsi512_ps(_mm512_slli_epi32(r, 16));
@@ -234,7 +249,8 @@ LATHE_T512 void to16Avx512(const To16Args& a) noexcept {
         }
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.out + i), h);
         if (a.residual) {
-            const __mmask16 finite = _mm512_cmpneq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(back), exp), exp);
+            const __mmask16 finite =
+                _mm512_cmpneq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(back), exp), exp);
             _mm512_mask_storeu_ps(a.residual + i, finite, _mm512_sub_ps(s, back));
         }
     }
@@ -245,7 +261,8 @@ LATHE_T512 void from16Avx512(const From16Args& a) noexcept {
     std::size_t i = 0;
     for (; i + 16 <= a.n; i += 16) {
         const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.x + i));
-        __m512 v = a.bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+        __m512 v = a.bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+                          : _mm512_cvtph_ps(h);
         if (a.accumulate) v = canonicalizeNan(_mm512_add_ps(_mm512_loadu_ps(a.out + i), v));
         _mm512_storeu_ps(a.out + i, v);
     }

@@ -45,7 +45,9 @@ inline float reciprocal(float scale) noexcept { return 1.f / scale; }
 
 // x / scale as the definition computes it: s * (1 / scale), or s / scale where 1 / scale is not
 // finite. Both roundings are IEEE fp32, so every path gets the same bits.
-inline float scaledOne(float s, float scale, float inv) noexcept { return nonFinite(inv) ? s / scale : s * inv; }
+inline float scaledOne(float s, float scale, float inv) noexcept {
+    return nonFinite(inv) ? s / scale : s * inv;
+}
 
 // One code, for a finite scale > 0 and inv = reciprocal(scale). Exact operations apart from the
 // reciprocal, the multiplication and rint.
@@ -62,8 +64,10 @@ inline int quantOne(float s, float scale, float inv, float qmax, bool stochastic
 
 inline void storeInt4(std::uint8_t* codes, std::size_t i, int q) noexcept {
     const auto nib = static_cast<std::uint8_t>(q & 0xf);
-    if (i & 1) codes[i / 2] = static_cast<std::uint8_t>(codes[i / 2] | (nib << 4));
-    else codes[i / 2] = nib;
+    if (i & 1)
+        codes[i / 2] = static_cast<std::uint8_t>(codes[i / 2] | (nib << 4));
+    else
+        codes[i / 2] = nib;
 }
 inline int loadInt4(const std::uint8_t* codes, std::size_t i) noexcept {
     const int nib = (codes[i / 2] >> ((i & 1) * 4)) & 0xf;
@@ -77,8 +81,8 @@ inline std::uint16_t floatToHalfOne(float f) noexcept {
     std::uint32_t a = u & kAbsMask;
     if (a > kExpMask) return static_cast<std::uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
     if (a >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520: inf
-    if (a >= 0x38800000u) {                                                  // normal half
-        a += 0xc8000fffu + ((a >> 13) & 1u);                                 // rebias, round
+    if (a >= 0x38800000u) {                                                   // normal half
+        a += 0xc8000fffu + ((a >> 13) & 1u);                                  // rebias, round
         return static_cast<std::uint16_t>(sign | (a >> 13));
     }
     const std::uint32_t e = a >> 23;
@@ -111,7 +115,9 @@ inline std::uint16_t floatToBf16One(float f) noexcept {
     if ((u & kAbsMask) > kExpMask) return 0x7fc0u;
     return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
-inline float bf16ToFloatOne(std::uint16_t h) noexcept { return fromBits(static_cast<std::uint32_t>(h) << 16); }
+inline float bf16ToFloatOne(std::uint16_t h) noexcept {
+    return fromBits(static_cast<std::uint32_t>(h) << 16);
+}
 
 struct QuantArgs {
     const float* grad;
@@ -176,14 +182,22 @@ template <class Isa>
 std::uint32_t codeChunk(const QuantArgs& a, std::size_t b, std::size_t e, float scale, std::size_t nb,
                         std::size_t ne) noexcept {
     switch ((a.int4 ? 4 : 0) | (a.stochastic ? 2 : 0) | (a.residual ? 1 : 0)) {
-        case 0: return Isa::template code<false, false, false>(a, b, e, scale, nb, ne);
-        case 1: return Isa::template code<false, false, true>(a, b, e, scale, nb, ne);
-        case 2: return Isa::template code<false, true, false>(a, b, e, scale, nb, ne);
-        case 3: return Isa::template code<false, true, true>(a, b, e, scale, nb, ne);
-        case 4: return Isa::template code<true, false, false>(a, b, e, scale, nb, ne);
-        case 5: return Isa::template code<true, false, true>(a, b, e, scale, nb, ne);
-        case 6: return Isa::template code<true, true, false>(a, b, e, scale, nb, ne);
-        default: return Isa::template code<true, true, true>(a, b, e, scale, nb, ne);
+        case 0:
+            return Isa::template code<false, false, false>(a, b, e, scale, nb, ne);
+        case 1:
+            return Isa::template code<false, false, true>(a, b, e, scale, nb, ne);
+        case 2:
+            return Isa::template code<false, true, false>(a, b, e, scale, nb, ne);
+        case 3:
+            return Isa::template code<false, true, true>(a, b, e, scale, nb, ne);
+        case 4:
+            return Isa::template code<true, false, false>(a, b, e, scale, nb, ne);
+        case 5:
+            return Isa::template code<true, false, true>(a, b, e, scale, nb, ne);
+        case 6:
+            return Isa::template code<true, true, false>(a, b, e, scale, nb, ne);
+        default:
+            return Isa::template code<true, true, true>(a, b, e, scale, nb, ne);
     }
 }
 

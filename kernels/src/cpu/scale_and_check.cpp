@@ -99,7 +99,8 @@ __attribute__((target("avx2"))) bool scaleAndCheckAvx2(float* x, std::size_t n, 
     return any;
 }
 
-__attribute__((target("avx512f"))) bool scaleAndCheckAvx512(float* x, std::size_t n, float invScale) noexcept {
+__attribute__((target("avx512f"))) bool scaleAndCheckAvx512(float* x, std::size_t n,
+                                                            float invScale) noexcept {
     const __m512 s = _mm512_set1_ps(invScale);
     const __m512i exp = _mm512_set1_epi32(static_cast<int>(kExpMask));
     __mmask16 bad = 0;

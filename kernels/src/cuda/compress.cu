@@ -27,7 +27,8 @@ constexpr std::uint32_t kAbsMask = 0x7fffffffu;
 
 void checkLaunch(const char* what) {
     const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) throw CudaError(std::string(what) + ": kernel launch failed: " + cudaGetErrorString(err));
+    if (err != cudaSuccess)
+        throw CudaError(std::string(what) + ": kernel launch failed: " + cudaGetErrorString(err));
 }
 
 unsigned blocksFor(std::size_t work) {
@@ -48,20 +49,23 @@ __device__ __forceinline__ float loadS(const float* g, const float* r, std::size
 }
 
 __global__ void chunkScalesKernel(const float* __restrict__ g, const float* __restrict__ r, std::size_t n,
-                                  std::size_t chunk, std::size_t chunks, float qmax, float* __restrict__ scales) {
+                                  std::size_t chunk, std::size_t chunks, float qmax,
+                                  float* __restrict__ scales) {
     __shared__ std::uint32_t warpMax[kThreads / 32];
     for (std::size_t c = blockIdx.x; c < chunks; c += gridDim.x) {
         const std::size_t b = c * chunk;
         const std::size_t e = min(n, b + chunk);
         std::uint32_t m = 0;
-        for (std::size_t i = b + threadIdx.x; i < e; i += blockDim.x) m = max(m, __float_as_uint(loadS(g, r, i)) & kAbsMask);
+        for (std::size_t i = b + threadIdx.x; i < e; i += blockDim.x)
+            m = max(m, __float_as_uint(loadS(g, r, i)) & kAbsMask);
         m = __reduce_max_sync(0xffffffffu, m);
         if ((threadIdx.x & 31) == 0) warpMax[threadIdx.x / 32] = m;
         __syncthreads();
         if (threadIdx.x == 0) {
             std::uint32_t amax = 0;
             for (int w = 0; w < kThreads / 32; ++w) amax = max(amax, warpMax[w]);
-            scales[c] = amax >= kExpMask ? __uint_as_float(0x7fc00000u) : __fdiv_rn(__uint_as_float(amax), qmax);
+            scales[c] =
+                amax >= kExpMask ? __uint_as_float(0x7fc00000u) : __fdiv_rn(__uint_as_float(amax), qmax);
         }
         __syncthreads();
     }
@@ -69,8 +73,8 @@ __global__ void chunkScalesKernel(const float* __restrict__ g, const float* __re
 
 // Code of element i (and its residual update); the same steps as detail::quantOne.
 __device__ __forceinline__ int quantElement(const float* g, float* r, std::size_t i, std::size_t chunk,
-                                            const float* scales, float qmax, bool stochastic, std::uint32_t key,
-                                            std::uint64_t offset) {
+                                            const float* scales, float qmax, bool stochastic,
+                                            std::uint32_t key, std::uint64_t offset) {
     const float scale = scales[i / chunk];
     const float s = loadS(g, r, i);
     if (isnan(scale)) return 0;  // non-finite chunk: residual kept
@@ -99,25 +103,31 @@ __global__ void quantizeInt8Kernel(const float* __restrict__ g, float* __restric
                                    std::uint32_t key, std::uint64_t offset, std::int8_t* __restrict__ codes) {
     const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
     for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-        codes[i] = static_cast<std::int8_t>(quantElement(g, r, i, chunk, scales, 127.f, stochastic, key, offset));
+        codes[i] =
+            static_cast<std::int8_t>(quantElement(g, r, i, chunk, scales, 127.f, stochastic, key, offset));
 }
 
 __global__ void quantizeInt4Kernel(const float* __restrict__ g, float* __restrict__ r, std::size_t n,
                                    std::size_t chunk, const float* __restrict__ scales, bool stochastic,
-                                   std::uint32_t key, std::uint64_t offset, std::uint8_t* __restrict__ codes) {
+                                   std::uint32_t key, std::uint64_t offset,
+                                   std::uint8_t* __restrict__ codes) {
     const std::size_t bytes = (n + 1) / 2;
     const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-    for (std::size_t k = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < bytes; k += stride) {
+    for (std::size_t k = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < bytes;
+         k += stride) {
         const int lo = quantElement(g, r, 2 * k, chunk, scales, 7.f, stochastic, key, offset);
-        const int hi = 2 * k + 1 < n ? quantElement(g, r, 2 * k + 1, chunk, scales, 7.f, stochastic, key, offset) : 0;
+        const int hi =
+            2 * k + 1 < n ? quantElement(g, r, 2 * k + 1, chunk, scales, 7.f, stochastic, key, offset) : 0;
         codes[k] = static_cast<std::uint8_t>((lo & 0xf) | ((hi & 0xf) << 4));
     }
 }
 
-__global__ void dequantizeKernel(const void* __restrict__ codes, const float* __restrict__ scales, std::size_t n,
-                                 std::size_t chunk, bool int4, bool accumulate, float* __restrict__ out) {
+__global__ void dequantizeKernel(const void* __restrict__ codes, const float* __restrict__ scales,
+                                 std::size_t n, std::size_t chunk, bool int4, bool accumulate,
+                                 float* __restrict__ out) {
     const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += stride) {
         int q;
         if (int4) {
             const int nib = (static_cast<const std::uint8_t*>(codes)[i / 2] >> ((i & 1) * 4)) & 0xf;
@@ -139,7 +149,8 @@ __device__ __forceinline__ std::uint16_t toBf16(float f) {
 __global__ void to16Kernel(const float* __restrict__ x, float* __restrict__ r, std::size_t n, bool bf16,
                            std::uint16_t* __restrict__ out) {
     const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += stride) {
         const float s = loadS(x, r, i);
         std::uint16_t h;
         float back;
@@ -159,14 +170,16 @@ __global__ void to16Kernel(const float* __restrict__ x, float* __restrict__ r, s
 __global__ void from16Kernel(const std::uint16_t* __restrict__ x, std::size_t n, bool bf16, bool accumulate,
                              float* __restrict__ out) {
     const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-        const float v = bf16 ? __uint_as_float(static_cast<std::uint32_t>(x[i]) << 16) : __half2float(__ushort_as_half(x[i]));
+    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += stride) {
+        const float v = bf16 ? __uint_as_float(static_cast<std::uint32_t>(x[i]) << 16)
+                             : __half2float(__ushort_as_half(x[i]));
         out[i] = accumulate ? __fadd_rn(out[i], v) : v;
     }
 }
 
-void quantize(const float* x, float* residual, std::size_t n, void* codes, float* scales, const QuantizeParams& p,
-              bool int4, void* stream, const char* what) {
+void quantize(const float* x, float* residual, std::size_t n, void* codes, float* scales,
+              const QuantizeParams& p, bool int4, void* stream, const char* what) {
     if (n == 0) return;
     const std::size_t chunk = p.chunk ? p.chunk : n;
     const std::size_t chunks = chunkCount(n, chunk);
@@ -176,11 +189,12 @@ void quantize(const float* x, float* residual, std::size_t n, void* codes, float
     checkLaunch(what);
     const std::uint32_t key = streamKey(p.seed);
     if (int4)
-        quantizeInt4Kernel<<<blocksFor((n + 1) / 2), kThreads, 0, s>>>(x, residual, n, chunk, scales, p.stochastic, key,
-                                                                        p.indexOffset, static_cast<std::uint8_t*>(codes));
+        quantizeInt4Kernel<<<blocksFor((n + 1) / 2), kThreads, 0, s>>>(x, residual, n, chunk, scales,
+                                                                       p.stochastic, key, p.indexOffset,
+                                                                       static_cast<std::uint8_t*>(codes));
     else
         quantizeInt8Kernel<<<blocksFor(n), kThreads, 0, s>>>(x, residual, n, chunk, scales, p.stochastic, key,
-                                                              p.indexOffset, static_cast<std::int8_t*>(codes));
+                                                             p.indexOffset, static_cast<std::int8_t*>(codes));
     checkLaunch(what);
 }
 
@@ -196,19 +210,19 @@ void quantizeInt4(const float* x, float* residual, std::size_t n, std::uint8_t* 
     quantize(x, residual, n, codes, scales, p, true, stream, "cuda::quantizeInt4");
 }
 
-void dequantizeInt8(const std::int8_t* codes, const float* scales, std::size_t n, std::size_t chunk, float* out,
-                    bool accumulate, void* stream) {
+void dequantizeInt8(const std::int8_t* codes, const float* scales, std::size_t n, std::size_t chunk,
+                    float* out, bool accumulate, void* stream) {
     if (n == 0) return;
-    dequantizeKernel<<<blocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(codes, scales, n, chunk ? chunk : n,
-                                                                                        false, accumulate, out);
+    dequantizeKernel<<<blocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        codes, scales, n, chunk ? chunk : n, false, accumulate, out);
     checkLaunch("cuda::dequantizeInt8");
 }
 
-void dequantizeInt4(const std::uint8_t* codes, const float* scales, std::size_t n, std::size_t chunk, float* out,
-                    bool accumulate, void* stream) {
+void dequantizeInt4(const std::uint8_t* codes, const float* scales, std::size_t n, std::size_t chunk,
+                    float* out, bool accumulate, void* stream) {
     if (n == 0) return;
-    dequantizeKernel<<<blocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(codes, scales, n, chunk ? chunk : n,
-                                                                                        true, accumulate, out);
+    dequantizeKernel<<<blocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        codes, scales, n, chunk ? chunk : n, true, accumulate, out);
     checkLaunch("cuda::dequantizeInt4");
 }
 
@@ -218,9 +232,11 @@ void floatTo16(const float* x, float* residual, std::size_t n, std::uint16_t* ou
     checkLaunch("cuda::floatTo16");
 }
 
-void floatFrom16(const std::uint16_t* x, std::size_t n, float* out, bool bf16, bool accumulate, void* stream) {
+void floatFrom16(const std::uint16_t* x, std::size_t n, float* out, bool bf16, bool accumulate,
+                 void* stream) {
     if (n == 0) return;
-    from16Kernel<<<blocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, n, bf16, accumulate, out);
+    from16Kernel<<<blocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, n, bf16, accumulate,
+                                                                                   out);
     checkLaunch("cuda::floatFrom16");
 }
 

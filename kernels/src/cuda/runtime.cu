@@ -11,7 +11,8 @@ namespace lathe::kernels::cuda {
 
 namespace {
 void check(cudaError_t err, const char* what) {
-    if (err != cudaSuccess) throw CudaError(std::string(what) + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+    if (err != cudaSuccess)
+        throw CudaError(std::string(what) + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
 }
 }  // namespace
 
@@ -46,7 +47,9 @@ void deviceFree(void* ptr) noexcept {
     if (ptr) (void)cudaFree(ptr);
 }
 
-void deviceMemset(void* ptr, int value, std::size_t bytes) { check(cudaMemset(ptr, value, bytes), "cudaMemset"); }
+void deviceMemset(void* ptr, int value, std::size_t bytes) {
+    check(cudaMemset(ptr, value, bytes), "cudaMemset");
+}
 
 void copyHostToDevice(void* dst, const void* src, std::size_t bytes) {
     check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy host->device");
@@ -76,7 +79,8 @@ void eventDestroy(void* event) noexcept {
 }
 
 void eventRecord(void* event, void* stream) {
-    check(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)), "cudaEventRecord");
+    check(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)),
+          "cudaEventRecord");
 }
 
 float eventElapsedMs(void* start, void* end) {

@@ -17,10 +17,12 @@ namespace {
 constexpr int kThreads = 256;
 constexpr std::size_t kMaxBlocks = 4096;  // grid-stride beyond this; plenty for a few SMs' worth
 
-__global__ void scaleAndCheckKernel(float* __restrict__ x, std::size_t n, float invScale, int* foundNonFinite) {
+__global__ void scaleAndCheckKernel(float* __restrict__ x, std::size_t n, float invScale,
+                                    int* foundNonFinite) {
     bool bad = false;
     const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += stride) {
         // __fmul_rn: a plain, correctly rounded multiply that the compiler may not contract or
         // flush, so results match the CPU reference bit for bit (NaN payloads aside).
         const float r = __fmul_rn(x[i], invScale);

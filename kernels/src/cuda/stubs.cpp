@@ -1,15 +1,16 @@
 // Stand-ins for the CUDA entry points in builds without the toolkit, so callers compile the
 // same way everywhere and find out at run time (cudaCompiled() / deviceCount()).
 
-#include "lathe/kernels/cuda_device.h"
 #include "lathe/kernels/compress.h"
+#include "lathe/kernels/cuda_device.h"
 #include "lathe/kernels/scale_and_check.h"
 
 namespace lathe::kernels::cuda {
 
 namespace {
 [[noreturn]] void notBuilt(const char* what) {
-    throw CudaError(std::string(what) + ": lathe was built without CUDA (toolkit not found at configure time)");
+    throw CudaError(std::string(what) +
+                    ": lathe was built without CUDA (toolkit not found at configure time)");
 }
 }  // namespace
 
@@ -40,7 +41,11 @@ void dequantizeInt8(const std::int8_t*, const float*, std::size_t, std::size_t, 
 void dequantizeInt4(const std::uint8_t*, const float*, std::size_t, std::size_t, float*, bool, void*) {
     notBuilt("cuda::dequantizeInt4");
 }
-void floatTo16(const float*, float*, std::size_t, std::uint16_t*, bool, void*) { notBuilt("cuda::floatTo16"); }
-void floatFrom16(const std::uint16_t*, std::size_t, float*, bool, bool, void*) { notBuilt("cuda::floatFrom16"); }
+void floatTo16(const float*, float*, std::size_t, std::uint16_t*, bool, void*) {
+    notBuilt("cuda::floatTo16");
+}
+void floatFrom16(const std::uint16_t*, std::size_t, float*, bool, bool, void*) {
+    notBuilt("cuda::floatFrom16");
+}
 
 }  // namespace lathe::kernels::cuda

@@ -12,9 +12,9 @@ inline constexpr int kCheckpointFormat = 2;
 
 struct CheckpointInfo {
     std::string path;
-    std::string sha256;   // of "epoch E\nstep S\n" (+ "workspace W\nrun R\n"), then the payload
-    int64_t epoch = 0;    // epochs completed
-    int64_t step = 0;     // global steps completed
+    std::string sha256;  // of "epoch E\nstep S\n" (+ "workspace W\nrun R\n"), then the payload
+    int64_t epoch = 0;   // epochs completed
+    int64_t step = 0;    // global steps completed
     int64_t payloadBytes = 0;
     std::string workspaceId;  // the workspace whose run wrote it (Store::workspaceId); empty: format 1
     int64_t runId = 0;        // that run; 0 with no owner

@@ -9,10 +9,10 @@
 namespace lathe::core {
 
 struct DatasetSummary {
-    std::string name;                     // spec.data
+    std::string name;  // spec.data
     int64_t trainSize = 0;
     int64_t valSize = 0;
-    std::vector<int64_t> sampleShape;     // {64}... or {C, H, W} for images
+    std::vector<int64_t> sampleShape;  // {64}... or {C, H, W} for images
     std::vector<std::string> classNames;
     bool isImage() const { return sampleShape.size() == 3; }
 };

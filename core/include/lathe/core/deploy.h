@@ -14,9 +14,9 @@
 namespace lathe::core {
 
 struct DeployOptions {
-    uint16_t port = 0;              // 0 = the model's current port, else 8500 (or the next free one)
-    std::string host;               // a new server's address; empty = 127.0.0.1 (a live server keeps its own)
-    std::string serverProgram;      // path of lathectl (required to start a server)
+    uint16_t port = 0;          // 0 = the model's current port, else 8500 (or the next free one)
+    std::string host;           // a new server's address; empty = 127.0.0.1 (a live server keeps its own)
+    std::string serverProgram;  // path of lathectl (required to start a server)
     std::vector<std::string> serverArgs;  // extra `lathectl serve` flags (--max-batch 16 ...)
     std::string actor = "user";
     std::string action = "deploy";  // recorded; rollback() sets "rollback"
@@ -27,7 +27,7 @@ struct DeployOptions {
 
 struct DeployResult {
     Deployment deployment;
-    bool started = false;   // a new server process was started (else hot swap)
+    bool started = false;  // a new server process was started (else hot swap)
     int64_t previousVersion = 0;
 };
 

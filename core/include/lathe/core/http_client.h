@@ -8,7 +8,7 @@
 namespace lathe::core {
 
 struct HttpUrl {
-    std::string host;          // without the brackets of an IPv6 literal
+    std::string host;  // without the brackets of an IPv6 literal
     std::string port = "80";
     std::string target = "/";  // path (and query); "/" when the URL has none
     std::string authority;     // host[:port] as written: the Host header
@@ -29,8 +29,8 @@ struct HttpResult {
 struct HttpExchange {
     bool connected = false;  // the TCP connection was made
     bool timedOut = false;
-    std::string error;       // a sentence naming the stage and the server; empty when `response` is whole
-    std::string reason;      // the transport's own words ("Connection refused")
+    std::string error;   // a sentence naming the stage and the server; empty when `response` is whole
+    std::string reason;  // the transport's own words ("Connection refused")
     HttpResult response;
 };
 HttpExchange httpExchange(const std::string& method, const HttpUrl& url, const std::string& body = {},

@@ -30,13 +30,13 @@ DistEnv distEnvFromEnvironment();
 
 struct LaunchOptions {
     int nproc = 2;
-    std::string program;        // lathectl; empty = next to this executable
-    std::string configPath;     // the run's TOML, written by the caller
+    std::string program;     // lathectl; empty = next to this executable
+    std::string configPath;  // the run's TOML, written by the caller
     std::string checkpointDir;
     std::string resumeFrom;
-    CheckpointOwner owner;      // written into the checkpoints (`lathectl worker --owner`)
+    CheckpointOwner owner;  // written into the checkpoints (`lathectl worker --owner`)
     const std::atomic<bool>* stop = nullptr;
-    int killGraceSec = 10;      // after a rank fails or a stop: SIGTERM, then SIGKILL after this
+    int killGraceSec = 10;  // after a rank fails or a stop: SIGTERM, then SIGKILL after this
 };
 
 struct LaunchResult {

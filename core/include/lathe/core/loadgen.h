@@ -17,13 +17,13 @@ struct LoadOptions {
     std::string model;                          // /v2/models/MODEL/infer
     double rate = 100;                          // requests per second (intended)
     double durationS = 10;
-    int users = 8;                              // concurrent connections (keep-alive)
-    double timeoutS = 10;                       // per request
+    int users = 8;         // concurrent connections (keep-alive)
+    double timeoutS = 10;  // per request
     int64_t rowsPerRequest = 1;
-    std::string body;  // request body; empty = random FP32 input built from GET /v2/models/MODEL
+    std::string body;     // request body; empty = random FP32 input built from GET /v2/models/MODEL
     bool binary = false;  // the random input and the output as binary tensor data (Triton's
                           // extension) instead of JSON numbers; not with `body`
-    int threads = 1;   // client I/O threads; 1 drives thousands of requests/s, 2 at most is useful
+    int threads = 1;      // client I/O threads; 1 drives thousands of requests/s, 2 at most is useful
 };
 
 struct LoadReport {
@@ -34,11 +34,11 @@ struct LoadReport {
     int64_t unsent = 0;                       // scheduled before the end, but no connection was free
                                               // in time: the server could not keep up with the rate
     double elapsedS = 0;
-    double qps = 0;                           // successful (2xx) answers per second
+    double qps = 0;  // successful (2xx) answers per second
     double p50Ms = 0, p90Ms = 0, p99Ms = 0, p999Ms = 0, maxMs = 0, meanMs = 0;
-    double clientCpuS = 0;                    // CPU time of the generator's own I/O threads: close to
-                                              // elapsedS × threads means the client is the limit
-    std::vector<double> latenciesMs;          // every successful request, in completion order
+    double clientCpuS = 0;            // CPU time of the generator's own I/O threads: close to
+                                      // elapsedS × threads means the client is the limit
+    std::vector<double> latenciesMs;  // every successful request, in completion order
 };
 
 /// Progress once a second: seconds elapsed, report so far (counts and percentiles of the

@@ -17,7 +17,7 @@ inline constexpr int kArtifactFormat = 1;
 
 struct ArtifactInfo {
     std::string path;
-    std::string sha256;       // of the whole file
+    std::string sha256;  // of the whole file
     int64_t sizeBytes = 0;
     ModelSignature signature;
     std::map<std::string, double> metrics;

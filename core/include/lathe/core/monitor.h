@@ -43,7 +43,7 @@ struct AlertRules {
 AlertRules alertRulesFromToml(const std::string& toml);
 
 struct AlertEvent {
-    bool fired = true;     // false = resolved
+    bool fired = true;  // false = resolved
     std::string rule;
     std::string message;
     double value = 0;
@@ -62,7 +62,7 @@ private:
     std::vector<std::pair<double, double>> m_errorHistory;  // (t, error rate %)
     double m_errorBaseline = 0;                             // the low the error_rate alert fired against
     double m_poolStart = 0, m_poolRequests = 0, m_poolErrors = 0;  // quiet intervals not yet judged
-    std::vector<std::pair<double, double>> m_gpuHistory;    // (t, util %)
+    std::vector<std::pair<double, double>> m_gpuHistory;           // (t, util %)
     std::map<std::string, bool> m_firing;
 };
 

@@ -12,13 +12,14 @@ namespace lathe::core {
 struct ProfileSpan {
     enum class Kind { Op, Phase };
     Kind kind = Kind::Op;
-    std::string name;      // ATen op ("aten::addmm") or phase ("data", "forward", "backward", "optimizer", "communication")
-    std::string shapes;    // input shapes, e.g. "[64, 64], [128, 64]" (ops only; may be empty)
-    int64_t step = 0;      // global step the span belongs to (1-based, like metrics)
-    int64_t thread = 0;    // small per-run thread number (0 = the training thread)
-    int64_t startNs = 0;   // nanoseconds since the Unix epoch (intervals from a steady clock)
+    std::string name;     // ATen op ("aten::addmm") or phase ("data", "forward", "backward", "optimizer",
+                          // "communication")
+    std::string shapes;   // input shapes, e.g. "[64, 64], [128, 64]" (ops only; may be empty)
+    int64_t step = 0;     // global step the span belongs to (1-based, like metrics)
+    int64_t thread = 0;   // small per-run thread number (0 = the training thread)
+    int64_t startNs = 0;  // nanoseconds since the Unix epoch (intervals from a steady clock)
     int64_t durationNs = 0;
-    int64_t cudaNs = -1;   // device time when measured on a GPU, else -1
+    int64_t cudaNs = -1;  // device time when measured on a GPU, else -1
 };
 
 /// Profiler schedule, like torch.profiler.schedule: skip `wait` steps, run `warmup` steps with
@@ -37,9 +38,9 @@ struct ProfileSchedule {
 struct OpSummary {
     std::string name;
     int64_t calls = 0;
-    int64_t totalNs = 0;   // inclusive
-    int64_t selfNs = 0;    // exclusive of nested ops
-    double share = 0;      // selfNs / sum of all selfNs
+    int64_t totalNs = 0;       // inclusive
+    int64_t selfNs = 0;        // exclusive of nested ops
+    double share = 0;          // selfNs / sum of all selfNs
     int64_t cudaTotalNs = -1;  // device time of the calls measured on a GPU (inclusive); -1: none
     int64_t cudaSelfNs = -1;   // the same, exclusive of nested ops' device time
 };
@@ -56,6 +57,7 @@ std::vector<OpSummary> topOps(const std::vector<ProfileSpan>& spans, int top = 0
 std::vector<PhaseSummary> phasesByStep(const std::vector<ProfileSpan>& spans);
 /// Chrome trace-event JSON ({"traceEvents": [...]} with complete "X" events, µs), which
 /// Perfetto and chrome://tracing open. Phases and ops share their thread's lane.
-void writeChromeTrace(const std::vector<ProfileSpan>& spans, std::ostream& out, const std::string& processName);
+void writeChromeTrace(const std::vector<ProfileSpan>& spans, std::ostream& out,
+                      const std::string& processName);
 
 }  // namespace lathe::core

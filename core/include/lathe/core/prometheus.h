@@ -1,8 +1,8 @@
 #pragma once
 // The Prometheus text exposition format, parsed defensively (serving/prometheus.cpp).
 #include <map>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lathe::core {

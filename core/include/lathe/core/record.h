@@ -21,7 +21,7 @@ struct RecordedRun {
 };
 
 struct RecordOptions {
-    int64_t resumeRunId = 0;              // continue this run from its last checkpoint
+    int64_t resumeRunId = 0;  // continue this run from its last checkpoint
     std::string host = "localhost";
     const std::atomic<bool>* stop = nullptr;
     /// Called (on the training thread) once the run exists in the store, before any event.

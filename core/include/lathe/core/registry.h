@@ -55,15 +55,15 @@ void checkModelName(const std::string& name, const char* what = "model name");
 struct ModelVersion {
     std::string name;
     int64_t version = 0;
-    std::string path;        // the artifact (TorchScript archive with Lathe metadata)
+    std::string path;  // the artifact (TorchScript archive with Lathe metadata)
     std::string sha256;
     int64_t sizeBytes = 0;
     ModelSignature signature;
     std::map<std::string, double> metrics;  // e.g. val/accuracy of the run that made it
-    int64_t runId = 0;       // 0 = registered from a file
-    std::string data;        // data set the run trained on
+    int64_t runId = 0;                      // 0 = registered from a file
+    std::string data;                       // data set the run trained on
     int64_t parentVersion = 0;
-    std::string source;      // "run 12" or "file /path/model.pt"
+    std::string source;  // "run 12" or "file /path/model.pt"
     double createdAt = 0;
     std::vector<std::string> aliases;
 };
@@ -85,18 +85,18 @@ struct Deployment {
     std::string url;               // http://127.0.0.1:8500
     int64_t pid = 0;               // the server process (local target)
     std::string logPath;
-    std::string actor = "user";    // "user" | "auto-rollback" | ...
-    std::string action = "deploy"; // "deploy" | "rollback"
+    std::string actor = "user";     // "user" | "auto-rollback" | ...
+    std::string action = "deploy";  // "deploy" | "rollback"
     std::string reason;
     double startedAt = 0;
-    double endedAt = 0;            // 0 = live
-    std::string endReason;         // "replaced by v3", "undeployed", "server exited"
-    std::string instance;          // the server's --instance-id nonce (local target; empty before schema 4)
+    double endedAt = 0;     // 0 = live
+    std::string endReason;  // "replaced by v3", "undeployed", "server exited"
+    std::string instance;   // the server's --instance-id nonce (local target; empty before schema 4)
     bool live() const { return endedAt == 0; }
 };
 
 struct ServingPoint {
-    double t = 0;     // seconds since the Unix epoch
+    double t = 0;  // seconds since the Unix epoch
     double value = 0;
     int64_t version = 0;
 };
@@ -104,7 +104,7 @@ struct ServingPoint {
 struct AlertRecord {
     int64_t id = 0;
     std::string model;
-    std::string rule;     // "p99_latency", "error_rate", "gpu_idle"
+    std::string rule;  // "p99_latency", "error_rate", "gpu_idle"
     std::string message;
     double value = 0;
     double firedAt = 0;
@@ -120,7 +120,7 @@ public:
     Registry& operator=(const Registry&) = delete;
 
     const std::string& workspacePath() const;
-    /// Where a model's artifacts live: <workspace dir>/models/<name>.
+    /// Where a model's artifacts live: <workspace file>-files/models/<name> (Store::filesDirFor).
     std::string modelDir(const std::string& name) const;
 
     // ---- versions --------------------------------------------------------------------

@@ -11,36 +11,36 @@
 namespace lathe::core {
 
 struct RunSpec {
-    std::string name;                      // free text; empty = generated
-    std::string experiment = "default";    // runs are grouped by experiment
-    std::string model = "mlp";             // mlp | cnn | embed
-    std::vector<int64_t> hidden{128, 128}; // mlp hidden widths (embed: the first is the embedding width)
-    int64_t embeddingRows = 16384;         // embed: rows of the hashed feature table
-    std::string data = "digits";           // digits | csv:PATH | idx:DIR | synthetic:spirals
-    std::string labelColumn = "label";     // csv: name of the label column
-    double valSplit = 0.2;                 // share held out for validation (when the set has no own split)
+    std::string name;                       // free text; empty = generated
+    std::string experiment = "default";     // runs are grouped by experiment
+    std::string model = "mlp";              // mlp | cnn | embed
+    std::vector<int64_t> hidden{128, 128};  // mlp hidden widths (embed: the first is the embedding width)
+    int64_t embeddingRows = 16384;          // embed: rows of the hashed feature table
+    std::string data = "digits";            // digits | csv:PATH | idx:DIR | synthetic:spirals
+    std::string labelColumn = "label";      // csv: name of the label column
+    double valSplit = 0.2;                  // share held out for validation (when the set has no own split)
     int64_t epochs = 20;
     int64_t batch = 64;
     double lr = 1e-3;
-    std::string optimizer = "adam";        // sgd | adam | adamw
-    double momentum = 0.9;                 // sgd
+    std::string optimizer = "adam";  // sgd | adam | adamw
+    double momentum = 0.9;           // sgd
     double weightDecay = 0.0;
-    std::string schedule = "constant";     // constant | step | cosine
-    int64_t warmupSteps = 0;               // linear warm-up from 0 to lr
-    int64_t stepEpochs = 10;               // step schedule: decay every N epochs
-    double gamma = 0.1;                    // step schedule: decay factor
-    double minLr = 0.0;                    // cosine schedule floor
-    double clipGradNorm = 0.0;             // 0 = off
+    std::string schedule = "constant";  // constant | step | cosine
+    int64_t warmupSteps = 0;            // linear warm-up from 0 to lr
+    int64_t stepEpochs = 10;            // step schedule: decay every N epochs
+    double gamma = 0.1;                 // step schedule: decay factor
+    double minLr = 0.0;                 // cosine schedule floor
+    double clipGradNorm = 0.0;          // 0 = off
     int64_t seed = 42;
-    int64_t logEvery = 10;                 // train/loss every N steps
-    int64_t checkpointEvery = 1;           // epochs between checkpoints; 0 = only at the end
-    int64_t threads = 0;                   // intra-op threads; 0 = library default
-    std::string device = "auto";           // auto | cpu | cuda
+    int64_t logEvery = 10;        // train/loss every N steps
+    int64_t checkpointEvery = 1;  // epochs between checkpoints; 0 = only at the end
+    int64_t threads = 0;          // intra-op threads; 0 = library default
+    std::string device = "auto";  // auto | cpu | cuda
 
     // Mixed precision: autocast to bf16/fp16 with FP32 master weights and optimizer state.
-    std::string precision = "fp32";        // fp32 | bf16 | fp16
-    std::string lossScale = "auto";        // auto (dynamic for fp16, else off) | dynamic | static:N | off
-    double lossScaleInit = 65536.0;        // 2^16, as torch.cuda.amp.GradScaler
+    std::string precision = "fp32";  // fp32 | bf16 | fp16
+    std::string lossScale = "auto";  // auto (dynamic for fp16, else off) | dynamic | static:N | off
+    double lossScaleInit = 65536.0;  // 2^16, as torch.cuda.amp.GradScaler
     double lossScaleGrowth = 2.0;
     double lossScaleBackoff = 0.5;
     int64_t lossScaleGrowthInterval = 2000;
@@ -53,18 +53,18 @@ struct RunSpec {
     int64_t profileWait = 5;
     int64_t profileWarmup = 1;
     int64_t profileActive = 5;
-    int64_t profileRepeat = 1;             // 0 = until the run ends
+    int64_t profileRepeat = 1;  // 0 = until the run ends
 
     // Data-parallel training.
-    int64_t nproc = 1;                     // local worker processes (ranks); batch is per rank
-    double bucketMb = 25.0;                // gradient bucket size (the first bucket is 1 MB)
-    std::string strategy = "ring";         // ring | hierarchical | ps
-    std::string backend = "auto";          // auto (nccl when every rank has its own GPU) | gloo | nccl
-    int64_t ranksPerHost = 0;              // hierarchical: ranks per host (0 = from LOCAL_WORLD_SIZE)
-    int64_t psRanks = 1;                   // ps: ranks 0..ps_ranks-1 aggregate gradients
-    std::string compress = "none";         // none | fp16 | bf16 | int8 | int4 (gradients on the wire)
-    std::string errorFeedback = "auto";    // auto (on for int8/int4) | on | off
-    int64_t compressChunk = 2048;          // elements per int8/int4 scale
+    int64_t nproc = 1;                   // local worker processes (ranks); batch is per rank
+    double bucketMb = 25.0;              // gradient bucket size (the first bucket is 1 MB)
+    std::string strategy = "ring";       // ring | hierarchical | ps
+    std::string backend = "auto";        // auto (nccl when every rank has its own GPU) | gloo | nccl
+    int64_t ranksPerHost = 0;            // hierarchical: ranks per host (0 = from LOCAL_WORLD_SIZE)
+    int64_t psRanks = 1;                 // ps: ranks 0..ps_ranks-1 aggregate gradients
+    std::string compress = "none";       // none | fp16 | bf16 | int8 | int4 (gradients on the wire)
+    std::string errorFeedback = "auto";  // auto (on for int8/int4) | on | off
+    int64_t compressChunk = 2048;        // elements per int8/int4 scale
     bool stochasticRounding = false;
 };
 
@@ -78,9 +78,9 @@ LossScaleMode lossScaleMode(const RunSpec& spec);
 /// One configurable key: its TOML/flag name, the kind of value and a help line that states
 /// the allowed values. The GUI and the CLI are both generated from this table.
 struct SpecKey {
-    std::string name;    // TOML key, e.g. "weight_decay"; flag is "--weight-decay"
-    std::string kind;    // "int", "float", "string", "choice", "int-list", "bool"
-    std::string help;    // includes the allowed range
+    std::string name;                  // TOML key, e.g. "weight_decay"; flag is "--weight-decay"
+    std::string kind;                  // "int", "float", "string", "choice", "int-list", "bool"
+    std::string help;                  // includes the allowed range
     std::vector<std::string> choices;  // for kind == "choice"
 };
 const std::vector<SpecKey>& specKeys();
@@ -90,7 +90,8 @@ RunSpec loadRunSpec(const std::string& path);
 /// Parses TOML text; `source` names it in messages. `crossCheck` false skips validate(): for a
 /// recorded run's config, which flags may still amend and which a newer Lathe may check more
 /// strictly than the one that recorded it.
-RunSpec parseRunSpec(const std::string& tomlText, const std::string& source = "config", bool crossCheck = true);
+RunSpec parseRunSpec(const std::string& tomlText, const std::string& source = "config",
+                     bool crossCheck = true);
 /// Applies `--key value` / a form field. Throws ConfigError "`key` must be ..." for a bad
 /// value or "unknown key `key`".
 void setSpecValue(RunSpec& spec, const std::string& key, const std::string& value);

@@ -18,12 +18,18 @@ enum class RunStatus {
 
 constexpr const char* toString(RunStatus s) noexcept {
     switch (s) {
-        case RunStatus::Created: return "created";
-        case RunStatus::Running: return "running";
-        case RunStatus::Completed: return "completed";
-        case RunStatus::Stopped: return "stopped";
-        case RunStatus::Failed: return "failed";
-        case RunStatus::Interrupted: return "interrupted";
+        case RunStatus::Created:
+            return "created";
+        case RunStatus::Running:
+            return "running";
+        case RunStatus::Completed:
+            return "completed";
+        case RunStatus::Stopped:
+            return "stopped";
+        case RunStatus::Failed:
+            return "failed";
+        case RunStatus::Interrupted:
+            return "interrupted";
     }
     return "unknown";
 }

@@ -12,7 +12,8 @@ namespace lathe::core {
 /// registry and firing/resolving alerts there. A failed scrape stores up = 0 and carries on.
 class Scraper {
 public:
-    Scraper(Registry& registry, std::string model, std::string url, AlertRules rules = {}, double intervalS = 1.0);
+    Scraper(Registry& registry, std::string model, std::string url, AlertRules rules = {},
+            double intervalS = 1.0);
     ~Scraper();  // stops and joins
     void start();
     void stop();

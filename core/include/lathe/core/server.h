@@ -14,22 +14,23 @@ namespace lathe::core {
 
 struct ServeOptions {
     std::string host = "127.0.0.1";
-    uint16_t port = 8500;          // 0 = any free port (see InferenceServer::port())
-    int64_t maxBatch = 32;         // rows per batch
-    double maxDelayMs = 10;        // the oldest request waits at most this long for a fuller batch
-    int64_t maxQueue = 1024;       // rows waiting; beyond it requests get 503 + Retry-After
-    int ioThreads = 2;             // HTTP threads (connections are multiplexed on them)
-    int computeThreads = 0;        // LibTorch and OpenBLAS threads per instance; 0 = the cores left by the I/O
-                                   // threads (at least 1), shared out among the instances
-    int instances = 1;             // batches run at once, each on its own worker and batch buffer (Triton's
-                                   // instance_group count)
-    std::string device = "auto";   // auto (a CUDA GPU when there is one) | cpu | cuda
-    std::string optimize = "auto"; // on a CPU: freeze + TorchScript's inference optimisations (weights laid out once,
-                                   // conv-bn folded); auto keeps them when faster, on always, off never
+    uint16_t port = 8500;         // 0 = any free port (see InferenceServer::port())
+    int64_t maxBatch = 32;        // rows per batch
+    double maxDelayMs = 10;       // the oldest request waits at most this long for a fuller batch
+    int64_t maxQueue = 1024;      // rows waiting; beyond it requests get 503 + Retry-After
+    int ioThreads = 2;            // HTTP threads (connections are multiplexed on them)
+    int computeThreads = 0;       // LibTorch and OpenBLAS threads per instance; 0 = the cores left by the I/O
+                                  // threads (at least 1), shared out among the instances
+    int instances = 1;            // batches run at once, each on its own worker and batch buffer (Triton's
+                                  // instance_group count)
+    std::string device = "auto";  // auto (a CUDA GPU when there is one) | cpu | cuda
+    std::string optimize =
+        "auto";  // on a CPU: freeze + TorchScript's inference optimisations (weights laid out once,
+                 // conv-bn folded); auto keeps them when faster, on always, off never
     int64_t maxBodyBytes = 8 << 20;
-    double idleTimeoutS = 30;      // a client silent this long mid-request (or idle) is dropped
-    std::string workspace;         // registry to load versions from (hot swap by version); optional
-    std::string instance;          // echoed by GET /v2: lets `deploy` tell its own server from another on the port
+    double idleTimeoutS = 30;  // a client silent this long mid-request (or idle) is dropped
+    std::string workspace;     // registry to load versions from (hot swap by version); optional
+    std::string instance;  // echoed by GET /v2: lets `deploy` tell its own server from another on the port
 };
 
 /// A model to serve: a registered version or a plain artifact file.

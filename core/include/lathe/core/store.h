@@ -24,10 +24,10 @@ struct RunRecord {
     RunStatus status = RunStatus::Created;
     std::string model;
     std::string data;
-    std::string config;   // TOML of the RunSpec
+    std::string config;  // TOML of the RunSpec
     std::string host;
     std::string error;
-    double createdAt = 0; // seconds since the Unix epoch; 0 = not yet
+    double createdAt = 0;  // seconds since the Unix epoch; 0 = not yet
     double startedAt = 0;
     double endedAt = 0;
 };
@@ -46,7 +46,7 @@ struct LogRecord {
 
 struct ArtifactRecord {
     int64_t id = 0;
-    std::string kind;     // "checkpoint", ...
+    std::string kind;  // "checkpoint", ...
     std::string path;
     std::string sha256;
     double createdAt = 0;
@@ -56,8 +56,8 @@ class Store {
 public:
     static constexpr int kSchemaVersion = 5;
 
-    /// Opens or creates a workspace (the path is made absolute). Throws StoreError (file untouched) when the file is not
-    /// a Lathe workspace or has a newer schema than this build knows.
+    /// Opens or creates a workspace (the path is made absolute). Throws StoreError (file untouched) when the
+    /// file is not a Lathe workspace or has a newer schema than this build knows.
     explicit Store(const std::string& path);
     ~Store();
     Store(const Store&) = delete;
@@ -68,7 +68,6 @@ public:
 
     const std::string& path() const;
     int schemaVersion() const;
-    /// Where a run's files (checkpoints) live: <workspace dir>/artifacts/run-<id>.
     /// This workspace's id: random, made with the file (schema 5), and written into every
     /// checkpoint of its runs so that a file of another workspace is refused by name.
     const std::string& workspaceId() const;
@@ -94,7 +93,8 @@ public:
                          const std::map<std::string, std::string>& params);
     void appendMetric(int64_t runId, const std::string& key, int64_t step, double wallTime, double value);
     void appendLog(int64_t runId, double wallTime, const std::string& level, const std::string& text);
-    void addArtifact(int64_t runId, const std::string& kind, const std::string& path, const std::string& sha256);
+    void addArtifact(int64_t runId, const std::string& kind, const std::string& path,
+                     const std::string& sha256);
     /// Profile spans (op and phase) of a run; queued and batched like metric points.
     void appendSpan(int64_t runId, const ProfileSpan& span);
     /// Removes metric points and profile spans recorded after `step` (a resumed run replays
@@ -116,7 +116,8 @@ public:
     std::map<std::string, std::string> params(int64_t runId) const;
     std::vector<std::string> metricKeys(int64_t runId) const;
     /// Points of one key ordered by step; only those with step > afterStep.
-    std::vector<MetricPoint> metrics(int64_t runId, const std::string& key, int64_t afterStep = INT64_MIN) const;
+    std::vector<MetricPoint> metrics(int64_t runId, const std::string& key,
+                                     int64_t afterStep = INT64_MIN) const;
     /// The last value of every key.
     std::map<std::string, double> lastMetrics(int64_t runId) const;
     /// The last value of `key` for every run that has one, in one query (runs lists).
@@ -126,7 +127,8 @@ public:
     /// Number of profile spans recorded for a run (0: not profiled).
     int64_t profileSpanCount(int64_t runId) const;
     /// A run's profile spans ordered by start time; only steps in [fromStep, toStep].
-    std::vector<ProfileSpan> profileSpans(int64_t runId, int64_t fromStep = 0, int64_t toStep = INT64_MAX) const;
+    std::vector<ProfileSpan> profileSpans(int64_t runId, int64_t fromStep = 0,
+                                          int64_t toStep = INT64_MAX) const;
 
 private:
     struct Impl;

@@ -8,25 +8,24 @@
 #include <string>
 
 #include "lathe/core/checkpoint.h"
-#include "lathe/core/launcher.h"
 #include "lathe/core/events.h"
+#include "lathe/core/launcher.h"
 #include "lathe/core/run_spec.h"
 #include "lathe/core/run_status.h"
 
 namespace lathe::core {
 
-
 struct TrainOptions {
-    std::string checkpointDir;            // empty = no checkpoints
-    std::string resumeFrom;               // checkpoint file to continue from; empty = fresh
+    std::string checkpointDir;                // empty = no checkpoints
+    std::string resumeFrom;                   // checkpoint file to continue from; empty = fresh
     const std::atomic<bool>* stop = nullptr;  // set to request a clean stop after the current step
-    DistEnv dist;                         // this process's rank when it is one of several
-    CheckpointOwner owner;                // written into every checkpoint (the recording run's)
+    DistEnv dist;                             // this process's rank when it is one of several
+    CheckpointOwner owner;                    // written into every checkpoint (the recording run's)
 };
 
 struct TrainResult {
-    RunStatus status = RunStatus::Failed; // Completed, Stopped or Failed
-    std::string error;                    // for Failed
+    RunStatus status = RunStatus::Failed;  // Completed, Stopped or Failed
+    std::string error;                     // for Failed
     int64_t epochsDone = 0;
     int64_t steps = 0;
     std::map<std::string, double> finalMetrics;

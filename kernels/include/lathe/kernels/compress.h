@@ -72,19 +72,25 @@ struct QuantizeParams {
 };
 
 // codes: n bytes (int8) or codeBytes(n, Int4) bytes (int4); scales: chunkCount(n, chunk).
-void quantizeInt8(const float* x, std::size_t n, std::int8_t* codes, float* scales, const QuantizeParams& p) noexcept;
-void quantizeInt4(const float* x, std::size_t n, std::uint8_t* codes, float* scales, const QuantizeParams& p) noexcept;
+void quantizeInt8(const float* x, std::size_t n, std::int8_t* codes, float* scales,
+                  const QuantizeParams& p) noexcept;
+void quantizeInt4(const float* x, std::size_t n, std::uint8_t* codes, float* scales,
+                  const QuantizeParams& p) noexcept;
 // Error feedback: quantizes grad + residual and leaves the quantization error in residual.
-void quantizeInt8ErrorFeedback(const float* grad, float* residual, std::size_t n, std::int8_t* codes, float* scales,
-                               const QuantizeParams& p) noexcept;
-void quantizeInt4ErrorFeedback(const float* grad, float* residual, std::size_t n, std::uint8_t* codes, float* scales,
-                               const QuantizeParams& p) noexcept;
+void quantizeInt8ErrorFeedback(const float* grad, float* residual, std::size_t n, std::int8_t* codes,
+                               float* scales, const QuantizeParams& p) noexcept;
+void quantizeInt4ErrorFeedback(const float* grad, float* residual, std::size_t n, std::uint8_t* codes,
+                               float* scales, const QuantizeParams& p) noexcept;
 
-void dequantizeInt8(const std::int8_t* codes, const float* scales, std::size_t n, std::size_t chunk, float* out) noexcept;
-void dequantizeInt4(const std::uint8_t* codes, const float* scales, std::size_t n, std::size_t chunk, float* out) noexcept;
+void dequantizeInt8(const std::int8_t* codes, const float* scales, std::size_t n, std::size_t chunk,
+                    float* out) noexcept;
+void dequantizeInt4(const std::uint8_t* codes, const float* scales, std::size_t n, std::size_t chunk,
+                    float* out) noexcept;
 // out[i] += dequantized value (the reduce step; fp32 accumulation).
-void dequantizeAddInt8(const std::int8_t* codes, const float* scales, std::size_t n, std::size_t chunk, float* out) noexcept;
-void dequantizeAddInt4(const std::uint8_t* codes, const float* scales, std::size_t n, std::size_t chunk, float* out) noexcept;
+void dequantizeAddInt8(const std::int8_t* codes, const float* scales, std::size_t n, std::size_t chunk,
+                       float* out) noexcept;
+void dequantizeAddInt4(const std::uint8_t* codes, const float* scales, std::size_t n, std::size_t chunk,
+                       float* out) noexcept;
 
 void floatToHalf(const float* x, std::size_t n, std::uint16_t* out) noexcept;
 void halfToFloat(const std::uint16_t* x, std::size_t n, float* out) noexcept;
@@ -101,26 +107,28 @@ void quantizeInt8(const float* x, std::size_t n, std::int8_t* codes, float* scal
                   CpuIsa isa) noexcept;
 void quantizeInt4(const float* x, std::size_t n, std::uint8_t* codes, float* scales, const QuantizeParams& p,
                   CpuIsa isa) noexcept;
-void quantizeInt8ErrorFeedback(const float* grad, float* residual, std::size_t n, std::int8_t* codes, float* scales,
-                               const QuantizeParams& p, CpuIsa isa) noexcept;
-void quantizeInt4ErrorFeedback(const float* grad, float* residual, std::size_t n, std::uint8_t* codes, float* scales,
-                               const QuantizeParams& p, CpuIsa isa) noexcept;
-void dequantizeInt8(const std::int8_t* codes, const float* scales, std::size_t n, std::size_t chunk, float* out,
-                    CpuIsa isa) noexcept;
-void dequantizeInt4(const std::uint8_t* codes, const float* scales, std::size_t n, std::size_t chunk, float* out,
-                    CpuIsa isa) noexcept;
-void dequantizeAddInt8(const std::int8_t* codes, const float* scales, std::size_t n, std::size_t chunk, float* out,
-                       CpuIsa isa) noexcept;
-void dequantizeAddInt4(const std::uint8_t* codes, const float* scales, std::size_t n, std::size_t chunk, float* out,
-                       CpuIsa isa) noexcept;
+void quantizeInt8ErrorFeedback(const float* grad, float* residual, std::size_t n, std::int8_t* codes,
+                               float* scales, const QuantizeParams& p, CpuIsa isa) noexcept;
+void quantizeInt4ErrorFeedback(const float* grad, float* residual, std::size_t n, std::uint8_t* codes,
+                               float* scales, const QuantizeParams& p, CpuIsa isa) noexcept;
+void dequantizeInt8(const std::int8_t* codes, const float* scales, std::size_t n, std::size_t chunk,
+                    float* out, CpuIsa isa) noexcept;
+void dequantizeInt4(const std::uint8_t* codes, const float* scales, std::size_t n, std::size_t chunk,
+                    float* out, CpuIsa isa) noexcept;
+void dequantizeAddInt8(const std::int8_t* codes, const float* scales, std::size_t n, std::size_t chunk,
+                       float* out, CpuIsa isa) noexcept;
+void dequantizeAddInt4(const std::uint8_t* codes, const float* scales, std::size_t n, std::size_t chunk,
+                       float* out, CpuIsa isa) noexcept;
 void floatToHalf(const float* x, std::size_t n, std::uint16_t* out, CpuIsa isa) noexcept;
 void halfToFloat(const std::uint16_t* x, std::size_t n, float* out, CpuIsa isa) noexcept;
 void addHalfToFloat(const std::uint16_t* x, std::size_t n, float* out, CpuIsa isa) noexcept;
-void floatToHalfErrorFeedback(const float* grad, float* residual, std::size_t n, std::uint16_t* out, CpuIsa isa) noexcept;
+void floatToHalfErrorFeedback(const float* grad, float* residual, std::size_t n, std::uint16_t* out,
+                              CpuIsa isa) noexcept;
 void floatToBf16(const float* x, std::size_t n, std::uint16_t* out, CpuIsa isa) noexcept;
 void bf16ToFloat(const std::uint16_t* x, std::size_t n, float* out, CpuIsa isa) noexcept;
 void addBf16ToFloat(const std::uint16_t* x, std::size_t n, float* out, CpuIsa isa) noexcept;
-void floatToBf16ErrorFeedback(const float* grad, float* residual, std::size_t n, std::uint16_t* out, CpuIsa isa) noexcept;
+void floatToBf16ErrorFeedback(const float* grad, float* residual, std::size_t n, std::uint16_t* out,
+                              CpuIsa isa) noexcept;
 
 // The stochastic-rounding generator, exposed so tests and other backends can reproduce it:
 // streamKey(seed) once per call, then streamBits(key, counter) per element.
@@ -148,13 +156,15 @@ void quantizeInt8(const float* x, float* residual, std::size_t n, std::int8_t* c
                   const QuantizeParams& p, void* stream = nullptr);
 void quantizeInt4(const float* x, float* residual, std::size_t n, std::uint8_t* codes, float* scales,
                   const QuantizeParams& p, void* stream = nullptr);
-void dequantizeInt8(const std::int8_t* codes, const float* scales, std::size_t n, std::size_t chunk, float* out,
-                    bool accumulate, void* stream = nullptr);
-void dequantizeInt4(const std::uint8_t* codes, const float* scales, std::size_t n, std::size_t chunk, float* out,
-                    bool accumulate, void* stream = nullptr);
+void dequantizeInt8(const std::int8_t* codes, const float* scales, std::size_t n, std::size_t chunk,
+                    float* out, bool accumulate, void* stream = nullptr);
+void dequantizeInt4(const std::uint8_t* codes, const float* scales, std::size_t n, std::size_t chunk,
+                    float* out, bool accumulate, void* stream = nullptr);
 // fp16 (bf16 = false) or bf16 (bf16 = true); residual nullptr: plain conversion.
-void floatTo16(const float* x, float* residual, std::size_t n, std::uint16_t* out, bool bf16, void* stream = nullptr);
-void floatFrom16(const std::uint16_t* x, std::size_t n, float* out, bool bf16, bool accumulate, void* stream = nullptr);
+void floatTo16(const float* x, float* residual, std::size_t n, std::uint16_t* out, bool bf16,
+               void* stream = nullptr);
+void floatFrom16(const std::uint16_t* x, std::size_t n, float* out, bool bf16, bool accumulate,
+                 void* stream = nullptr);
 
 }  // namespace cuda
 }  // namespace lathe::kernels

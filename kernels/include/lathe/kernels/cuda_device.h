@@ -63,7 +63,9 @@ public:
 
     void* get() const noexcept { return m_ptr; }
     template <typename T>
-    T* as() const noexcept { return static_cast<T*>(m_ptr); }
+    T* as() const noexcept {
+        return static_cast<T*>(m_ptr);
+    }
     std::size_t bytes() const noexcept { return m_bytes; }
 
 private:

@@ -35,14 +35,16 @@ private:
 class HostKeyError : public SshError {
 public:
     enum class Reason {
-        Unknown,  // no entry for this host (and trust-on-first-use was not requested)
-        Changed,  // an entry exists with a different key: possible man-in-the-middle
-        Other,    // an entry exists for another key type only
-        Unusable, // known_hosts could not be read or the server key could not be obtained
+        Unknown,   // no entry for this host (and trust-on-first-use was not requested)
+        Changed,   // an entry exists with a different key: possible man-in-the-middle
+        Other,     // an entry exists for another key type only
+        Unusable,  // known_hosts could not be read or the server key could not be obtained
     };
 
     HostKeyError(Reason reason, std::string host, std::string fingerprint, const std::string& what)
-        : SshError(Kind::HostKey, std::move(host), what), m_reason(reason), m_fingerprint(std::move(fingerprint)) {}
+        : SshError(Kind::HostKey, std::move(host), what),
+          m_reason(reason),
+          m_fingerprint(std::move(fingerprint)) {}
 
     Reason reason() const noexcept { return m_reason; }
     // "SHA256:<base64>", as `ssh-keygen -l -E sha256` prints it; empty when unavailable.

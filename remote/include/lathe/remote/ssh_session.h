@@ -19,8 +19,8 @@ namespace lathe::remote {
 // What to do with a host key that known_hosts does not list yet. A key that *differs* from
 // the listed one is always refused, whatever the policy.
 enum class HostKeyPolicy {
-    Strict,          // refuse: HostKeyError(Reason::Unknown)
-    TrustOnFirstUse, // append the key to knownHostsFile and continue
+    Strict,           // refuse: HostKeyError(Reason::Unknown)
+    TrustOnFirstUse,  // append the key to knownHostsFile and continue
 };
 
 struct ExecResult {

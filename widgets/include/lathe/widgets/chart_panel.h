@@ -46,8 +46,8 @@ public:
 
 protected:
     /// Builds the header row and the plot; `withSummary` puts a grey summary label after the title.
-    ChartPanel(const QString& titleHtml, bool withSummary, const QString& exportToolTip, const QString& plotName,
-               const QSize& plotMinimumSize, QWidget* parent);
+    ChartPanel(const QString& titleHtml, bool withSummary, const QString& exportToolTip,
+               const QString& plotName, const QSize& plotMinimumSize, QWidget* parent);
 
     /// Asks for a file name and saves PNG (2x) or PDF by its suffix.
     void exportWithDialog(const QString& caption, const QString& defaultName);
@@ -56,7 +56,8 @@ protected:
     void showHover(const QPointF& pos, const QString& text, QCPItemTracer* tracer);
     /// The key of the data point nearest to pixel column `pixelX` among `graphs`, if one lies within
     /// `radiusPx` pixels; NaN otherwise (hover snapping).
-    static double nearestKey(const std::vector<QCPGraph*>& graphs, QCPAxis* x, double pixelX, double radiusPx);
+    static double nearestKey(const std::vector<QCPGraph*>& graphs, QCPAxis* x, double pixelX,
+                             double radiusPx);
     /// Shows the legend in the views' common style: a smaller font on a translucent white box.
     void styleLegend();
     /// A grey text centred on `rect` for "nothing to show yet" hints (`larger`: one point up).

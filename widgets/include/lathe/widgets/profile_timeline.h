@@ -19,8 +19,8 @@ namespace lathe::widgets {
 struct TimelineLayout {
     struct Row {
         int64_t thread = 0;
-        bool phases = false;  // the thread's phase row (else an op row)
-        int depth = 0;        // nesting depth within the row kind
+        bool phases = false;          // the thread's phase row (else an op row)
+        int depth = 0;                // nesting depth within the row kind
         std::vector<uint32_t> spans;  // indices into `spans`, ordered by start (and end)
     };
     std::vector<core::ProfileSpan> spans;
@@ -61,8 +61,8 @@ public:
     bool culling() const { return m_culling; }
 
     struct PaintStats {
-        int visibleSpans = 0;   // spans intersecting the view
-        int rects = 0;          // rectangles actually drawn
+        int visibleSpans = 0;  // spans intersecting the view
+        int rects = 0;         // rectangles actually drawn
         int labels = 0;
     };
     PaintStats lastPaintStats() const { return m_stats; }
@@ -114,7 +114,7 @@ private:
     std::vector<int> m_rowTops;  // y of each row inside the scrolled content
     double m_viewStart = 0;
     double m_viewEnd = 1;
-    int m_scrollY = 0;           // vertical offset when the rows do not fit
+    int m_scrollY = 0;  // vertical offset when the rows do not fit
     bool m_culling = true;
     PaintStats m_stats;
     QString m_hoverText;

@@ -63,7 +63,7 @@ private:
         QComboBox* combo = nullptr;  // choices and the data source
         QCheckBox* check = nullptr;  // "bool" keys
         QString error;
-        bool inactive = false;       // greyed out because another field makes it irrelevant
+        bool inactive = false;  // greyed out because another field makes it irrelevant
     };
 
     void addField(QFormLayout* layout, const core::SpecKey& key, const core::RunSpec& defaults);

@@ -13,7 +13,16 @@ class TopOpsModel : public QAbstractTableModel {
     Q_OBJECT
 public:
     // The CUDA columns hold device times of runs on a GPU ("–" where an op has none).
-    enum Column { ColName, ColCalls, ColSelfMs, ColTotalMs, ColShare, ColCudaSelfMs, ColCudaTotalMs, ColumnCount };
+    enum Column {
+        ColName,
+        ColCalls,
+        ColSelfMs,
+        ColTotalMs,
+        ColShare,
+        ColCudaSelfMs,
+        ColCudaTotalMs,
+        ColumnCount
+    };
     enum Role { SortRole = Qt::UserRole + 1 };
 
     explicit TopOpsModel(QObject* parent = nullptr);
