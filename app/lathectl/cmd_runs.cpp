@@ -56,23 +56,26 @@ void listRuns(const CommonOptions& opts) {
         std::printf("no runs in %s yet (start one with lathectl train)\n", store->path().c_str());
         return;
     }
-    std::printf("%-5s %-16s %-12s %-10s %-6s %-20s %-19s %-10s %s\n", "ID", "NAME", "EXPERIMENT", "STATUS",
+    std::printf("%-5s %-16s %-12s %-11s %-6s %-20s %-19s %-10s %s\n", "ID", "NAME", "EXPERIMENT", "STATUS",
                 "MODEL", "DATA", "STARTED", "DURATION", "VAL_ACC");
     for (const auto& r : runs) {
         const double acc = accuracyOf(r.id);
         const double dur = r.endedAt > 0 && r.startedAt > 0 ? r.endedAt - r.startedAt : -1;
-        std::printf("%-5lld %-16.16s %-12.12s %-10s %-6s %-20.20s %-19s %-10s %s\n",
+        std::printf("%-5lld %-16.16s %-12.12s %-11s %-6s %-20.20s %-19s %-10s %s\n",
                     static_cast<long long>(r.id), r.name.c_str(), r.experiment.c_str(),
                     core::toString(r.status), r.model.c_str(), r.data.c_str(),
                     formatTime(r.startedAt).c_str(), formatDuration(dur).c_str(),
                     std::isnan(acc) ? "-" : formatValue(acc).c_str());
     }
-    std::string interrupted;
+    std::vector<int64_t> interrupted;
     for (const auto& r : runs)
-        if (r.status == core::RunStatus::Interrupted)
-            interrupted += (interrupted.empty() ? "" : ", ") + std::to_string(r.id);
-    if (!interrupted.empty())
-        std::printf("\ninterrupted: run %s: %s\n", interrupted.c_str(), core::kInterruptedHint);
+        if (r.status == core::RunStatus::Interrupted) interrupted.push_back(r.id);
+    if (!interrupted.empty()) {
+        std::string ids;
+        for (auto id : interrupted) ids += (ids.empty() ? "" : ", ") + std::to_string(id);
+        std::printf("\ninterrupted: run %s: %s\n", ids.c_str(),
+                    core::interruptedHint(interrupted.size() == 1 ? interrupted.front() : 0).c_str());
+    }
 }
 
 void showRun(const CommonOptions& opts, int64_t id) {
@@ -107,7 +110,8 @@ void showRun(const CommonOptions& opts, int64_t id) {
                 r.experiment.c_str());
     std::printf("  status    %s%s%s\n", core::toString(r.status), r.error.empty() ? "" : ": ",
                 r.error.c_str());
-    if (r.status == core::RunStatus::Interrupted) std::printf("            %s\n", core::kInterruptedHint);
+    if (r.status == core::RunStatus::Interrupted)
+        std::printf("            %s\n", core::interruptedHint(r.id).c_str());
     std::printf("  model     %s on %s, host %s\n", r.model.c_str(), r.data.c_str(), r.host.c_str());
     std::printf("  started   %s   ended %s   duration %s\n", formatTime(r.startedAt).c_str(),
                 formatTime(r.endedAt).c_str(),

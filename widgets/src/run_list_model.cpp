@@ -163,8 +163,7 @@ QVariant RunListModel::data(const QModelIndex& index, int role) const {
                           .arg(r.id)
                           .arg(QString::fromLatin1(core::toString(r.status)), QString::fromStdString(r.host));
         if (r.status == core::RunStatus::Interrupted)
-            tip += QStringLiteral("\n") + QString::fromLatin1(core::kInterruptedHint)
-                                              .replace(QStringLiteral("ID"), QString::number(r.id));
+            tip += QStringLiteral("\n") + QString::fromStdString(core::interruptedHint(r.id));
         if (r.startedAt > 0) tip += QStringLiteral("\nstarted: ") + formatTime(r.startedAt);
         if (r.endedAt > 0) tip += QStringLiteral("\nended: ") + formatTime(r.endedAt);
         if (!r.error.empty()) tip += QStringLiteral("\nerror: ") + QString::fromStdString(r.error);

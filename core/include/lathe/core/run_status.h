@@ -1,8 +1,10 @@
 #pragma once
 // A run's status: one enum for the trainer, the launcher, the store, the CLI and the GUI. The
 // names below are what the event stream, the workspace file and `--json` output carry.
+#include <cstdint>
 #include <optional>
 #include <ostream>
+#include <string>
 #include <string_view>
 
 namespace lathe::core {
@@ -47,10 +49,13 @@ constexpr bool isFinal(RunStatus s) noexcept {
     return s == RunStatus::Completed || s == RunStatus::Stopped || s == RunStatus::Failed;
 }
 
-/// What an interrupted run needs said, for lists and tooltips.
-inline constexpr const char* kInterruptedHint =
-    "its process is gone (killed, or the machine went down); continue it from its last checkpoint with "
-    "lathectl train --resume ID";
+/// What an interrupted run needs said, for lists and tooltips; `runId` 0 writes "ID".
+inline std::string interruptedHint(int64_t runId = 0) {
+    return "its process is gone (killed, or the machine went down); continue it from its last checkpoint "
+           "with "
+           "lathectl train --resume " +
+           (runId > 0 ? std::to_string(runId) : std::string("ID"));
+}
 
 inline std::ostream& operator<<(std::ostream& out, RunStatus s) { return out << toString(s); }
 
