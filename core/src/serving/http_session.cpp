@@ -1,0 +1,318 @@
+// The inference server's HTTP session: Boost.Beast on the connection's strand, with the KServe v2
+// endpoints in one route table (routes()) and their handlers.
+#include "http_session.h"
+
+#include <prometheus/text_serializer.h>
+
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/post.hpp>
+#include <chrono>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <shared_mutex>
+
+#include "infer_protocol.h"
+#include "lathe/core/error.h"
+#include "server_impl.h"
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+
+namespace lathe::core::serving {
+namespace {
+
+std::string jsonOk(const nlohmann::json& j) {
+    return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace
+
+Session::Session(tcp::socket&& socket, InferenceServer::Impl* server)
+    : m_stream(std::move(socket)), m_timer(m_stream.get_executor()), m_server(server) {}
+
+void Session::run() {
+    net::dispatch(m_stream.get_executor(), [self = shared_from_this()] { self->read(); });
+}
+
+const RouteTable<Session>& Session::routes() {
+    static const RouteTable<Session> table = [] {
+        RouteTable<Session> t;
+        // Guards, in this order: every /v2/models/NAME/... names a served model, and a version
+        // in the path must be the one served (404 otherwise, whatever the rest of the path).
+        t.guard("/v2/models/{model}", &Session::resolveModel);
+        t.guard("/v2/models/{model}/versions/{version}", &Session::checkVersion);
+
+        t.add(http::verb::get, "/metrics", &Session::serveMetrics);
+        t.add(http::verb::get, "/v2", &Session::serveServerMetadata);
+        t.add(http::verb::get, "/v2/health/live", &Session::serveLive);
+        t.add(http::verb::get, "/v2/health/ready", &Session::serveReady);
+        t.add(http::verb::post, "/v2/repository/index", &Session::serveRepositoryIndex);
+        t.add(http::verb::post, "/v2/repository/models/{model}/load", &Session::serveLoad);
+        t.add(http::verb::get, "/v2/models/{model}", &Session::serveModelMetadata);
+        t.add(http::verb::get, "/v2/models/{model}/versions/{version}", &Session::serveModelMetadata);
+        t.add(http::verb::get, "/v2/models/{model}/ready", &Session::serveModelReady);
+        t.add(http::verb::get, "/v2/models/{model}/versions/{version}/ready", &Session::serveModelReady);
+        t.add(http::verb::post, "/v2/models/{model}/infer", &Session::serveInfer);
+        t.add(http::verb::post, "/v2/models/{model}/versions/{version}/infer", &Session::serveInfer);
+        return t;
+    }();
+    return table;
+}
+
+void Session::read() {
+    if (m_server->stopping) return close();
+    m_parser.emplace();
+    m_parser->body_limit(static_cast<uint64_t>(m_server->options.maxBodyBytes));
+    m_parser->header_limit(16 * 1024);
+    // The whole request must arrive within the idle timeout: a client that stalls mid-request
+    // (or trickles bytes) gets 408 instead of holding a connection forever. Our own timer
+    // rather than the stream's timeout, which would close the socket before we could answer.
+    m_stream.expires_never();
+    m_timedOut = false;
+    m_timer.expires_after(
+        std::chrono::milliseconds(static_cast<int64_t>(m_server->options.idleTimeoutS * 1000)));
+    m_timer.async_wait([self = shared_from_this()](beast::error_code ec) {
+        if (ec) return;  // cancelled: the request arrived in time
+        self->m_timedOut = true;
+        beast::error_code ignored;
+        self->m_stream.socket().cancel(ignored);
+    });
+    http::async_read(m_stream, m_buffer, *m_parser,
+                     [self = shared_from_this()](beast::error_code ec, size_t) { self->onRead(ec); });
+}
+
+void Session::onRead(beast::error_code ec) {
+    m_timer.cancel();
+    if (m_timedOut && ec) ec = beast::error::timeout;
+    if (ec == http::error::end_of_stream || ec == net::error::eof || ec == net::error::connection_reset)
+        return close();
+    if (ec == beast::error::timeout) {
+        // Nothing was started: a keep-alive connection that went quiet is closed silently;
+        // one that stalled mid-request learns why.
+        if (m_parser && m_parser->got_some())
+            return sendError(408, "request not received within the timeout", false);
+        return close();
+    }
+    if (ec == http::error::body_limit)
+        return sendError(
+            413, "request body is larger than " + std::to_string(m_server->options.maxBodyBytes) + " bytes",
+            false);
+    if (ec == http::error::header_limit) return sendError(431, "request headers are too large", false);
+    if (ec) return sendError(400, std::string("malformed HTTP request: ") + ec.message(), false);
+    m_request = m_parser->release();
+    m_started = Clock::now();
+    handle();
+}
+
+void Session::handle() {
+    std::string target(m_request.target());
+    if (auto q = target.find('?'); q != std::string::npos) target.resize(q);
+    const auto result = routes().dispatch(*this, m_request.method(), target);
+    m_slot.reset();
+    m_model.reset();
+    if (result.outcome == RouteOutcome::MethodNotAllowed)
+        sendError(405, "use " + methodList(result.allowed) + " for " + target);
+    else if (result.outcome == RouteOutcome::NotFound)
+        sendError(404, "no such endpoint: " + target);
+}
+
+bool Session::resolveModel(const RouteParams& p) {
+    const std::string& name = p.get("model");
+    m_slot = m_server->slot(name);
+    m_model = m_slot ? m_slot->get() : nullptr;
+    if (m_model) return true;
+    sendError(404, "no model named '" + name + "' is served here");
+    return false;
+}
+
+bool Session::checkVersion(const RouteParams& p) {
+    const std::string& version = p.get("version");
+    if (version == std::to_string(m_model->version())) return true;
+    sendError(404, "model '" + p.get("model") + "' version " + version + " is not served (serving version " +
+                       std::to_string(m_model->version()) + ")");
+    return false;
+}
+
+void Session::serveMetrics(const RouteParams&) {
+    m_server->metrics.refreshProcess();
+    m_server->gpu.refresh(m_server->metrics);
+    prometheus::TextSerializer ser;
+    send(200, ser.Serialize(m_server->metrics.registry.Collect()), "text/plain; version=0.0.4");
+}
+
+void Session::serveServerMetadata(const RouteParams&) {
+    send(200, jsonOk({{"name", "lathe"},
+                      {"version", "0.1.0"},
+                      {"extensions", {"model_repository", "binary_tensor_data"}},
+                      {"instance", m_server->options.instance}}));
+}
+
+void Session::serveLive(const RouteParams&) { send(200, jsonOk({{"live", true}})); }
+
+void Session::serveReady(const RouteParams&) {
+    bool ready = !m_server->stopping;
+    {
+        std::shared_lock<std::shared_mutex> lk(m_server->modelsMutex);
+        ready = ready && !m_server->models.empty();
+    }
+    send(ready ? 200 : 503, jsonOk({{"ready", ready}}));
+}
+
+void Session::serveRepositoryIndex(const RouteParams&) {
+    nlohmann::json a = nlohmann::json::array();
+    std::shared_lock<std::shared_mutex> lk(m_server->modelsMutex);
+    for (const auto& [name, s] : m_server->models)
+        if (auto m = s->get())
+            a.push_back({{"name", name}, {"version", std::to_string(m->version())}, {"state", "READY"}});
+    send(200, jsonOk(a));
+}
+
+void Session::serveLoad(const RouteParams& p) { loadModel(p.get("model")); }
+
+void Session::serveModelMetadata(const RouteParams& p) {
+    send(200, modelMetadata(p.get("model"), m_model->version(), m_model->signature()));
+}
+
+void Session::serveModelReady(const RouteParams& p) {
+    send(200, jsonOk({{"name", p.get("model")}, {"ready", true}}));
+}
+
+void Session::serveInfer(const RouteParams&) { infer(m_slot, m_model); }
+
+void Session::infer(const std::shared_ptr<ModelSlot>& slot, std::shared_ptr<LoadedModel> model) {
+    InferRequest req;
+    ProtocolError err;
+    const auto headerLength = m_request.find(kInferHeaderLength);
+    if (!parseInferRequest(m_request.body(), model->signature(), model->maxBatch(), req, err,
+                           headerLength == m_request.end()
+                               ? std::nullopt
+                               : std::optional<std::string_view>(std::string_view(
+                                     headerLength->value().data(), headerLength->value().size())))) {
+        m_server->metrics.count(model->name(), model->version(), err.status);
+        return sendError(err.status, err.message);
+    }
+    PendingRequest p;
+    p.model = model;
+    p.rows = req.rows;
+    p.input = std::move(req.data);
+    p.enqueued = Clock::now();
+    p.done = [self = shared_from_this(), model, id = std::move(req.id), rows = req.rows,
+              binary = req.binaryOutput](BatchResult&& r) {
+        // Back onto this connection's strand: the batcher thread must not touch the socket,
+        // and JSON encoding belongs on the I/O threads, not in the batch loop.
+        net::post(self->m_stream.get_executor(), [self, model, id, rows, binary, r = std::move(r)]() mutable {
+            self->answer(*model, id, rows, binary, r);
+        });
+    };
+    if (!slot->batcher->submit(std::move(p))) {
+        m_server->metrics.count(model->name(), model->version(), 503);
+        Response res{http::status::service_unavailable, m_request.version()};
+        res.set(http::field::retry_after, "1");
+        res.set(http::field::content_type, "application/json");
+        res.body() = errorBody("server overloaded: the request queue is full (--max-queue " +
+                               std::to_string(m_server->options.maxQueue) + " rows); retry later");
+        return write(std::move(res));
+    }
+}
+
+void Session::answer(const LoadedModel& model, const std::string& id, int64_t rows, bool binary,
+                     BatchResult& r) {
+    m_server->metrics.count(model.name(), model.version(), r.status);
+    if (r.status != 200) return sendError(r.status, r.error);
+    auto& pv = m_server->metrics.of(model.name(), model.version());
+    pv.queue->Observe(r.queueS);
+    auto out = inferResponse(model.name(), model.version(), id, model.signature().outputs[0], rows,
+                             r.output.data(), model.outputElems(), binary);
+    if (out.jsonLength < 0)
+        send(200, std::move(out.body));
+    else
+        send(200, std::move(out.body), "application/octet-stream", out.jsonLength);
+    pv.latency->Observe(std::chrono::duration<double>(Clock::now() - m_started).count());
+}
+
+void Session::loadModel(const std::string& name) {
+    if (m_server->options.workspace.empty())
+        return sendError(400,
+                         "this server was started with --file and has no registry to load versions from");
+    ModelRef ref;
+    try {
+        checkModelName(name);
+        ref.name = name;
+        const auto j = nlohmann::json::parse(m_request.body().empty() ? std::string("{}") : m_request.body());
+        const auto params = j.value("parameters", nlohmann::json::object());
+        if (params.contains("version")) {
+            const auto& v = params["version"];
+            ref.version = v.is_string() ? std::stoll(v.get<std::string>()) : v.get<int64_t>();
+            if (ref.version <= 0) throw ConfigError("`version` must be a positive number");
+        } else if (params.contains("alias")) {
+            ref.alias = params["alias"].get<std::string>();
+            checkModelName(ref.alias, "alias");
+        }
+    } catch (const std::exception& ex) {
+        return sendError(400, std::string("bad load request: ") + ex.what());
+    }
+    // Loading takes seconds: on its own thread, answered on this connection's strand when done.
+    std::lock_guard<std::mutex> lk(m_server->loadersMutex);
+    m_server->loaders.emplace_back([self = shared_from_this(), ref] {
+        int status = 200;
+        std::string body;
+        try {
+            Registry registry(self->m_server->options.workspace);
+            const auto v = registry.resolve(ref);
+            self->m_server->load({ref.name, v.version, v.path}, v.sha256);
+            body = jsonOk({{"name", ref.name}, {"version", std::to_string(v.version)}});
+        } catch (const NotFoundError& ex) {
+            status = 404;
+            body = errorBody(ex.what());
+        } catch (const ConfigError& ex) {
+            status = 400;
+            body = errorBody(ex.what());
+        } catch (const std::exception& ex) {
+            status = 500;
+            body = errorBody(std::string("load failed, the previous version keeps serving: ") + ex.what());
+        }
+        net::post(self->m_stream.get_executor(),
+                  [self, status, body = std::move(body)]() mutable { self->send(status, std::move(body)); });
+    });
+}
+
+void Session::send(int status, std::string body, const char* type, int64_t jsonLength) {
+    Response res{static_cast<http::status>(status), m_request.version()};
+    res.set(http::field::server, "lathe");
+    res.set(http::field::content_type, type);
+    if (jsonLength >= 0) res.set(kInferHeaderLength, std::to_string(jsonLength));
+    res.body() = std::move(body);
+    write(std::move(res));
+}
+
+void Session::sendError(int status, const std::string& message, bool keepAlive) {
+    Response res{static_cast<http::status>(status), m_request.version() ? m_request.version() : 11};
+    res.set(http::field::server, "lathe");
+    res.set(http::field::content_type, "application/json");
+    res.body() = errorBody(message);
+    if (!keepAlive) res.keep_alive(false);
+    write(std::move(res), keepAlive);
+}
+
+void Session::write(Response&& res, bool keepAlive) {
+    res.keep_alive(keepAlive && m_request.keep_alive() && !m_server->stopping);
+    res.prepare_payload();
+    auto sp = std::make_shared<Response>(std::move(res));
+    m_stream.expires_after(
+        std::chrono::milliseconds(static_cast<int64_t>(m_server->options.idleTimeoutS * 1000)));
+    http::async_write(m_stream, *sp, [self = shared_from_this(), sp](beast::error_code ec, size_t) {
+        if (ec || !sp->keep_alive()) return self->close();
+        self->m_request = {};
+        self->read();
+    });
+}
+
+void Session::close() {
+    beast::error_code ec;
+    m_stream.socket().shutdown(tcp::socket::shutdown_send, ec);
+    m_stream.socket().close(ec);
+}
+
+}  // namespace lathe::core::serving

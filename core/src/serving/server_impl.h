@@ -1,0 +1,71 @@
+#pragma once
+// The inference server's private state, shared by server.cpp (start, stop, loading and hot swap)
+// and http_session.cpp (the connections that read it).
+#include <atomic>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "batcher.h"
+#include "gpu_probe.h"
+#include "lathe/core/server.h"
+#include "server_metrics.h"
+
+namespace lathe::core {
+namespace serving {
+
+/// One model name: the version served now and the batcher its requests queue in.
+struct ModelSlot {
+    mutable std::mutex mutex;
+    std::shared_ptr<LoadedModel> current;
+    std::unique_ptr<Batcher> batcher;
+    std::shared_ptr<LoadedModel> get() const {
+        std::lock_guard<std::mutex> lk(mutex);
+        return current;
+    }
+};
+
+}  // namespace serving
+
+struct InferenceServer::Impl {
+    ServeOptions options;
+    boost::asio::io_context ioc;
+    std::optional<boost::asio::ip::tcp::acceptor> acceptor;
+    std::vector<std::thread> threads;
+    std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work;
+    uint16_t boundPort = 0;
+    std::atomic<bool> stopping{false};
+    bool stopped = false;
+    std::mutex stopMutex;
+
+    std::shared_mutex modelsMutex;
+    std::map<std::string, std::shared_ptr<serving::ModelSlot>> models;
+    std::mutex loadMutex;  // one load at a time: a second waits rather than racing the first
+    std::vector<std::thread> loaders;
+    std::mutex loadersMutex;
+
+    serving::Metrics metrics;
+    serving::GpuProbe gpu;
+
+    std::shared_ptr<serving::ModelSlot> slot(const std::string& name) {
+        std::shared_lock<std::shared_mutex> lk(modelsMutex);
+        auto it = models.find(name);
+        return it == models.end() ? nullptr : it->second;
+    }
+
+    /// Loads `m` and switches it in; throws, and the old version keeps serving, when it fails.
+    void load(const ServedModel& m, const std::string& sha);
+    void accept();
+    void stop();
+};
+
+}  // namespace lathe::core

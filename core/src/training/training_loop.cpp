@@ -1,0 +1,588 @@
+// The training loop's phases (training_loop.h).
+#include "training/training_loop.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <random>
+
+#include "data/raw.h"
+#include "distributed/reducer.h"
+#include "lathe/core/error.h"
+#include "lathe/kernels/cuda_device.h"
+#include "torch_backend.h"
+#include "training/amp.h"
+#include "training/checkpoint_io.h"
+#include "training/loss_scaler.h"
+#include "training/profiler.h"
+#include "training/zoo.h"
+
+namespace lathe::core {
+
+const char* toString(TrainingPhase phase) {
+    switch (phase) {
+        case TrainingPhase::SetUp:
+            return "set-up";
+        case TrainingPhase::Resume:
+            return "resume";
+        case TrainingPhase::Broadcast:
+            return "broadcast";
+        case TrainingPhase::Epoch:
+            return "epoch";
+        case TrainingPhase::Evaluation:
+            return "evaluation";
+        case TrainingPhase::Checkpoint:
+            return "checkpoint";
+    }
+    return "?";
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The training objective, one definition for the step and for evaluation.
+torch::Tensor classificationLoss(
+    const torch::Tensor& logits, const torch::Tensor& labels,
+    torch::nn::functional::CrossEntropyFuncOptions::reduction_t reduction = torch::kMean) {
+    return torch::nn::functional::cross_entropy(
+        logits, labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(reduction));
+}
+
+Batch toTensors(data::RawSet& raw) {
+    std::vector<int64_t> shape{raw.size()};
+    shape.insert(shape.end(), raw.shape.begin(), raw.shape.end());
+    Batch t;
+    t.x = torch::from_blob(raw.x.data(), shape, torch::kFloat32).clone();
+    t.y = torch::from_blob(raw.y.data(), {raw.size()}, torch::kInt64).clone();
+    return t;
+}
+
+std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const RunSpec& spec,
+                                                       const std::vector<torch::Tensor>& params) {
+    if (spec.optimizer == "sgd")
+        return std::make_unique<torch::optim::SGD>(
+            params, torch::optim::SGDOptions(spec.lr).momentum(spec.momentum).weight_decay(spec.weightDecay));
+    if (spec.optimizer == "adam")
+        return std::make_unique<torch::optim::Adam>(
+            params, torch::optim::AdamOptions(spec.lr).weight_decay(spec.weightDecay));
+    if (spec.optimizer == "adamw")
+        return std::make_unique<torch::optim::AdamW>(
+            params, torch::optim::AdamWOptions(spec.lr).weight_decay(spec.weightDecay));
+    throw ConfigError("`optimizer` must be one of sgd, adam, adamw (got '" + spec.optimizer + "')");
+}
+
+// Learning rate for the step about to run: the schedule's value, ramped linearly during warm-up.
+double learningRate(const RunSpec& spec, int64_t step, int64_t epoch, int64_t totalSteps) {
+    double lr = spec.lr;
+    if (spec.schedule == "step") {
+        lr = spec.lr * std::pow(spec.gamma, static_cast<double>(epoch / spec.stepEpochs));
+    } else if (spec.schedule == "cosine") {
+        const double span = static_cast<double>(std::max<int64_t>(1, totalSteps - spec.warmupSteps));
+        const double progress = std::clamp(static_cast<double>(step - spec.warmupSteps) / span, 0.0, 1.0);
+        lr = spec.minLr + (spec.lr - spec.minLr) * 0.5 * (1.0 + std::cos(M_PI * progress));
+    }
+    if (step < spec.warmupSteps) lr *= static_cast<double>(step + 1) / static_cast<double>(spec.warmupSteps);
+    return lr;
+}
+
+c10::optional<c10::ScalarType> autocastType(const RunSpec& spec) {
+    if (spec.precision == "bf16") return c10::ScalarType::BFloat16;
+    if (spec.precision == "fp16") return c10::ScalarType::Half;
+    return c10::nullopt;
+}
+
+double gradNorm(const std::vector<torch::Tensor>& params) {
+    torch::NoGradGuard noGrad;
+    std::vector<torch::Tensor> norms;
+    for (const auto& p : params)
+        if (p.grad().defined()) norms.push_back(p.grad().norm(2).to(torch::kDouble));
+    if (norms.empty()) return 0.0;
+    return torch::stack(norms).norm(2).item<double>();
+}
+
+struct EvalResult {
+    double loss = 0, accuracy = 0;
+};
+
+EvalResult evaluate(torch::nn::Sequential& model, const Batch& data, c10::optional<c10::ScalarType> cast,
+                    torch::Device device) {
+    torch::NoGradGuard noGrad;
+    std::optional<AutocastGuard> autocast;
+    if (cast) autocast.emplace(device.type(), *cast);
+    model->eval();
+    double lossSum = 0;
+    int64_t correct = 0;
+    const int64_t n = data.y.size(0);
+    for (int64_t i = 0; i < n; i += 1024) {
+        const int64_t end = std::min(n, i + 1024);
+        auto xb = data.x.slice(0, i, end);
+        auto yb = data.y.slice(0, i, end);
+        auto out = model->forward(xb).to(torch::kFloat);
+        lossSum += classificationLoss(out, yb, torch::kSum).item<double>();
+        correct += out.argmax(1).eq(yb).sum().item<int64_t>();
+    }
+    model->train();
+    return {lossSum / static_cast<double>(n), static_cast<double>(correct) / static_cast<double>(n)};
+}
+
+std::string fmt(double v, int prec = 4) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.*g", prec, v);
+    return buf;
+}
+
+constexpr int64_t kMaxStaticSkips = 100;  // a static loss scale that overflows this often is wrong
+
+}  // namespace
+
+struct TrainingLoop::EpochTally {
+    double windowLoss = 0;  // the loss of the steps since train/loss was last recorded
+    int64_t windowSteps = 0;
+    int64_t correct = 0, seen = 0, steps = 0, skipped = 0;
+    double stepSeconds = 0;
+    size_t activationBytes = 0;  // sampled on the epoch's first step (CPU)
+};
+
+TrainingLoop::TrainingLoop(const RunSpec& spec, const TrainOptions& options, EventSink sink)
+    : m_spec(spec), m_options(options), m_sink(std::move(sink)) {}
+
+TrainingLoop::~TrainingLoop() = default;
+
+void TrainingLoop::addHook(std::shared_ptr<TrainingHook> hook) { m_hooks.push_back(std::move(hook)); }
+
+void TrainingLoop::emit(Event e) const {
+    if (m_sink) m_sink(e);
+}
+
+void TrainingLoop::recordMetric(const std::string& key, double value) {
+    emit(Event::metric(key, m_step, value));
+    m_result.finalMetrics[key] = value;
+}
+
+void TrainingLoop::phaseDone(TrainingPhase phase) {
+    for (auto& h : m_hooks) h->afterPhase(*this, phase);
+}
+
+TrainResult TrainingLoop::run() {
+    validateOrThrow(m_spec);
+    setUp();
+    if (!m_options.resumeFrom.empty()) resume();
+    if (m_options.dist.distributed()) broadcast();
+    announce();
+    if (m_startEpoch >= m_spec.epochs) {
+        emit(
+            Event::log("info", "checkpoint already covers all " + std::to_string(m_spec.epochs) + " epochs"));
+        return finish(RunStatus::Completed);
+    }
+    m_model->train();
+    for (int64_t e = m_startEpoch; e < m_spec.epochs && !m_stopped; ++e) {
+        EpochTally tally;
+        epoch(e, tally);
+        if (!m_failure.empty()) return fail(m_failure);
+        if (m_profiler) m_profiler->beginStep(0);  // detach during validation
+        if (tally.steps == 0) break;               // stopped before this epoch did anything
+        phaseDone(TrainingPhase::Epoch);
+        evaluation(e, tally);
+        if (!m_stopped) {
+            m_epochsDone = e + 1;
+            const bool lastEpoch = e + 1 == m_spec.epochs;
+            if (lastEpoch || (m_spec.checkpointEvery > 0 && (e + 1) % m_spec.checkpointEvery == 0))
+                checkpoint(e + 1);
+        }
+    }
+    const RunStatus status = m_stopped ? RunStatus::Stopped : RunStatus::Completed;
+    emit(Event::log(
+        "info", std::string("training ") + toString(status) + " after " + std::to_string(m_step) + " steps"));
+    return finish(status);
+}
+
+TrainResult TrainingLoop::finish(RunStatus status) {
+    m_result.status = status;
+    m_result.epochsDone = m_epochsDone;
+    m_result.steps = m_step;
+    emit(Event::status(status));
+    return m_result;
+}
+
+TrainResult TrainingLoop::fail(const std::string& error) {
+    m_result.error = error;
+    emit(Event::error(error));
+    return finish(RunStatus::Failed);
+}
+
+// ---- set-up -------------------------------------------------------------------------------
+
+void TrainingLoop::setUp() {
+    if (m_spec.threads > 0) torch_impl::setComputeThreads(static_cast<int>(m_spec.threads));
+    torch::manual_seed(static_cast<uint64_t>(m_spec.seed));
+    m_device = resolveDevice(m_spec, m_options.dist);
+    m_autocast = autocastType(m_spec);
+    if (m_options.dist.distributed()) {
+        m_rank = m_options.dist.rank;
+        m_world = m_options.dist.worldSize;
+    }
+
+    auto split = data::loadSplit(m_spec);
+    m_sampleShape = split.train.shape;
+    m_numClasses = static_cast<int64_t>(split.train.classNames.size());
+    m_train = toTensors(split.train);
+    m_val = toTensors(split.val);
+    split = {};
+    m_train = {m_train.x.to(m_device), m_train.y.to(m_device)};
+    m_val = {m_val.x.to(m_device), m_val.y.to(m_device)};
+
+    // Sparse embedding gradients only pay off where the ps exchange sends touched rows alone.
+    m_model = makeModel(m_spec, m_sampleShape, m_numClasses,
+                        m_options.dist.distributed() && m_spec.strategy == "ps");
+    m_model->to(m_device);  // parameters stay FP32: autocast casts per op (FP32 master weights)
+    m_optimizer = makeOptimizer(m_spec, m_model->parameters());
+    m_scaler = std::make_unique<LossScaler>(m_spec, m_device);
+    m_params = m_model->parameters();
+
+    if (m_spec.profile) {
+        m_profiler = std::make_unique<Profiler>(ProfileSchedule{m_spec.profileWait, m_spec.profileWarmup,
+                                                                m_spec.profileActive, m_spec.profileRepeat});
+        if (m_device.is_cuda()) {
+            m_profiler->setDeviceSync([idx = m_device.index()] { torch::cuda::synchronize(idx); });
+            // Per-op device time needs Lathe's CUDA runtime (kernels/); a build without it skips it.
+            if (kernels::cuda::deviceCount() > 0) m_profiler->setDeviceOps(m_device.index());
+        }
+    }
+
+    // Like DistributedSampler: the epoch's order padded to a multiple of the world size, and
+    // rank r takes every world-th index from r, so the ranks' batches together form the batch
+    // a single process would take with batch * world.
+    const int64_t nTrain = m_train.y.size(0);
+    m_perRank = (nTrain + m_world - 1) / m_world;
+    m_stepsPerEpoch = (m_perRank + m_spec.batch - 1) / m_spec.batch;
+    m_totalSteps = m_stepsPerEpoch * m_spec.epochs;
+    phaseDone(TrainingPhase::SetUp);
+}
+
+void TrainingLoop::resume() {
+    CheckpointExtras extras = m_scaler->state();
+    const auto info = loadCheckpoint(m_options.resumeFrom, *m_model, *m_optimizer, &extras,
+                                     Reducer::residualPrefix(m_rank));
+    m_scaler->restore(extras);
+    m_resumedExtras = std::move(extras);
+    m_startEpoch = m_epochsDone = info.epoch;
+    m_step = info.step;
+    emit(Event::log("info", "resumed from " + info.path + " at epoch " + std::to_string(info.epoch) +
+                                ", step " + std::to_string(info.step)));
+    phaseDone(TrainingPhase::Resume);
+}
+
+// Data parallel: every rank starts from rank 0's parameters and trains on its own shard.
+void TrainingLoop::broadcast() {
+    const DistEnv& denv = m_options.dist;
+    emit(Event::log("info", "rank " + std::to_string(m_rank) + " of " + std::to_string(m_world) +
+                                ": rendezvous at " + denv.masterAddr + ":" +
+                                std::to_string(denv.masterPort)));
+    const std::string backend = resolveBackend(m_spec, m_device, denv.localWorldSize);
+    emit(Event::log("info", "collectives: " + backend + (m_device.is_cuda() ? " on " + m_device.str() : "")));
+    m_dist = std::make_unique<DistContext>(denv, backend,
+                                           backend == "nccl" ? m_device : torch::Device(torch::kCPU));
+    auto p = m_model->parameters();
+    for (auto& b : m_model->buffers()) p.push_back(b);
+    {
+        torch::NoGradGuard noGrad;
+        m_dist->broadcast(p, 0);
+    }
+    CompressOptions compress;
+    compress.strategy = m_spec.strategy;
+    compress.psRanks = static_cast<int>(m_spec.psRanks);
+    if (m_spec.strategy == "hierarchical")
+        m_dist->initHierarchy(
+            static_cast<int>(m_spec.ranksPerHost > 0 ? m_spec.ranksPerHost : denv.localWorldSize));
+    compress.format = m_spec.compress;
+    compress.errorFeedback =
+        m_spec.errorFeedback == "on" ||
+        (m_spec.errorFeedback == "auto" && (m_spec.compress == "int8" || m_spec.compress == "int4"));
+    compress.chunk = m_spec.compressChunk;
+    compress.stochastic = m_spec.stochasticRounding;
+    compress.seed = static_cast<uint64_t>(m_spec.seed);
+    m_reducer = std::make_unique<Reducer>(*m_dist, m_params, m_spec.bucketMb, compress,
+                                          sparseParameterIndices(m_model));
+    if (compress.errorFeedback && !m_options.resumeFrom.empty()) {
+        const auto prefix = Reducer::residualPrefix(m_rank);
+        const bool has = std::any_of(m_resumedExtras.begin(), m_resumedExtras.end(),
+                                     [&](const auto& kv) { return kv.first.rfind(prefix, 0) == 0; });
+        if (has)
+            m_reducer->restoreResiduals(m_resumedExtras);
+        else
+            emit(Event::log("warn",
+                            "the checkpoint has no error-feedback residuals (written by an older Lathe): "
+                            "they start again from zero"));
+    }
+    m_resumedExtras.clear();
+    emit(Event::log("info",
+                    "gradient exchange: " + m_spec.strategy +
+                        (m_spec.strategy == "hierarchical"
+                             ? " (" + std::to_string(m_dist->ranksPerHost()) + " ranks per host)"
+                         : m_spec.strategy == "ps" ? " (" + std::to_string(m_spec.psRanks) + " server ranks)"
+                                                   : "")));
+    if (m_spec.compress != "none")
+        emit(Event::log("info", "gradients on the wire: " + m_spec.compress +
+                                    (compress.errorFeedback ? " with" : " without") + " error feedback"));
+    phaseDone(TrainingPhase::Broadcast);
+}
+
+void TrainingLoop::announce() {
+    Event running = Event::status(RunStatus::Running);
+    running.step = m_step;
+    running.value = static_cast<double>(m_totalSteps);
+    emit(running);
+    emit(Event::log("info", m_spec.model + " (" + std::to_string(parameterCount(*m_model)) +
+                                " parameters) on " + m_spec.data + ": " + std::to_string(m_train.y.size(0)) +
+                                " training / " + std::to_string(m_val.y.size(0)) + " validation samples, " +
+                                std::to_string(m_numClasses) + " classes, " +
+                                std::to_string(m_stepsPerEpoch) + " steps per epoch; " + m_device.str() +
+                                ", " + m_spec.precision +
+                                (m_scaler->enabled() ? ", loss scale " + fmt(m_scaler->scale(), 8) + " (" +
+                                                           m_scaler->implementation() + ")"
+                                                     : std::string()) +
+                                (m_spec.activationCheckpointing ? ", activation checkpointing" : "")));
+}
+
+// ---- epoch --------------------------------------------------------------------------------
+
+std::vector<int64_t> TrainingLoop::epochOrder(int64_t epoch) const {
+    const int64_t nTrain = m_train.y.size(0);
+    std::vector<int64_t> order(static_cast<size_t>(nTrain));
+    std::iota(order.begin(), order.end(), 0);
+    std::mt19937_64 rng(static_cast<uint64_t>(m_spec.seed) * 1000003ull + static_cast<uint64_t>(epoch));
+    std::shuffle(order.begin(), order.end(), rng);
+    if (m_world > 1) {
+        std::vector<int64_t> shard;
+        shard.reserve(static_cast<size_t>(m_perRank));
+        for (int64_t i = m_rank; i < m_perRank * m_world; i += m_world)
+            shard.push_back(order[static_cast<size_t>(i % nTrain)]);
+        order.swap(shard);
+    }
+    return order;
+}
+
+void TrainingLoop::epoch(int64_t epoch, EpochTally& tally) {
+    auto order = epochOrder(epoch);
+    const auto perm =
+        torch::from_blob(order.data(), {static_cast<int64_t>(order.size())}, torch::kInt64).to(m_device);
+    for (int64_t b = 0; b < m_stepsPerEpoch; ++b) {
+        const StepEnd end = trainStep(epoch, b, perm, tally);
+        if (end == StepEnd::Stop || end == StepEnd::Fail) return;
+    }
+}
+
+// The mean loss over every rank's steps since the last window (all ranks flush at the same steps).
+void TrainingLoop::flushLossWindow(EpochTally& tally, bool lastOfEpoch) {
+    if (m_step % m_spec.logEvery != 0 && !lastOfEpoch) return;
+    double sum = tally.windowLoss, count = static_cast<double>(tally.windowSteps);
+    if (m_dist) {
+        auto t = torch::tensor({sum, count}, torch::kDouble);
+        m_dist->allreduceSum(t);
+        sum = t[0].item<double>();
+        count = t[1].item<double>();
+    }
+    if (count > 0) recordMetric("train/loss", sum / count);
+    tally.windowLoss = 0;
+    tally.windowSteps = 0;
+}
+
+TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, const torch::Tensor& perm,
+                                              EpochTally& tally) {
+    bool stopNow = m_options.stop && m_options.stop->load(std::memory_order_relaxed);
+    if (m_dist) stopNow = m_dist->any(stopNow);  // all ranks stop at the same step
+    if (stopNow) {
+        m_stopped = true;
+        return StepEnd::Stop;
+    }
+    LossScaler& scaler = *m_scaler;
+    Profiler* profiler = m_profiler.get();
+    const int64_t thisStep = m_step + 1;  // 1-based, as recorded
+    if (profiler) profiler->beginStep(thisStep);
+    // Activation memory is sampled on the first step of each epoch: the heap's growth from the
+    // step's start to its peak (after forward, or inside recomputed segments).
+    const bool sampleMemory = b == 0 && !m_device.is_cuda();
+    size_t heapStart = 0, heapPeak = 0;
+    HeapPeakScope heapScope(sampleMemory ? &heapPeak : nullptr);
+    const auto t0 = Clock::now();
+    const double lr = learningRate(m_spec, m_step, epoch, m_totalSteps);
+    for (auto& group : m_optimizer->param_groups()) group.options().set_lr(lr);
+    Batch batch;
+    torch::Tensor out, loss;
+    {
+        PhaseScope phase(profiler, "data");
+        const int64_t nLocal = perm.size(0);
+        auto idx = perm.slice(0, b * m_spec.batch, std::min(nLocal, (b + 1) * m_spec.batch));
+        batch.x = m_train.x.index_select(0, idx);
+        batch.y = m_train.y.index_select(0, idx);
+    }
+    m_optimizer->zero_grad();
+    if (sampleMemory) heapStart = heapPeak = heapInUse();  // after zero_grad, which may free gradients
+    {
+        PhaseScope phase(profiler, "forward");
+        {
+            std::optional<AutocastGuard> autocast;
+            if (m_autocast) autocast.emplace(m_device.type(), *m_autocast);
+            ForwardOptions fwd;
+            fwd.checkpoint = m_spec.activationCheckpointing;
+            fwd.autocast = m_autocast;
+            fwd.device = m_device.type();
+            out = forwardModel(m_model, batch.x, fwd);
+        }
+        // The loss in FP32, outside autocast, as torch.autocast recommends.
+        loss = classificationLoss(out.to(torch::kFloat), batch.y);
+        for (auto& h : m_hooks) loss = h->loss(*this, batch, out, loss);
+    }
+    if (sampleMemory) sampleHeapPeak();
+    Reducer::Stats comm;
+    {
+        PhaseScope phase(profiler, "backward");
+        if (m_reducer) m_reducer->prepare(thisStep);
+        scaler.scaleLoss(loss).backward();
+    }
+    if (m_reducer) {
+        PhaseScope phase(profiler, "communication");
+        comm = m_reducer->finish();
+    }
+    if (sampleMemory) {
+        sampleHeapPeak();
+        heapScope.release();
+        tally.activationBytes = heapPeak - std::min(heapPeak, heapStart);
+    }
+    if (std::find(m_spec.injectNonfinite.begin(), m_spec.injectNonfinite.end(), thisStep) !=
+        m_spec.injectNonfinite.end()) {
+        // Fault injection: an inf in one gradient, as an fp16 overflow would leave.
+        torch::NoGradGuard noGrad;
+        for (const auto& p : m_params)
+            if (p.grad().defined()) {
+                p.grad().view(-1)[0] = std::numeric_limits<float>::infinity();
+                break;
+            }
+    }
+    const double lossValue = loss.item<double>();
+    bool skip = false, lossBad = false;
+    double norm = 0;
+    const double usedScale = scaler.scale();
+    {
+        PhaseScope phase(profiler, "optimizer");
+        // Unscale once, before clipping, so the norm and the clip see true gradients. Every rank
+        // must take the same decision: the gradients are the same averaged ones, but each rank's
+        // loss is its own.
+        lossBad = !std::isfinite(lossValue);
+        if (m_dist) lossBad = m_dist->any(lossBad);
+        bool foundInf = scaler.unscaleAndCheck(m_params) || (scaler.enabled() && lossBad);
+        if (m_dist && scaler.enabled()) foundInf = m_dist->any(foundInf);
+        norm = gradNorm(m_params);
+        skip = scaler.enabled() && foundInf;
+        if (!skip) {
+            if (m_spec.clipGradNorm > 0 && std::isfinite(norm) && norm > m_spec.clipGradNorm) {
+                torch::NoGradGuard noGrad;
+                const double coef = m_spec.clipGradNorm / (norm + 1e-6);
+                for (const auto& p : m_params)
+                    if (p.grad().defined()) p.grad().mul_(coef);
+            }
+            m_optimizer->step();
+        }
+        scaler.update(foundInf);
+        // Residuals of compressed exchanges hold scaled gradients: they follow the scale.
+        if (m_reducer && scaler.enabled() && scaler.scale() != usedScale)
+            m_reducer->rescaleResiduals(scaler.scale() / usedScale);
+    }
+    tally.correct += out.detach().argmax(1).eq(batch.y).sum().item<int64_t>();
+    tally.stepSeconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    tally.seen += batch.x.size(0);
+    ++m_step;
+    ++tally.steps;
+    if (profiler)
+        for (auto& span : profiler->takeSpans()) emit(Event::profileSpan(std::move(span)));
+    recordMetric("train/grad_norm", norm);
+    if (m_reducer) {
+        recordMetric("comm/bytes_sent", static_cast<double>(comm.bytesSent));
+        recordMetric("comm/ms", comm.commMs);
+        recordMetric("comm/overlap",
+                     comm.commMs > 0 ? std::clamp(1.0 - comm.exposedMs / comm.commMs, 0.0, 1.0) : 0.0);
+        recordMetric("comm/compression_ratio", comm.compressionRatio);
+    }
+    if (scaler.enabled()) {
+        recordMetric("amp/loss_scale", usedScale);
+        recordMetric("amp/skipped", skip ? 1.0 : 0.0);
+    }
+    if (!skip)
+        for (auto& h : m_hooks) h->afterStep(*this, m_step);
+
+    const bool lastOfEpoch = b + 1 == m_stepsPerEpoch;
+    m_consecutiveSkips = skip ? m_consecutiveSkips + 1 : 0;
+    if (skip && scaler.isStatic() && m_consecutiveSkips >= kMaxStaticSkips) {
+        m_failure = std::to_string(m_consecutiveSkips) +
+                    " steps in a row had non-finite gradients at the static loss scale " +
+                    fmt(scaler.scale()) +
+                    "; lower it (loss_scale = \"static:N\") or use loss_scale = \"dynamic\"";
+        return StepEnd::Fail;
+    }
+    if (skip) {
+        ++tally.skipped;
+        flushLossWindow(tally, lastOfEpoch);  // a skipped step adds no loss, but the epoch's last
+                                              // window still goes out
+        if (scaler.scale() < 1e-30) {
+            m_failure = "the loss scale collapsed below 1e-30 after " + std::to_string(tally.skipped) +
+                        " skipped steps: gradients are non-finite at any scale; lower `lr` or use fp32";
+            return StepEnd::Fail;
+        }
+        return StepEnd::Skipped;
+    }
+    if (lossBad) {
+        recordMetric("train/loss", lossValue);
+        m_failure = "loss became " + fmt(lossValue) + " at step " + std::to_string(m_step) + " (epoch " +
+                    std::to_string(epoch + 1) + "); lower `lr` (now " + fmt(lr) + ") or set `clip_grad_norm`";
+        return StepEnd::Fail;
+    }
+    tally.windowLoss += lossValue;
+    ++tally.windowSteps;
+    flushLossWindow(tally, lastOfEpoch);
+    return StepEnd::Done;
+}
+
+// ---- evaluation and checkpoint --------------------------------------------------------------
+
+void TrainingLoop::evaluation(int64_t epoch, EpochTally& tally) {
+    int64_t correct = tally.correct, seen = tally.seen;
+    if (m_dist) {
+        auto t = torch::tensor({static_cast<double>(correct), static_cast<double>(seen)}, torch::kDouble);
+        m_dist->allreduceSum(t);
+        correct = static_cast<int64_t>(t[0].item<double>());
+        seen = static_cast<int64_t>(t[1].item<double>());
+    }
+    recordMetric("train/accuracy", static_cast<double>(correct) / static_cast<double>(seen));
+    if (m_rank == 0 && !m_stopped) {  // the ranks hold identical models: one validation pass is enough
+        const auto val = evaluate(m_model, m_val, m_autocast, m_device);
+        recordMetric("val/loss", val.loss);
+        recordMetric("val/accuracy", val.accuracy);
+    }
+    recordMetric("train/lr", learningRate(m_spec, m_step - 1, epoch, m_totalSteps));
+    recordMetric("perf/step_ms", 1000.0 * tally.stepSeconds / static_cast<double>(tally.steps));
+    recordMetric("perf/samples_per_s", static_cast<double>(seen) / std::max(tally.stepSeconds, 1e-9));
+    if (tally.activationBytes > 0)
+        recordMetric("perf/activation_mb", static_cast<double>(tally.activationBytes) / 1e6);
+    recordMetric("train/epoch", static_cast<double>(epoch + 1));
+    phaseDone(TrainingPhase::Evaluation);
+}
+
+void TrainingLoop::checkpoint(int64_t epochsDone) {
+    if (m_options.checkpointDir.empty()) return;
+    auto extras = m_scaler->state();
+    // Every rank takes part (a collective); rank 0 keeps them all in its checkpoint, so a resumed
+    // compressed run carries the error the uninterrupted one would.
+    if (m_reducer)
+        for (auto& [name, t] : m_reducer->gatherResiduals()) extras[name] = std::move(t);
+    if (m_rank == 0) {
+        const auto info = saveCheckpoint(m_options.checkpointDir + "/last.ckpt", *m_model, *m_optimizer,
+                                         epochsDone, m_step, extras, m_options.owner);
+        emit(Event::checkpoint(info.path, info.sha256, m_step, epochsDone));
+    }
+    phaseDone(TrainingPhase::Checkpoint);
+}
+
+}  // namespace lathe::core

@@ -1,0 +1,138 @@
+#pragma once
+// The training loop (private: LibTorch types). torch_impl::train() (trainer.cpp) builds one
+// TrainingLoop per run and calls run(); everything a run does happens in one of its named
+// phases, in this order:
+//
+//   setUp        device, data on the device, network, optimizer, loss scaler
+//   resume       (with --resume) model, optimizer, scaler state, position from a checkpoint
+//   broadcast    (data parallel) rendezvous, rank 0's parameters to every rank, the reducer
+//   epoch        the steps of one epoch: data, forward, backward, communication, optimizer
+//   evaluation   the epoch's metrics and (rank 0) one validation pass
+//   checkpoint   (every `checkpoint_every` epochs and the last) the run's state to disk
+//
+// Capabilities that change how a run trains (quantization-aware training, distillation losses,
+// pruning rounds, another data pipeline) plug in as TrainingHooks rather than growing the loop.
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lathe/core/events.h"
+#include "lathe/core/run_spec.h"
+#include "lathe/core/trainer.h"
+
+namespace lathe::core {
+
+class DistContext;
+class LossScaler;
+class Profiler;
+class Reducer;
+
+enum class TrainingPhase { SetUp, Resume, Broadcast, Epoch, Evaluation, Checkpoint };
+const char* toString(TrainingPhase phase);
+
+/// One step's inputs.
+struct Batch {
+    torch::Tensor x, y;
+};
+
+class TrainingLoop;
+
+/// Extension point. Every function has a do-nothing default; hooks run in the order added.
+class TrainingHook {
+public:
+    virtual ~TrainingHook() = default;
+    /// After each phase has finished (Epoch and Evaluation once per epoch).
+    virtual void afterPhase(TrainingLoop&, TrainingPhase) {}
+    /// The step's loss from the batch and the network's output: `loss` is the classification
+    /// loss (FP32, outside autocast) or the previous hook's result. Extra terms go here
+    /// (distillation against a teacher, a sparsity penalty).
+    virtual torch::Tensor loss(TrainingLoop&, const Batch&, const torch::Tensor& logits, torch::Tensor loss) {
+        return loss;
+    }
+    /// After the optimizer's step (not called for a step the loss scaler skipped).
+    virtual void afterStep(TrainingLoop&, int64_t step) {}
+};
+
+class TrainingLoop {
+public:
+    TrainingLoop(const RunSpec& spec, const TrainOptions& options, EventSink sink);
+    ~TrainingLoop();
+    TrainingLoop(const TrainingLoop&) = delete;
+    TrainingLoop& operator=(const TrainingLoop&) = delete;
+
+    void addHook(std::shared_ptr<TrainingHook> hook);
+    /// Runs every phase. Config, data and checkpoint errors throw before the first step;
+    /// failures during training are returned (status Failed after an Error event).
+    TrainResult run();
+
+    // For hooks.
+    const RunSpec& spec() const { return m_spec; }
+    torch::nn::Sequential& model() { return m_model; }
+    torch::optim::Optimizer& optimizer() { return *m_optimizer; }
+    torch::Device device() const { return m_device; }
+    int64_t step() const { return m_step; }  // steps taken (the last recorded step)
+    int rank() const { return m_rank; }
+    int worldSize() const { return m_world; }
+    void emit(Event e) const;
+    /// Records a metric at the current step (also kept as the run's final value).
+    void recordMetric(const std::string& key, double value);
+
+private:
+    struct EpochTally;  // what one epoch's steps add up
+    enum class StepEnd { Done, Skipped, Stop, Fail };
+
+    void setUp();
+    void resume();
+    void broadcast();
+    void announce();
+    void epoch(int64_t epoch, EpochTally& tally);
+    StepEnd trainStep(int64_t epoch, int64_t b, const torch::Tensor& order, EpochTally& tally);
+    void evaluation(int64_t epoch, EpochTally& tally);
+    void checkpoint(int64_t epochsDone);
+
+    /// The epoch's sample order on this rank: depends only on (seed, epoch), so a resumed run
+    /// sees the same batches; sharded like DistributedSampler.
+    std::vector<int64_t> epochOrder(int64_t epoch) const;
+    void flushLossWindow(EpochTally& tally, bool lastOfEpoch);
+    void phaseDone(TrainingPhase phase);
+    TrainResult finish(RunStatus status);
+    TrainResult fail(const std::string& error);
+
+    const RunSpec m_spec;
+    const TrainOptions m_options;
+    const EventSink m_sink;
+    std::vector<std::shared_ptr<TrainingHook>> m_hooks;
+
+    torch::Device m_device{torch::kCPU};
+    c10::optional<c10::ScalarType> m_autocast;
+    Batch m_train, m_val;
+    std::vector<int64_t> m_sampleShape;
+    int64_t m_numClasses = 0;
+    torch::nn::Sequential m_model{nullptr};
+    std::vector<torch::Tensor> m_params;
+    std::unique_ptr<torch::optim::Optimizer> m_optimizer;
+    std::unique_ptr<LossScaler> m_scaler;
+    std::unique_ptr<Profiler> m_profiler;
+    std::map<std::string, torch::Tensor> m_resumedExtras;  // the checkpoint's named tensors
+
+    int m_rank = 0, m_world = 1;
+    std::unique_ptr<DistContext> m_dist;
+    std::unique_ptr<Reducer> m_reducer;
+
+    int64_t m_startEpoch = 0, m_epochsDone = 0, m_step = 0;
+    int64_t m_stepsPerEpoch = 0, m_totalSteps = 0, m_perRank = 0;
+    int64_t m_consecutiveSkips = 0;
+    bool m_stopped = false;
+    std::string m_failure;  // set by a step that ends the run
+    TrainResult m_result;
+};
+
+// Device and collective engine resolution (trainer.cpp), shared with checkRunnable().
+torch::Device resolveDevice(const RunSpec& spec, const DistEnv& dist = {});
+std::string resolveBackend(const RunSpec& spec, torch::Device device, int ranksOnHost);
+
+}  // namespace lathe::core
