@@ -8,7 +8,10 @@
 
 #include <catch2/catch.hpp>
 
+#include "distributed/exchange.h"
 #include "distributed/reducer.h"
+#include "lathe/core/error.h"
+#include "lathe/core/run_spec.h"
 
 using namespace lathe::core;
 
@@ -61,4 +64,62 @@ TEST_CASE("error-feedback residuals follow the loss scale when it changes", "[di
         // Left at scale 4, the residual carries four times the error into step 2.
         CHECK_FALSE(torch::equal(run(4, false), steady));
     }
+}
+
+TEST_CASE("each exchange strategy is found by the name the run spec offers", "[distributed][reducer]") {
+    std::vector<std::string> offered;
+    for (const auto& k : specKeys())
+        if (k.name == "strategy") offered = k.choices;
+    std::vector<std::string> registered;
+    for (const auto& s : exchangeStrategies()) registered.emplace_back(s.name);
+    CHECK(offered == registered);
+
+    DistEnv env;
+    env.masterPort = freePort();
+    env.timeoutSec = 30;
+    DistContext ctx(env);
+    ctx.initHierarchy(1);
+    Codec codec(CompressOptions{}, torch::kCPU);
+    for (const auto& name : registered) {
+        ExchangeEnv e;
+        e.ctx = &ctx;
+        e.codec = &codec;
+        const auto s = makeExchangeStrategy(name, e);
+        CHECK(s->name() == name);
+    }
+    try {
+        ExchangeEnv e;
+        e.ctx = &ctx;
+        e.codec = &codec;
+        makeExchangeStrategy("butterfly", e);
+        FAIL("an unknown strategy was made");
+    } catch (const ConfigError& err) {
+        CHECK_THAT(err.what(), Catch::Contains("`strategy` must be one of ring, hierarchical, ps") &&
+                                   Catch::Contains("butterfly"));
+    }
+
+    // On one rank every strategy's average is the gradient itself (compressed: within fp16's
+    // rounding), through the reducer's asynchronous or threaded path alike.
+    torch::manual_seed(5);
+    const auto g = torch::randn({3000});
+    for (const auto& name : registered)
+        for (const char* format : {"none", "fp16"}) {
+            INFO(name << " " << format);
+            CompressOptions c;
+            c.strategy = name;
+            c.format = format;
+            auto p = torch::zeros({3000}).requires_grad_(true);
+            Reducer reducer(ctx, {p}, 1, c);
+            CHECK(reducer.strategy().rfind(name, 0) == 0);
+            reducer.prepare(1);
+            (p * g).sum().backward();
+            const auto stats = reducer.finish();
+            CHECK(stats.buckets == 1);
+            CHECK(torch::allclose(p.grad(), g, 1e-3, 1e-3));
+        }
+
+    // Sparse gradients only where the strategy can take them.
+    auto table = torch::zeros({10, 4}).requires_grad_(true);
+    CompressOptions ring;
+    CHECK_THROWS_WITH(Reducer(ctx, {table}, 1, ring, {0}), Catch::Contains("use strategy = \"ps\""));
 }

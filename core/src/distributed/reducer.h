@@ -65,6 +65,8 @@ public:
     /// carries exactly the error the interrupted one would have. Throws CheckpointError then if
     /// they do not fit.
     void restoreResiduals(const std::map<std::string, torch::Tensor>& extras);
+    /// The exchange strategy with its particulars, for the log ("ps (2 server ranks)").
+    std::string strategy() const;
     /// "ef.r<rank>.b": the start of rank `rank`'s residual names.
     static std::string residualPrefix(int rank);
 

@@ -318,12 +318,7 @@ void TrainingLoop::broadcast() {
                             "they start again from zero"));
     }
     m_resumedExtras.clear();
-    emit(Event::log("info",
-                    "gradient exchange: " + m_spec.strategy +
-                        (m_spec.strategy == "hierarchical"
-                             ? " (" + std::to_string(m_dist->ranksPerHost()) + " ranks per host)"
-                         : m_spec.strategy == "ps" ? " (" + std::to_string(m_spec.psRanks) + " server ranks)"
-                                                   : "")));
+    emit(Event::log("info", "gradient exchange: " + m_reducer->strategy()));
     if (m_spec.compress != "none")
         emit(Event::log("info", "gradients on the wire: " + m_spec.compress +
                                     (compress.errorFeedback ? " with" : " without") + " error feedback"));
