@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
             }
             ids.push_back(id);
         }
-        window.selectRuns(ids);
+        // The runs list is read on a worker thread: select once it is in, instead of the newest.
+        window.selectRunsWhenRefreshed(ids);
     }
 
     if (parser.isSet(screenshotOption)) {

@@ -25,6 +25,8 @@
 
 #include <algorithm>
 #include <exception>
+#include <map>
+#include <string>
 
 #include "deploy_session.h"
 #include "lathe/core/error.h"
@@ -35,6 +37,7 @@
 #include "lathe/widgets/profile_view.h"
 #include "lathe/widgets/run_form.h"
 #include "lathe/widgets/run_list_model.h"
+#include "lathe/widgets/run_view.h"
 #include "lathe/widgets/serving_dashboard.h"
 #include "training_session.h"
 
@@ -43,10 +46,18 @@ namespace lathe::app {
 namespace {
 
 // Runs written by another process (lathectl train into the same workspace) show up
-// without a manual refresh; the read is a few milliseconds.
+// without a manual refresh; the read is a few milliseconds, on a worker thread.
 constexpr int kRefreshMs = 3000;
 
 }  // namespace
+
+// What one read of the runs list found, handed from the worker to the GUI thread.
+struct MainWindow::RunsRead {
+    uint64_t answers = 0;  // the refreshRuns() calls made before it started
+    std::vector<core::RunRecord> runs;
+    std::map<int64_t, double> valAccuracy;
+    std::string error;
+};
 
 MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
     : QMainWindow(parent), m_store(std::move(store)) {
@@ -79,27 +90,15 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
     m_table->setWordWrap(false);
     m_table->setToolTip(tr("Select several runs (Ctrl/Shift) to overlay their curves"));
 
-    m_dashboard = new widgets::Dashboard;
-    m_dashboard->setObjectName(QStringLiteral("dashboard"));
-
-    m_lossScale = new widgets::LossScaleView;
-    m_lossScale->setObjectName(QStringLiteral("lossScaleView"));
-    m_profile = new widgets::ProfileView;
-    m_profile->setObjectName(QStringLiteral("profileView"));
-    m_comm = new widgets::CommView;
-    m_comm->setObjectName(QStringLiteral("commView"));
     m_tabs = new QTabWidget;
     m_tabs->setObjectName(QStringLiteral("viewTabs"));
     m_tabs->setDocumentMode(true);
-    m_tabs->addTab(m_dashboard, tr("Curves"));
-    m_tabs->addTab(m_lossScale, tr("Loss scale"));
-    m_tabs->addTab(m_profile, tr("Profile"));
-    m_tabs->addTab(m_comm, tr("Communication"));
-    m_tabs->setTabToolTip(1, tr("Loss scale, skipped steps and gradient norm of the first selected run"));
-    m_tabs->setTabToolTip(2, tr("Profile timeline, top ops and step phases of the first selected run"));
-    m_tabs->setTabToolTip(3, tr("Gradient communication per step and rank of the first selected run "
-                                "(data-parallel runs)"));
-    connect(m_tabs, &QTabWidget::currentChanged, this, [this] { updateProfileTab(); });
+    m_dashboard = new widgets::Dashboard;
+    // The per-run views: one line each.
+    addRunView(m_dashboard, QStringLiteral("dashboard"));
+    addRunView(new widgets::LossScaleView, QStringLiteral("lossScaleView"));
+    addRunView(new widgets::ProfileView, QStringLiteral("profileView"));
+    addRunView(new widgets::CommView, QStringLiteral("commView"));
 
     auto* right = new QSplitter(Qt::Vertical);
     right->addWidget(m_table);
@@ -158,6 +157,7 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
             });
     openRegistry();
 
+    m_runsPool.setMaxThreadCount(1);
     m_refreshTimer = new QTimer(this);
     m_refreshTimer->setInterval(kRefreshMs);
     connect(m_refreshTimer, &QTimer::timeout, this, &MainWindow::refreshRuns);
@@ -166,16 +166,24 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
     buildMenus();
     updateTitle();
     resize(1400, 900);
-    refreshRuns();
-    selectNewestRun();
-    statusBar()->showMessage(tr("%n run(s) in this workspace", nullptr, m_runModel->rowCount()), 5000);
+    showNewStore({});
 }
 
 MainWindow::~MainWindow() {
-    // The session and the profile loader reference the store: end them before the store goes.
+    // The session, the views' loaders and the runs reader reference the store: end them
+    // before the store goes.
     m_session.reset();
     m_deploy.reset();
-    m_profile->clear();
+    for (widgets::RunView* view : m_runViews) view->clear();
+    stopRunsReads();
+}
+
+void MainWindow::addRunView(widgets::RunView* view, const QString& objectName) {
+    QWidget* widget = view->widget();
+    widget->setObjectName(objectName);
+    const int tab = m_tabs->addTab(widget, view->tabTitle());
+    m_tabs->setTabToolTip(tab, view->tabToolTip());
+    m_runViews.push_back(view);
 }
 
 void MainWindow::buildMenus() {
@@ -262,21 +270,91 @@ void MainWindow::updateTitle() {
 }
 
 void MainWindow::refreshRuns() {
-    std::vector<core::RunRecord> runs;
-    std::map<int64_t, double> valAccuracy;
-    try {
-        runs = m_store->listRuns();
-        valAccuracy = m_store->lastMetricOfRuns("val/accuracy");  // one query for every run
-    } catch (const std::exception& e) {
-        statusBar()->showMessage(tr("Could not read the runs: %1").arg(QString::fromUtf8(e.what())));
+    ++m_runsAsked;
+    if (!m_runsReading) startRunsRead();  // else the read in flight starts one more when it lands
+}
+
+void MainWindow::startRunsRead() {
+    m_runsReading = true;
+    const uint64_t answers = m_runsAsked;
+    const uint64_t generation = m_runsGeneration.load();
+    const core::Store* store = m_store.get();
+    // The store is thread-safe and outlives the task: stopRunsReads() waits for the pool before
+    // it goes. A queued call to a deleted window is discarded by Qt.
+    m_runsPool.start([this, store, answers, generation] {
+        if (m_runsGeneration.load() != generation) return;
+        auto read = std::make_shared<RunsRead>();
+        read->answers = answers;
+        try {
+            read->runs = store->listRuns();
+            read->valAccuracy = store->lastMetricOfRuns("val/accuracy");  // one query for every run
+        } catch (const std::exception& e) {
+            read->error = e.what();
+        }
+        if (m_runsGeneration.load() != generation) return;
+        QMetaObject::invokeMethod(
+            this, [this, generation, read] { applyRunsRead(generation, read); }, Qt::QueuedConnection);
+    });
+}
+
+void MainWindow::applyRunsRead(uint64_t generation, const std::shared_ptr<RunsRead>& read) {
+    if (generation != m_runsGeneration.load()) return;  // read from a store since closed
+    m_runsReading = false;
+    m_runsLanded = read->answers;
+    std::vector<std::function<void()>> due;
+    for (auto it = m_afterRuns.begin(); it != m_afterRuns.end();) {
+        if (it->first <= read->answers) {
+            due.push_back(std::move(it->second));
+            it = m_afterRuns.erase(it);
+        } else {
+            ++it;
+        }
+    }
+    if (read->error.empty()) {
+        const int before = m_runModel->rowCount();
+        m_runModel->setRuns(std::move(read->runs), std::move(read->valAccuracy));
+        // Fit the columns to real content once rows arrive, not on every refresh: a user's
+        // manual column widths survive the periodic refresh.
+        if (m_runModel->rowCount() != before)
+            for (int c = 0; c < widgets::RunListModel::ColumnCount - 1; ++c)
+                m_table->resizeColumnToContents(c);
+        for (auto& then : due) then();
+    } else {
+        statusBar()->showMessage(tr("Could not read the runs: %1").arg(QString::fromStdString(read->error)));
+    }
+    Q_EMIT runsRefreshed();
+    // Asked again meanwhile (or by what just ran): one more read answers all of those calls.
+    if (!m_runsReading && m_runsAsked > m_runsLanded) startRunsRead();
+}
+
+void MainWindow::whenRefreshed(std::function<void()> then) {
+    if (!isRefreshingRuns()) {
+        then();
         return;
     }
-    const int before = m_runModel->rowCount();
-    m_runModel->setRuns(std::move(runs), std::move(valAccuracy));
-    // Fit the columns to real content once rows arrive, not on every refresh: a user's
-    // manual column widths survive the periodic refresh.
-    if (m_runModel->rowCount() != before)
-        for (int c = 0; c < widgets::RunListModel::ColumnCount - 1; ++c) m_table->resizeColumnToContents(c);
+    m_afterRuns.emplace_back(m_runsAsked, std::move(then));
+}
+
+void MainWindow::stopRunsReads() {
+    ++m_runsGeneration;
+    m_runsPool.waitForDone();
+    m_runsReading = false;
+    m_runsLanded = m_runsAsked;
+    m_afterRuns.clear();
+}
+
+void MainWindow::showNewStore(const QString& openedPath) {
+    refreshRuns();
+    // Where one left off: the newest run and its curves.
+    const uint64_t asked = ++m_selectionAsked;
+    whenRefreshed([this, asked, openedPath] {
+        if (asked == m_selectionAsked) selectNewestRun();
+        const int runs = m_runModel->rowCount();
+        statusBar()->showMessage(openedPath.isEmpty()
+                                     ? tr("%n run(s) in this workspace", nullptr, runs)
+                                     : tr("Opened %1 (%n run(s))", nullptr, runs).arg(openedPath),
+                                 5000);
+    });
 }
 
 std::vector<int64_t> MainWindow::selectedRuns() const {
@@ -301,6 +379,13 @@ void MainWindow::selectRuns(const std::vector<int64_t>& runIds) {
     if (!selection.isEmpty()) m_table->scrollTo(selection.indexes().first());
 }
 
+void MainWindow::selectRunsWhenRefreshed(const std::vector<int64_t>& runIds) {
+    const uint64_t asked = ++m_selectionAsked;
+    whenRefreshed([this, asked, runIds] {
+        if (asked == m_selectionAsked) selectRuns(runIds);
+    });
+}
+
 void MainWindow::selectNewestRun() {
     // Reopening a workspace shows where one left off: the latest run and its curves.
     int64_t newest = 0;
@@ -311,25 +396,15 @@ void MainWindow::selectNewestRun() {
 
 void MainWindow::onSelectionChanged() {
     const std::vector<int64_t> runs = selectedRuns();
-    try {
-        m_dashboard->showRuns(*m_store, runs);
-        // Loss scale and profile are single-run views: they follow the first selected run.
-        const int64_t first = runs.empty() ? 0 : runs.front();
-        if (m_lossScale->runId() != first || first == 0) m_lossScale->showRun(*m_store, first);
-        if (m_comm->runId() != first || first == 0) m_comm->showRun(*m_store, first);
-    } catch (const std::exception& e) {
-        showError(tr("Could not load metrics"), QString::fromUtf8(e.what()));
+    QString error;  // one message, and the other views still follow
+    for (widgets::RunView* view : m_runViews) {
+        try {
+            view->showRuns(*m_store, runs);
+        } catch (const std::exception& e) {
+            if (error.isEmpty()) error = QString::fromUtf8(e.what());
+        }
     }
-    updateProfileTab();
-}
-
-void MainWindow::updateProfileTab(bool force) {
-    const std::vector<int64_t> runs = selectedRuns();
-    const int64_t first = runs.empty() ? 0 : runs.front();
-    if (m_tabs->currentWidget() != m_profile) return;
-    if (!force && first == m_profileRunShown) return;
-    m_profileRunShown = first;
-    m_profile->showRun(*m_store, first);  // loads on a worker thread
+    if (!error.isEmpty()) showError(tr("Could not load metrics"), error);
 }
 
 void MainWindow::onStartRequested(const core::RunSpec& spec) {
@@ -343,22 +418,18 @@ void MainWindow::onStartRequested(const core::RunSpec& spec) {
 }
 
 void MainWindow::onStarted(qint64 runId) {
-    if (m_liveRunId != 0 && m_liveRunId != runId) {
-        m_dashboard->forgetLive(m_liveRunId);
-        m_lossScale->forgetLive(m_liveRunId);
-        m_comm->forgetLive(m_liveRunId);
-    }
+    if (m_liveRunId != 0 && m_liveRunId != runId)
+        for (widgets::RunView* view : m_runViews) view->forgetLive(m_liveRunId);
     m_liveRunId = runId;
     refreshRuns();
-    // Show the new run on its own: its live curves are what the user wants to watch now.
-    selectRuns({runId});
+    // Show the new run on its own once its row is read: its live curves are what the user
+    // wants to watch now (the views keep its live points until it is selected).
+    selectRunsWhenRefreshed({runId});
     statusBar()->showMessage(tr("Run %1 training").arg(runId));
 }
 
 void MainWindow::onEvents(qint64 runId, const std::vector<core::Event>& events) {
-    m_dashboard->onEvents(runId, events);
-    m_lossScale->onEvents(runId, events);
-    m_comm->onEvents(runId, events);
+    for (widgets::RunView* view : m_runViews) view->onEvents(runId, events);
     // Status events carry the planned number of steps; metric steps then give the progress.
     int64_t step = -1;
     for (const auto& e : events) {
@@ -390,12 +461,9 @@ void MainWindow::onFinished(qint64 runId, const QString& status, const QString& 
     m_progressBar->hide();
     m_progressBar->setRange(0, 0);
     refreshRuns();
-    // The profile is complete only now (spans are written as the run goes).
-    const std::vector<int64_t> runs = selectedRuns();
-    if (runId && !runs.empty() && runs.front() == runId) {
-        m_profileRunShown = -1;
-        updateProfileTab(true);
-    }
+    // Only now does the store hold all of the run (the profile re-reads it).
+    if (runId)
+        for (widgets::RunView* view : m_runViews) view->onRunFinished(*m_store, runId);
     m_progress->setText(runId ? tr("run %1 %2").arg(runId).arg(status) : QString());
     if (status == QLatin1String("failed")) {
         const QString what = runId ? tr("Run %1 failed").arg(runId) : tr("The run could not start");
@@ -431,27 +499,20 @@ bool MainWindow::openWorkspace(const QString& path) {
         return false;
     }
     m_session.reset();
-    m_dashboard->clear();
-    // The profile loader reads the old store: wait for it before the store goes.
-    m_profile->clear();
-    m_profileRunShown = -1;
-    m_lossScale->clear();
-    m_comm->clear();
-    if (m_liveRunId) {
-        m_dashboard->forgetLive(m_liveRunId);
-        m_lossScale->forgetLive(m_liveRunId);
-        m_comm->forgetLive(m_liveRunId);
+    // The runs reader and the views' loaders read the old store: wait for them before it goes.
+    stopRunsReads();
+    m_runModel->setRuns({});  // the views follow the empty selection
+    for (widgets::RunView* view : m_runViews) {
+        view->clear();
+        if (m_liveRunId) view->forgetLive(m_liveRunId);
     }
     m_liveRunId = 0;
-    m_runModel->setRuns({});
     m_store = std::move(next);
     m_session = std::make_unique<TrainingSession>(*m_store);
     connectSession();
     openRegistry();
     updateTitle();
-    refreshRuns();
-    selectNewestRun();
-    statusBar()->showMessage(tr("Opened %1 (%n run(s))", nullptr, m_runModel->rowCount()).arg(path), 5000);
+    showNewStore(path);
     return true;
 }
 

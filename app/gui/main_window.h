@@ -1,18 +1,21 @@
 #pragma once
-// The main window wires the run form, the runs table, the dashboard and the training
+// The main window wires the run form, the runs table, the per-run views and the training
 // session together; the work itself happens in those classes.
 #include <QMainWindow>
+#include <QThreadPool>
 
+#include <atomic>
 #include <cstdint>
-#include <map>
+#include <functional>
 #include <memory>
-#include <set>
+#include <utility>
 #include <vector>
 
 #include "lathe/core/events.h"
 #include "lathe/core/registry.h"
 #include "lathe/core/run_spec.h"
 #include "lathe/core/store.h"
+#include "lathe/widgets/run_view.h"
 
 class QLabel;
 class QProgressBar;
@@ -22,11 +25,8 @@ class QTableView;
 class QTimer;
 
 namespace lathe::widgets {
-class CommView;
 class Dashboard;
-class LossScaleView;
 class ModelsView;
-class ProfileView;
 class RunForm;
 class RunListModel;
 }  // namespace lathe::widgets
@@ -46,10 +46,11 @@ public:
     core::Store& store() const { return *m_store; }
     widgets::RunForm* runForm() const { return m_form; }
     widgets::Dashboard* dashboard() const { return m_dashboard; }
-    widgets::LossScaleView* lossScaleView() const { return m_lossScale; }
-    widgets::ProfileView* profileView() const { return m_profile; }
-    widgets::CommView* commView() const { return m_comm; }
-    /// "Curves", "Loss scale", "Profile", "Communication".
+    /// The per-run views, one tab each in this order: Curves, Loss scale, Profile, Communication.
+    const std::vector<widgets::RunView*>& runViews() const { return m_runViews; }
+    /// The per-run view of class View (runView<widgets::CommView>()), or null.
+    template <class View>
+    View* runView() const;
     QTabWidget* viewTabs() const { return m_tabs; }
     widgets::RunListModel* runModel() const { return m_runModel; }
     QTableView* runTable() const { return m_table; }
@@ -63,19 +64,45 @@ public:
     /// The last error shown to the user (for tests and the status bar).
     QString lastError() const { return m_lastError; }
 
-    /// Re-reads the runs list; selection and scroll position are kept.
+    /// Re-reads the runs list on a worker thread; the rows land in runModel() with
+    /// runsRefreshed(), keeping selection and scroll position. Asked again while a read is in
+    /// flight, it reads once more after that read (however often it was asked).
     void refreshRuns();
-    /// Selects exactly these runs in the table (the dashboard follows the selection).
+    /// Whether a refresh asked for has not landed in runModel() yet.
+    bool isRefreshingRuns() const { return m_runsLanded < m_runsAsked; }
+    /// Selects exactly these runs in the table (the views follow the selection).
     void selectRuns(const std::vector<int64_t>& runIds);
+    /// selectRuns() once the refresh asked for last has landed (a new run's row exists only
+    /// then), or now when none is pending. A later call replaces one still waiting.
+    void selectRunsWhenRefreshed(const std::vector<int64_t>& runIds);
     void selectNewestRun();
     std::vector<int64_t> selectedRuns() const;
     /// Switches to another workspace file. Refused while training; errors are shown.
     bool openWorkspace(const QString& path);
 
+Q_SIGNALS:
+    /// A read of the runs list landed: runModel() holds it, unless the read failed (the status
+    /// bar says why).
+    void runsRefreshed();
+
 protected:
     void closeEvent(QCloseEvent* event) override;
 
 private:
+    struct RunsRead;
+    /// Gives the view a tab (title and tooltip from the view) and its share of every run event.
+    void addRunView(widgets::RunView* view, const QString& objectName);
+    void startRunsRead();
+    void applyRunsRead(uint64_t generation, const std::shared_ptr<RunsRead>& read);
+    /// Runs `then` once the refresh asked for last has landed (now when none is pending); dropped
+    /// when that read fails or the workspace is switched.
+    void whenRefreshed(std::function<void()> then);
+    /// Drops the runs reads in flight and waiting calls: before the store goes.
+    void stopRunsReads();
+    /// Refreshes the runs list of a newly opened store; once it lands, selects the newest run
+    /// (unless selectRunsWhenRefreshed() asked for others meanwhile) and says how many runs
+    /// there are (and that `openedPath` was opened, when given).
+    void showNewStore(const QString& openedPath);
     void buildMenus();
     void connectSession();
     /// Opens the registry of the current store and hands it to the Models page and a new
@@ -88,9 +115,6 @@ private:
     void onEvents(qint64 runId, const std::vector<core::Event>& events);
     void onFinished(qint64 runId, const QString& status, const QString& error);
     void onSelectionChanged();
-    /// Loads the first selected run into the Profile tab when that tab is showing (it reads
-    /// every span of the run, so it waits until someone looks).
-    void updateProfileTab(bool force = false);
     void openWorkspaceDialog();
     void exportChartsDialog();
     void showError(const QString& title, const QString& message);
@@ -103,12 +127,9 @@ private:
     QTabWidget* m_pages = nullptr;
     widgets::ModelsView* m_models = nullptr;
     widgets::RunForm* m_form = nullptr;
-    widgets::Dashboard* m_dashboard = nullptr;
-    widgets::LossScaleView* m_lossScale = nullptr;
-    widgets::ProfileView* m_profile = nullptr;
-    widgets::CommView* m_comm = nullptr;
+    widgets::Dashboard* m_dashboard = nullptr;  // also in m_runViews; File → Export charts
+    std::vector<widgets::RunView*> m_runViews;  // owned by m_tabs
     QTabWidget* m_tabs = nullptr;
-    int64_t m_profileRunShown = -1;  // run the Profile tab last loaded
     widgets::RunListModel* m_runModel = nullptr;
     QSortFilterProxyModel* m_proxy = nullptr;
     QTableView* m_table = nullptr;
@@ -117,6 +138,23 @@ private:
     QTimer* m_refreshTimer = nullptr;
     int64_t m_liveRunId = 0;
     QString m_lastError;
+
+    // The runs list is read on this pool's one thread from m_store (thread-safe: its read
+    // connection is used under a lock), and applied on the GUI thread.
+    QThreadPool m_runsPool;
+    std::atomic<uint64_t> m_runsGeneration{0};  // bumped when the store goes: its reads are dropped
+    uint64_t m_runsAsked = 0;                   // refreshRuns() calls
+    uint64_t m_runsLanded = 0;                  // the calls the last landed read answered
+    bool m_runsReading = false;
+    std::vector<std::pair<uint64_t, std::function<void()>>> m_afterRuns;  // (call, then)
+    uint64_t m_selectionAsked = 0;  // only the latest waiting selection is made
 };
+
+template <class View>
+View* MainWindow::runView() const {
+    for (widgets::RunView* view : m_runViews)
+        if (auto* v = qobject_cast<View*>(view->widget())) return v;
+    return nullptr;
+}
 
 }  // namespace lathe::app

@@ -64,10 +64,11 @@ TEST_CASE("End to end: a bf16 run with injected overflows and the profiler, seen
     REQUIRE(form->fieldText("profile") == "true");
     REQUIRE(form->isValid());
     // Watch the loss scale live.
-    tabs->setCurrentWidget(window->lossScaleView());
+    auto* scale = window->runView<lathe::widgets::LossScaleView>();
+    REQUIRE(scale != nullptr);
+    tabs->setCurrentWidget(scale);
     const int64_t run = trainFromForm(*window);
 
-    auto* scale = window->lossScaleView();
     REQUIRE(waitUntil([&] { return scale->stagedCount() == 0 && scale->scalePointCount() > 0; }, 2000));
     CHECK(scale->runId() == run);
     CHECK(scale->flushCount() >= 1);  // points came through the live path
@@ -80,7 +81,8 @@ TEST_CASE("End to end: a bf16 run with injected overflows and the profiler, seen
     QTest::qWait(80);
     REQUIRE(window->grab().save(outputPath("gui_loss_scale_tab.png")));
 
-    auto* profile = window->profileView();
+    auto* profile = window->runView<lathe::widgets::ProfileView>();
+    REQUIRE(profile != nullptr);
     QSignalSpy loaded(profile, &lathe::widgets::ProfileView::loaded);
     tabs->setCurrentWidget(profile);
     REQUIRE(waitUntil([&] { return loaded.count() >= 1 && !profile->isLoading(); }, 20000));

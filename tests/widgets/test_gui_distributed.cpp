@@ -42,7 +42,9 @@ TEST_CASE("End to end: a 2-process run from the form fills the Communication tab
     for (int i = 0; i < tabs->count(); ++i)
         if (tabs->tabText(i) == "Communication") commTab = i;
     REQUIRE(commTab >= 0);
-    CHECK(tabs->widget(commTab) == window->commView());
+    auto* comm = window->runView<lathe::widgets::CommView>();
+    REQUIRE(comm != nullptr);
+    CHECK(tabs->widget(commTab) == comm);
     tabs->setCurrentIndex(commTab);
 
     auto* form = window->runForm();
@@ -61,7 +63,6 @@ TEST_CASE("End to end: a 2-process run from the form fills the Communication tab
     INFO("error: " << finished.at(0).at(2).toString().toStdString());
     REQUIRE(finished.at(0).at(1).toString() == "completed");
 
-    auto* comm = window->commView();
     REQUIRE(waitUntil([&] { return comm->stagedCount() == 0 && comm->rankCount() == 2; }, 3000));
     CHECK(comm->runId() == run);
     const auto stored0 = window->store().metrics(run, "comm/ms");

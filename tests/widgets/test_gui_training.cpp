@@ -32,6 +32,15 @@ std::unique_ptr<MainWindow> openWindow(const QString& db) {
 
 constexpr int kRunTimeoutMs = 180000;
 
+// The runs list is read on a worker thread and lands in runModel() with runsRefreshed(): waits
+// (at most 10 s a read) until every refresh asked of the window so far has landed.
+bool waitForRuns(MainWindow& window) {
+    QSignalSpy refreshed(&window, &MainWindow::runsRefreshed);
+    while (window.isRefreshingRuns())
+        if (!refreshed.wait(10000)) return false;
+    return true;
+}
+
 }  // namespace
 
 TEST_CASE("End to end: train from the window, watch live curves, stop, reopen", "[widgets][e2e]") {
@@ -44,6 +53,7 @@ TEST_CASE("End to end: train from the window, watch live curves, stop, reopen", 
         auto window = openWindow(db);
         auto* form = window->runForm();
         auto* loss = window->dashboard()->lossChart();
+        REQUIRE(waitForRuns(*window));
         CHECK(window->runModel()->rowCount() == 0);
 
         // ---- a short run that completes --------------------------------------------------
@@ -67,6 +77,8 @@ TEST_CASE("End to end: train from the window, watch live curves, stop, reopen", 
         INFO("error: " << finished.at(0).at(2).toString().toStdString());
         CHECK(finished.at(0).at(1).toString() == "completed");
         CHECK(form->startButton()->isEnabled());
+        // The run's row (and with it the selection of the run) and its final status.
+        REQUIRE(waitForRuns(*window));
 
         // Live points arrive through the coalescing timer; then the chart matches the store.
         auto* accuracy = window->dashboard()->accuracyChart();
@@ -113,6 +125,7 @@ TEST_CASE("End to end: train from the window, watch live curves, stop, reopen", 
         QTest::mouseClick(form->stopButton(), Qt::LeftButton);
         REQUIRE(waitUntil([&] { return finished.count() == 1; }, 60000));
         CHECK(finished.at(0).at(1).toString() == "stopped");
+        REQUIRE(waitForRuns(*window));
         CHECK(window->runModel()->runById(stoppedRun)->status == lathe::core::RunStatus::Stopped);
 
         // ---- a spec the form would reject, sent anyway: the error is shown ---------------
@@ -124,13 +137,16 @@ TEST_CASE("End to end: train from the window, watch live curves, stop, reopen", 
         CHECK(finished.at(0).at(0).toLongLong() == 0);
         CHECK(finished.at(0).at(1).toString() == "failed");
         CHECK(window->lastError().contains("lr"));
+        REQUIRE(waitForRuns(*window));
         CHECK(window->runModel()->rowCount() == 2);
     }
 
     // ---- reopening shows every earlier run and its curves --------------------------------
     {
         auto window = openWindow(db);
+        REQUIRE(waitForRuns(*window));
         REQUIRE(window->runModel()->rowCount() == 2);
+        CHECK(window->selectedRuns() == std::vector<int64_t>{stoppedRun});  // the newest
         window->selectRuns({completedRun, stoppedRun});
         auto* loss = window->dashboard()->lossChart();
         CHECK(loss->pointCount(completedRun, "train/loss") > 0);
@@ -139,6 +155,53 @@ TEST_CASE("End to end: train from the window, watch live curves, stop, reopen", 
         QTest::qWait(100);
         window->grab().save(outputPath("gui_reopened.png"));
     }
+}
+
+TEST_CASE("The runs list is read on a worker thread; refreshes asked for meanwhile are one more read",
+          "[widgets]") {
+    QTemporaryDir dir;
+    REQUIRE(dir.isValid());
+    const QString db = dir.path() + "/workspace.db";
+    auto window = openWindow(db);
+    REQUIRE(waitForRuns(*window));  // the first read, asked for by the constructor
+    CHECK(window->runModel()->rowCount() == 0);
+    CHECK(window->selectedRuns().empty());
+
+    const int64_t a = window->store().createRun("gui", "a", "mlp", "synthetic:spirals", "", {}, "local");
+    QSignalSpy refreshed(window.get(), &MainWindow::runsRefreshed);
+    for (int i = 0; i < 5; ++i) window->refreshRuns();
+    // Nothing is read on the GUI thread: the rows land only from the event loop.
+    CHECK(window->isRefreshingRuns());
+    CHECK(window->runModel()->rowCount() == 0);
+    REQUIRE(waitForRuns(*window));
+    CHECK(window->runModel()->runById(a) != nullptr);
+    // The first call started a read; the four made while it was in flight got one more read,
+    // not four (the 3 s refresh timer may have added one).
+    CHECK(refreshed.count() >= 2);
+    CHECK(refreshed.count() <= 3);
+
+    // A selection asked for with a refresh waits for the run's row.
+    const int64_t b = window->store().createRun("gui", "b", "mlp", "synthetic:spirals", "", {}, "local");
+    window->refreshRuns();
+    window->selectRunsWhenRefreshed({b});
+    CHECK(window->selectedRuns().empty());
+    REQUIRE(waitForRuns(*window));
+    CHECK(window->selectedRuns() == std::vector<int64_t>{b});
+    CHECK(window->dashboard()->shownRuns() == std::vector<int64_t>{b});
+    // With no refresh pending it selects at once.
+    window->selectRunsWhenRefreshed({a});
+    CHECK(window->selectedRuns() == std::vector<int64_t>{a});
+
+    // On start the newest run is selected, unless a selection was asked for (lathe --select).
+    window.reset();
+    window = openWindow(db);
+    REQUIRE(waitForRuns(*window));
+    CHECK(window->selectedRuns() == std::vector<int64_t>{b});
+    window.reset();
+    window = openWindow(db);
+    window->selectRunsWhenRefreshed({a});
+    REQUIRE(waitForRuns(*window));
+    CHECK(window->selectedRuns() == std::vector<int64_t>{a});
 }
 
 TEST_CASE("Closing the window while training stops and joins", "[widgets][e2e]") {

@@ -229,6 +229,18 @@ void CommView::clear() {
     m_plot->replot(QCustomPlot::rpQueuedReplot);
 }
 
+QString CommView::tabTitle() const { return tr("Communication"); }
+
+QString CommView::tabToolTip() const {
+    return tr("Gradient communication per step and rank of the first selected run (data-parallel runs)");
+}
+
+void CommView::showRuns(const core::Store& store, const std::vector<int64_t>& runIds) {
+    const int64_t first = runIds.empty() ? 0 : runIds.front();
+    if (first != 0 && first == m_runId) return;  // live points keep it current
+    showRun(store, first);
+}
+
 void CommView::showRun(const core::Store& store, int64_t runId) {
     clear();
     m_runId = runId;

@@ -44,6 +44,8 @@ Dashboard::Dashboard(QWidget* parent) : QWidget(parent) {
     layout->addWidget(split);
 }
 
+QString Dashboard::tabTitle() const { return tr("Curves"); }
+
 MetricChart* Dashboard::chartFor(const std::string& key) const {
     const std::string last = lastSegment(key);
     if (endsWith(last, "loss")) return m_loss;

@@ -123,6 +123,18 @@ void LossScaleView::clear() {
     m_plot->replot(QCustomPlot::rpQueuedReplot);
 }
 
+QString LossScaleView::tabTitle() const { return tr("Loss scale"); }
+
+QString LossScaleView::tabToolTip() const {
+    return tr("Loss scale, skipped steps and gradient norm of the first selected run");
+}
+
+void LossScaleView::showRuns(const core::Store& store, const std::vector<int64_t>& runIds) {
+    const int64_t first = runIds.empty() ? 0 : runIds.front();
+    if (first != 0 && first == m_runId) return;  // live points keep it current
+    showRun(store, first);
+}
+
 void LossScaleView::showRun(const core::Store& store, int64_t runId) {
     clear();
     m_runId = runId;

@@ -8,6 +8,7 @@
 #include <QLabel>
 #include <QMessageBox>
 #include <QSaveFile>
+#include <QShowEvent>
 #include <QSortFilterProxyModel>
 #include <QSplitter>
 #include <QStackedWidget>
@@ -119,10 +120,19 @@ ProfileView::~ProfileView() {
     m_pool.waitForDone();
 }
 
+QString ProfileView::tabTitle() const { return tr("Profile"); }
+
+QString ProfileView::tabToolTip() const {
+    return tr("Profile timeline, top ops and step phases of the first selected run");
+}
+
 void ProfileView::clear() {
     ++m_generation;
     m_pool.waitForDone();
     m_runId = 0;
+    m_wantedStore = nullptr;
+    m_wantedRun = 0;
+    m_stale = false;
     m_loading = false;
     m_timeline->clear();
     m_opsModel->setOps({});
@@ -148,9 +158,37 @@ void ProfileView::showPlaceholder(const QString& text) {
     m_export->setEnabled(false);
 }
 
+void ProfileView::showRuns(const core::Store& store, const std::vector<int64_t>& runIds) {
+    m_wantedStore = &store;
+    m_wantedRun = runIds.empty() ? 0 : runIds.front();
+    catchUp();
+}
+
+void ProfileView::onRunFinished(const core::Store& store, int64_t runId) {
+    // A run not loaded yet is complete when it is.
+    if (runId <= 0 || runId != m_runId) return;
+    m_stale = true;
+    m_wantedStore = &store;  // the store it was loaded from
+    catchUp();
+}
+
+void ProfileView::showEvent(QShowEvent* event) {
+    QWidget::showEvent(event);
+    catchUp();
+}
+
+void ProfileView::catchUp() {
+    if (!m_wantedStore || !isVisible()) return;
+    if (m_wantedRun == m_runId && !m_stale) return;
+    showRun(*m_wantedStore, m_wantedRun);
+}
+
 void ProfileView::showRun(const core::Store& store, int64_t runId) {
     const uint64_t generation = ++m_generation;
     m_runId = runId;
+    m_wantedStore = &store;
+    m_wantedRun = runId;
+    m_stale = false;
     if (runId <= 0) {
         m_loading = false;
         m_title->clear();

@@ -4,7 +4,8 @@
 // and the bytes each rank put on the wire with the compression ratio beside them. Three axis
 // rects share one linked step axis; each rank has one colour across all of them (rank 0's
 // figures are the plain `comm/*` keys, rank N's are `rankN/comm/*`). Live points are staged
-// and moved into the graphs by a ~40 ms timer with one queued replot, like LossScaleView.
+// and moved into the graphs by a ~40 ms timer with one queued replot, like LossScaleView. The
+// "Communication" tab of the window (a RunView over the first selected run).
 #include <QColor>
 #include <QString>
 
@@ -19,6 +20,7 @@
 #include "lathe/core/store.h"
 #include "lathe/widgets/chart_panel.h"
 #include "lathe/widgets/live_series.h"
+#include "lathe/widgets/run_view.h"
 
 class QCPAxisRect;
 class QCPGraph;
@@ -26,7 +28,7 @@ class QCPItemText;
 
 namespace lathe::widgets {
 
-class CommView : public ChartPanel {
+class CommView : public ChartPanel, public RunView {
     Q_OBJECT
 public:
     /// The per-step communication figures a rank reports.
@@ -42,16 +44,22 @@ public:
     explicit CommView(QWidget* parent = nullptr);
     ~CommView() override;
 
+    QWidget* widget() override { return this; }
+    QString tabTitle() const override;
+    QString tabToolTip() const override;
+
     /// Shows one run's history from the store (runId 0: nothing). Live points of this run
     /// received earlier are merged by step.
     void showRun(const core::Store& store, int64_t runId);
+    /// The first of the runs (showRun), unless it is the run already shown.
+    void showRuns(const core::Store& store, const std::vector<int64_t>& runIds) override;
     int64_t runId() const { return m_runId; }
-    void clear();
+    void clear() override;
 
     /// Live events of a running run; comm metrics are staged, others ignored. Points of runs
     /// that are not shown are remembered for when they are selected.
-    void onEvents(int64_t runId, const std::vector<core::Event>& events);
-    void forgetLive(int64_t runId);
+    void onEvents(int64_t runId, const std::vector<core::Event>& events) override;
+    void forgetLive(int64_t runId) override;
 
     // For tests and the status line.
     int rankCount() const { return int(m_ranks.size()); }

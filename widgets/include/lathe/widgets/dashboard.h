@@ -2,6 +2,7 @@
 // The training dashboard: a loss chart above an accuracy chart for the selected runs. History
 // comes from the store; the live run's points come from the event stream and are merged with
 // the history by step, so selecting a run while it trains neither loses nor doubles points.
+// The "Curves" tab of the window (a RunView).
 #include <QWidget>
 
 #include <cstdint>
@@ -12,15 +13,19 @@
 
 #include "lathe/core/events.h"
 #include "lathe/core/store.h"
+#include "lathe/widgets/run_view.h"
 
 namespace lathe::widgets {
 
 class MetricChart;
 
-class Dashboard : public QWidget {
+class Dashboard : public QWidget, public RunView {
     Q_OBJECT
 public:
     explicit Dashboard(QWidget* parent = nullptr);
+
+    QWidget* widget() override { return this; }
+    QString tabTitle() const override;
 
     MetricChart* lossChart() const { return m_loss; }
     MetricChart* accuracyChart() const { return m_accuracy; }
@@ -28,16 +33,16 @@ public:
     MetricChart* chartFor(const std::string& key) const;
 
     /// Shows exactly these runs, loading their history from the store.
-    void showRuns(const core::Store& store, const std::vector<int64_t>& runIds);
+    void showRuns(const core::Store& store, const std::vector<int64_t>& runIds) override;
     std::vector<int64_t> shownRuns() const { return {m_shown.begin(), m_shown.end()}; }
     bool isShown(int64_t runId) const { return m_shown.count(runId) != 0; }
-    void clear();
+    void clear() override;
 
     /// Live events of a running run (metrics are plotted, other types ignored here).
     void onEvent(int64_t runId, const core::Event& event);
-    void onEvents(int64_t runId, const std::vector<core::Event>& events);
+    void onEvents(int64_t runId, const std::vector<core::Event>& events) override;
     /// Drops the live cache of a run (e.g. when another run starts).
-    void forgetLive(int64_t runId);
+    void forgetLive(int64_t runId) override;
 
     /// Renders both charts stacked into one PNG or PDF (by suffix).
     bool exportCharts(const QString& path, int width = 1200, int height = 900);

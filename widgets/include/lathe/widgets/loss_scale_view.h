@@ -3,7 +3,7 @@
 // steps (inf/NaN gradients) marked in red, and the global gradient norm in a second axis rect
 // below whose step axis is linked to the first, so zooming or panning one moves both. Live
 // points are staged and moved into the graphs by a ~40 ms timer with one queued replot, like
-// MetricChart.
+// MetricChart. The "Loss scale" tab of the window (a RunView over the first selected run).
 #include <QString>
 
 #include <cstdint>
@@ -16,6 +16,7 @@
 #include "lathe/core/store.h"
 #include "lathe/widgets/chart_panel.h"
 #include "lathe/widgets/live_series.h"
+#include "lathe/widgets/run_view.h"
 
 class QCPAxisRect;
 class QCPGraph;
@@ -24,7 +25,7 @@ class QCPItemTracer;
 
 namespace lathe::widgets {
 
-class LossScaleView : public ChartPanel {
+class LossScaleView : public ChartPanel, public RunView {
     Q_OBJECT
 public:
     static constexpr const char* kScaleKey = "amp/loss_scale";
@@ -34,17 +35,23 @@ public:
     explicit LossScaleView(QWidget* parent = nullptr);
     ~LossScaleView() override;
 
+    QWidget* widget() override { return this; }
+    QString tabTitle() const override;
+    QString tabToolTip() const override;
+
     /// Shows one run's history from the store (runId 0: nothing). Live points of this run
     /// received earlier are merged by step.
     void showRun(const core::Store& store, int64_t runId);
+    /// The first of the runs (showRun), unless it is the run already shown.
+    void showRuns(const core::Store& store, const std::vector<int64_t>& runIds) override;
     int64_t runId() const { return m_runId; }
-    void clear();
+    void clear() override;
 
     /// Live events of a running run; metric events of the three keys are staged (others are
     /// ignored). Points of runs that are not shown are remembered for when they are selected.
-    void onEvents(int64_t runId, const std::vector<core::Event>& events);
+    void onEvents(int64_t runId, const std::vector<core::Event>& events) override;
     /// Drops the remembered live points of a run (e.g. when another run starts).
-    void forgetLive(int64_t runId);
+    void forgetLive(int64_t runId) override;
 
     // Counts, for tests and the status line.
     int scalePointCount() const;
