@@ -14,7 +14,8 @@ public:
     using ExchangeStrategy::ExchangeStrategy;
     const char* name() const override { return "ps"; }
     std::string describe() const override {
-        return std::string(name()) + " (" + std::to_string(m_env.options.psRanks) + " server ranks)";
+        const int n = m_env.options.psRanks;
+        return std::string(name()) + " (" + std::to_string(n) + (n == 1 ? " server rank)" : " server ranks)");
     }
     bool takesSparse() const override { return true; }
 
