@@ -1,6 +1,13 @@
 // bench_allreduce: gradient exchange through Lathe's reducer on 2 local ranks (Gloo over
 // loopback), per compression mode, against the plain fp32 Gloo all-reduce in the same run:
 // time, bus bandwidth and bytes on the wire for 1, 10 and 100 MB gradients.
+//
+// Bytes on the wire are measured, not computed: Gloo's TCP transport writes every message with
+// writev(2), so the growth of this process's write count (/proc/self/io wchar) across one
+// exchange is what rank 0 handed to its sockets, Gloo's message headers included. The measured
+// ratio is the plain fp32 all-reduce's bytes over the mode's bytes. Next to it: the bytes the
+// reducer accounts for (Reducer::Stats::bytesSent, the comm/bytes_sent metric) and the ratio it
+// reports (comm/compression_ratio), which the measurement checks.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,7 +30,20 @@ namespace {
 struct Row {
     std::string mode;
     double mb = 0, ms = 0, busGBs = 0, wireRatio = 1;
+    double accountedBytes = -1;  // Reducer::Stats::bytesSent (-1: the plain Gloo all-reduce)
+    double measuredBytes = -1;   // median wchar growth per exchange (-1: not available)
 };
+
+// Bytes this process has passed to write(2)/writev(2) so far (the "wchar" line of
+// /proc/self/io, summed over its threads), or -1 where the kernel does not provide it.
+long long writtenBytes() {
+    std::ifstream f("/proc/self/io");
+    std::string key;
+    long long value = 0;
+    while (f >> key >> value)
+        if (key == "wchar:") return value;
+    return -1;
+}
 
 double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -44,15 +64,18 @@ int runRank(int rank, int port, bool quick, const std::string& out) {
         const auto n = static_cast<int64_t>(mb * 1024 * 1024 / 4);
         const int reps = mb >= 100 ? 3 : (mb >= 10 ? 5 : 15);
         for (const char* mode : {"gloo fp32", "none", "fp16", "bf16", "int8", "int4"}) {
-            std::vector<double> times;
-            double ratio = 1.0;
+            std::vector<double> times, written;
+            double ratio = 1.0, accounted = -1;
+            const bool measured = writtenBytes() >= 0;
             if (std::string(mode) == "gloo fp32") {
                 auto t = torch::randn({n});
                 for (int r = 0; r < reps; ++r) {
                     ctx.any(false);  // line the ranks up
+                    const long long w0 = measured ? writtenBytes() : 0;
                     const auto t0 = Clock::now();
                     ctx.allreduceSum(t);
                     times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+                    if (measured) written.push_back(static_cast<double>(writtenBytes() - w0));
                 }
             } else {
                 // The reducer path: hooks fill the bucket during a (trivial) backward and, for
@@ -77,36 +100,58 @@ int runRank(int rank, int port, bool quick, const std::string& out) {
                     ctx.any(false);
                     red.prepare(r);
                     p.mutable_grad() = torch::Tensor();
+                    const long long w0 = measured ? writtenBytes() : 0;
                     const auto t0 = Clock::now();
                     (p * 1.0f).sum().backward();
                     const auto stats = red.finish();
                     times.push_back(std::max(
                         0.0, std::chrono::duration<double, std::milli>(Clock::now() - t0).count() - bwd));
+                    if (measured) written.push_back(static_cast<double>(writtenBytes() - w0));
                     ratio = stats.compressionRatio;
+                    accounted = static_cast<double>(stats.bytesSent);
                 }
             }
             const double ms = median(times);
-            rows.push_back(
-                {mode, mb, ms, 2.0 * (2 - 1) / 2 * mb * 1024 * 1024 / 4 * 4 / (ms / 1000) / 1e9, ratio});
+            rows.push_back({mode, mb, ms, 2.0 * (2 - 1) / 2 * mb * 1024 * 1024 / 4 * 4 / (ms / 1000) / 1e9,
+                            ratio, accounted, written.empty() ? -1.0 : median(written)});
         }
     }
     if (rank != 0) return 0;
-    std::printf("bench_allreduce: 2 ranks on loopback (Gloo), median of several exchanges\n");
-    std::printf("%-10s %8s %10s %12s %10s %12s\n", "mode", "MB", "ms", "bus GB/s", "wire x", "vs fp32");
+    std::printf(
+        "bench_allreduce: 2 ranks on loopback (Gloo), median of several exchanges; bytes sent by rank 0\n");
+    std::printf("%-10s %6s %9s %9s %9s %13s %8s %13s %9s\n", "mode", "MB", "ms", "bus GB/s", "vs fp32",
+                "measured B", "wire x", "accounted B", "stated x");
     std::string json = "[";
     for (const auto& r : rows) {
-        double base = 0;
+        double base = 0, baseBytes = -1;
         for (const auto& b : rows)
-            if (b.mb == r.mb && b.mode == "gloo fp32") base = b.ms;
-        std::printf("%-10s %8.0f %10.3f %12.3f %10.2f %11.2fx\n", r.mode.c_str(), r.mb, r.ms, r.busGBs,
-                    r.wireRatio, base / r.ms);
+            if (b.mb == r.mb && b.mode == "gloo fp32") {
+                base = b.ms;
+                baseBytes = b.measuredBytes;
+            }
+        const double measuredRatio = baseBytes > 0 && r.measuredBytes > 0 ? baseBytes / r.measuredBytes : -1;
+        char measuredCol[32] = "n/a", ratioCol[32] = "n/a", accountedCol[32] = "-", statedCol[32] = "-";
+        if (r.measuredBytes >= 0) std::snprintf(measuredCol, sizeof measuredCol, "%.0f", r.measuredBytes);
+        if (measuredRatio > 0) std::snprintf(ratioCol, sizeof ratioCol, "%.2f", measuredRatio);
+        if (r.accountedBytes >= 0) {
+            std::snprintf(accountedCol, sizeof accountedCol, "%.0f", r.accountedBytes);
+            std::snprintf(statedCol, sizeof statedCol, "%.2f", r.wireRatio);
+        }
+        std::printf("%-10s %6.0f %9.3f %9.3f %8.2fx %13s %8s %13s %9s\n", r.mode.c_str(), r.mb, r.ms,
+                    r.busGBs, base / r.ms, measuredCol, ratioCol, accountedCol, statedCol);
         json += std::string(json.size() > 1 ? "," : "") + "{\"mode\":\"" + r.mode +
                 "\",\"mb\":" + std::to_string(r.mb) + ",\"ms\":" + std::to_string(r.ms) +
-                ",\"wire_ratio\":" + std::to_string(r.wireRatio) + "}";
+                ",\"measured_bytes\":" + std::to_string(r.measuredBytes) +
+                ",\"measured_wire_ratio\":" + std::to_string(measuredRatio) +
+                ",\"accounted_bytes\":" + std::to_string(r.accountedBytes) +
+                ",\"stated_wire_ratio\":" + std::to_string(r.wireRatio) + "}";
     }
-    std::printf(
-        "(vs fp32: the plain Gloo all-reduce's time / this mode's time; wire x: fp32 ring bytes / bytes "
-        "sent)\n");
+    std::printf("(vs fp32: the plain Gloo all-reduce's time / this mode's time.\n");
+    std::printf(" measured B: bytes rank 0 wrote to its sockets in one exchange (/proc/self/io wchar,\n");
+    std::printf(" Gloo's headers included; n/a where the kernel does not say); wire x: the plain fp32\n");
+    std::printf(" all-reduce's measured bytes / this mode's. accounted B, stated x: the reducer's own\n");
+    std::printf(" Stats.bytesSent and compressionRatio (fp32 ring bytes by formula / bytes sent), which\n");
+    std::printf(" lathectl train records as comm/bytes_sent and comm/compression_ratio)\n");
     if (!out.empty()) std::ofstream(out + "/bench_allreduce.json") << json << "]\n";
     return 0;
 }

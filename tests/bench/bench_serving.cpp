@@ -9,6 +9,9 @@
 // extension (what tritonclient sends by default), which takes number parsing off the server.
 // Client, server and baseline share this process and the machine's cores, so the server's share
 // is a lower bound of what it does with the cores to itself.
+// With --compare-instances N it also runs the saturated max-batch 1 and max-batch 32 servers with
+// 1 and with N instances, alternated and repeated (--compare-reps, default 3), and prints the
+// medians and the N-instance / 1-instance throughput ratios.
 #include <dlfcn.h>
 #include <sys/resource.h>
 #include <torch/script.h>
@@ -184,6 +187,11 @@ double metricTotal(const std::string& text, const std::string& series) {
 // --io-threads / --compute-threads: the server's split of the cores (0 = its default).
 int g_ioThreads = 0, g_computeThreads = 0, g_instances = 0;
 
+double medianOf(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
 Run loadServer(const Model& model, int64_t maxBatch, double maxDelayMs, double rate, int users,
                double seconds, bool binary = false) {
     ServeOptions so;
@@ -232,11 +240,16 @@ Run loadServer(const Model& model, int64_t maxBatch, double maxDelayMs, double r
 
 int main(int argc, char** argv) {
     const auto [out, quick] = lathe::test::benchArgs(argc, argv);
+    int compareInstances = 0, compareReps = 3;
     for (int i = 1; i < argc; ++i) {
         if (std::string(argv[i]) == "--io-threads" && i + 1 < argc) g_ioThreads = std::atoi(argv[++i]);
         if (std::string(argv[i]) == "--compute-threads" && i + 1 < argc)
             g_computeThreads = std::atoi(argv[++i]);
         if (std::string(argv[i]) == "--instances" && i + 1 < argc) g_instances = std::atoi(argv[++i]);
+        if (std::string(argv[i]) == "--compare-instances" && i + 1 < argc)
+            compareInstances = std::atoi(argv[++i]);
+        if (std::string(argv[i]) == "--compare-reps" && i + 1 < argc)
+            compareReps = std::max(1, std::atoi(argv[++i]));
     }
     const double satS = quick ? 2.5 : 4;  // seconds per saturation run
     const double halfS = quick ? 3 : 5;   // seconds for the half-load latency run
@@ -408,6 +421,52 @@ int main(int argc, char** argv) {
                             r.model.c_str(), bin ? "binary" : "JSON", batch);
         }
     }
+    bool compareErrors = false;
+    if (compareInstances > 1) {
+        // 1 instance against N, saturated, on the same model and settings as above; the order
+        // alternates from one repetition to the next, and each figure is the median.
+        std::printf(
+            "\ninstances: %d vs 1, saturated (128 connections), max-batch 1 and max-batch 32 / %.0f ms, "
+            "median of %d alternated runs each\n",
+            compareInstances, maxDelayMs, compareReps);
+        const int savedInstances = g_instances;
+        for (size_t mi = 0; mi < models.size(); ++mi) {
+            const auto& m = models[mi];
+            std::vector<double> single1, singleN, batched1, batchedN;
+            for (int rep = 0; rep < compareReps; ++rep) {
+                const std::vector<int> order = rep % 2 == 0 ? std::vector<int>{1, compareInstances}
+                                                            : std::vector<int>{compareInstances, 1};
+                for (int inst : order) {
+                    g_instances = inst;
+                    const auto s1 = loadServer(m, 1, 0, 1e6, satUsers, satS);
+                    const auto b32 = loadServer(m, 32, maxDelayMs, 1e6, satUsers, satS);
+                    compareErrors |= s1.report.errors > 0 || b32.report.errors > 0;
+                    char label[64];
+                    std::snprintf(label, sizeof label, "max-batch 1, %d instance(s)", inst);
+                    row(m, label, s1, true);
+                    std::snprintf(label, sizeof label, "max-batch 32, %d instance(s)", inst);
+                    row(m, label, b32, true);
+                    (inst == 1 ? single1 : singleN).push_back(s1.rowsPerS);
+                    (inst == 1 ? batched1 : batchedN).push_back(b32.rowsPerS);
+                }
+            }
+            const double s1 = medianOf(single1), sN = medianOf(singleN), b1 = medianOf(batched1),
+                         bN = medianOf(batchedN);
+            std::printf("  %-8s 1 -> %d instances: max-batch 1 %.0f -> %.0f rows/s (%.2fx), ", m.name.c_str(),
+                        compareInstances, s1, sN, sN / std::max(1e-9, s1));
+            std::printf("max-batch 32 %.0f -> %.0f rows/s (%.2fx); batching with %d instances %.2fx\n", b1,
+                        bN, bN / std::max(1e-9, b1), compareInstances, bN / std::max(1e-9, sN));
+            results[mi]["instances_compare"] = {{"instances", compareInstances},
+                                                {"reps", compareReps},
+                                                {"single_rows_per_s_1", s1},
+                                                {"single_rows_per_s_n", sN},
+                                                {"batched_rows_per_s_1", b1},
+                                                {"batched_rows_per_s_n", bN},
+                                                {"single_ratio", sN / std::max(1e-9, s1)},
+                                                {"batched_ratio", bN / std::max(1e-9, b1)}};
+        }
+        g_instances = savedInstances;
+    }
     std::printf("\nload average before/after: %.2f / %.2f (other processes compete for the same cores)\n",
                 loadBefore, loadAverage());
     std::printf("the server's parse of one single-row request (one core), JSON / binary:");
@@ -418,5 +477,5 @@ int main(int argc, char** argv) {
     for (const auto& r : results)
         for (const char* run : {"batched", "single", "half", "batched_binary", "half_binary"})
             if (r[run]["errors"] != 0) return 1;
-    return 0;
+    return compareErrors ? 1 : 0;
 }

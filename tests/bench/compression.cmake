@@ -1,5 +1,6 @@
-# Compression kernels: quantize/dequantize/fp16/bf16 throughput as a share of memcpy on the same
-# buffer (1, 10, 100 MB), and wire bytes against fp32 (included from tests/bench/CMakeLists.txt).
+# Compression kernels: quantize/dequantize/fp16/bf16 bandwidth (bytes read + written per second) as
+# a share of memcpy's on the same buffer (1, 10, 100 MB), and wire sizes by the size formula
+# (arithmetic; bench_allreduce measures them) (included from tests/bench/CMakeLists.txt).
 add_executable(bench_compression ${CMAKE_CURRENT_LIST_DIR}/bench_compression.cpp)
 target_link_libraries(bench_compression PRIVATE lathe_kernels)
 add_test(NAME bench_compression COMMAND bench_compression --out ${LATHE_BENCH_RESULTS})

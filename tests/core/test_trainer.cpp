@@ -1,7 +1,15 @@
+// LibTorch before Catch2 (glog's CHECK): the AdamW test reads the parameters a run saved.
+#include <torch/torch.h>
+
+#include "data/raw.h"
+#include "training/checkpoint_io.h"
+#include "training/zoo.h"
+
 #include <sqlite3.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -33,6 +41,39 @@ int64_t pageCount(const std::string& path) {
 std::vector<double> values(const Store& s, int64_t run, const std::string& key) {
     std::vector<double> out;
     for (const auto& p : s.metrics(run, key)) out.push_back(p.value);
+    return out;
+}
+
+// The learning rate of step n (1-based) of a run of `total` steps, n in epoch `epoch` (0-based),
+// from the schedule's definition (the run configuration's lr, schedule, warmup_steps, step_epochs,
+// gamma, min_lr), written out here independently of the trainer:
+//  - constant: lr; step: lr * gamma^k after k whole periods of step_epochs epochs;
+//  - cosine: from lr at the first step after warm-up (step W + 1) down towards min_lr, half a
+//    cosine period over the T - W steps after warm-up, each step 1 / (T - W) of the way;
+//  - warm-up: the first W steps ramp linearly, step n at n / W of the schedule's value.
+double scheduledLr(const RunSpec& spec, int64_t n, int64_t epoch, int64_t total) {
+    const int64_t w = spec.warmupSteps;
+    double lr = spec.lr;
+    if (spec.schedule == "step") {
+        for (int64_t k = 0; k < epoch / spec.stepEpochs; ++k) lr *= spec.gamma;
+    } else if (spec.schedule == "cosine") {
+        const double t =
+            n <= w ? 0.0 : std::min(1.0, static_cast<double>(n - 1 - w) / static_cast<double>(total - w));
+        lr = spec.minLr + (spec.lr - spec.minLr) * (1.0 + std::cos(t * M_PI)) / 2.0;
+    }
+    if (n <= w) lr = lr * static_cast<double>(n) / static_cast<double>(w);
+    return lr;
+}
+
+// The parameters a run saved in its last checkpoint, in model order.
+std::vector<torch::Tensor> savedParameters(const Store& store, int64_t runId, const RunSpec& spec) {
+    const auto split = data::loadSplit(spec);
+    auto model = makeModel(spec, split.train.shape, static_cast<int64_t>(split.train.classNames.size()));
+    const auto arts = store.artifacts(runId);
+    REQUIRE_FALSE(arts.empty());
+    loadModelWeights(arts.back().path, *model);
+    std::vector<torch::Tensor> out;
+    for (const auto& p : model->parameters()) out.push_back(p.detach().clone());
     return out;
 }
 
@@ -92,6 +133,131 @@ TEST_CASE("the cnn and the other optimizers and schedules train", "[trainer]") {
     const auto lr = values(store, rec.runId, "train/lr");
     if (spec.schedule == "step") CHECK(lr == std::vector<double>{0.05, 0.025, 0.0125});
     if (spec.schedule == "cosine") CHECK(lr.back() < lr.front());
+}
+
+TEST_CASE("the recorded learning rate follows the schedule's formula: warm-up, step and cosine",
+          "[trainer]") {
+    TempDir dir;
+    Store store(dir.file("lathe.db"));
+    RunSpec spec;
+    spec.threads = 1;
+    spec.lr = 0.01;
+    // 23 steps an epoch (digits' training split in batches of 64, as the first test counts).
+    // train/lr is recorded once an epoch, at its last step: the rate that step ran with.
+    // Warm-up longer than an epoch puts a recorded step inside the ramp.
+    SECTION("constant with warm-up") {
+        spec.epochs = 3;
+        spec.warmupSteps = 30;
+    }
+    SECTION("step decay every 2 epochs with warm-up") {
+        spec.epochs = 5;
+        spec.schedule = "step";
+        spec.stepEpochs = 2;
+        spec.gamma = 0.3;
+        spec.warmupSteps = 30;
+    }
+    SECTION("cosine to a floor with warm-up") {
+        spec.epochs = 4;
+        spec.schedule = "cosine";
+        spec.minLr = 1e-4;
+        spec.warmupSteps = 50;
+    }
+    SECTION("cosine without warm-up reaches the floor's neighbourhood") {
+        spec.epochs = 3;
+        spec.schedule = "cosine";
+        spec.minLr = 2e-3;
+    }
+    const auto rec = trainAndRecord(store, spec, {});
+    REQUIRE(rec.result.status == lathe::core::RunStatus::Completed);
+    const int64_t perEpoch = 23;
+    const int64_t total = perEpoch * spec.epochs;
+    REQUIRE(rec.result.steps == total);
+    const auto points = store.metrics(rec.runId, "train/lr");
+    REQUIRE(points.size() == static_cast<size_t>(spec.epochs));
+    for (int64_t e = 0; e < spec.epochs; ++e) {
+        const auto& p = points[static_cast<size_t>(e)];
+        const double want = scheduledLr(spec, p.step, e, total);
+        INFO("epoch " << e + 1 << ", step " << p.step << ": recorded " << p.value << ", the formula "
+                      << want);
+        CHECK(p.step == (e + 1) * perEpoch);
+        CHECK(p.value == Approx(want).epsilon(1e-12).margin(0));
+    }
+    // Spot checks by hand, so that the formula above cannot drift with the trainer's.
+    if (spec.schedule == "constant") CHECK(points[0].value == Approx(0.01 * 23 / 30).epsilon(1e-12));
+    if (spec.schedule == "step") {
+        CHECK(points[0].value == Approx(0.01 * 23 / 30).epsilon(1e-12));  // in the ramp
+        CHECK(points[1].value == Approx(0.01).epsilon(1e-12));
+        CHECK(points[2].value == Approx(0.003).epsilon(1e-12));
+        CHECK(points[4].value == Approx(0.0009).epsilon(1e-12));
+    }
+    if (spec.schedule == "cosine" && spec.warmupSteps == 50) {
+        CHECK(points[0].value == Approx(0.01 * 23 / 50).epsilon(1e-12));
+        CHECK(points[1].value == Approx(0.01 * 46 / 50).epsilon(1e-12));
+        // Step 69 is 18 of the 42 steps after warm-up into the half period.
+        CHECK(points[2].value ==
+              Approx(1e-4 + (0.01 - 1e-4) * (1 + std::cos(M_PI * 18 / 42)) / 2).epsilon(1e-12));
+    }
+    if (spec.schedule == "cosine" && spec.warmupSteps == 0) {
+        // Step 69 of 69 is 68/69 of the way: just above the floor.
+        CHECK(points[2].value == Approx(2e-3 + 8e-3 * (1 + std::cos(M_PI * 68 / 69)) / 2).epsilon(1e-12));
+        CHECK(points[2].value > 2e-3);
+        CHECK(points[2].value < 2e-3 + 1e-5);
+    }
+}
+
+TEST_CASE("adamw decays weights decoupled from the gradient, unlike adam's L2 term", "[trainer]") {
+    // One step a run (the batch holds the whole training split), from the same initial weights
+    // and the same gradient. AdamW's step is p * (1 - lr * wd) - lr * u and Adam's p - lr * u,
+    // with the same Adam direction u, so their difference is -lr * wd * p0 exactly (but for
+    // rounding). Adam with weight decay adds wd * p to the gradient instead: the direction
+    // changes and the difference is not proportional to the weight.
+    TempDir dir;
+    Store store(dir.file("lathe.db"));
+    RunSpec spec;
+    spec.threads = 1;
+    spec.epochs = 1;
+    spec.batch = 4096;
+    spec.lr = 0.01;
+    const double wd = 0.5;
+    auto trained = [&](const std::string& optimizer, double lr, double weightDecay) {
+        RunSpec s = spec;
+        s.optimizer = optimizer;
+        s.lr = lr;
+        s.weightDecay = weightDecay;
+        const auto rec = trainAndRecord(store, s, {});
+        REQUIRE(rec.result.status == lathe::core::RunStatus::Completed);
+        REQUIRE(rec.result.steps == 1);
+        return savedParameters(store, rec.runId, s);
+    };
+    // The initial weights, within a part in 1e8: a step of 1e-10 moves none by more than that.
+    const auto p0 = trained("adam", 1e-10, 0);
+    const auto adam = trained("adam", spec.lr, 0);
+    const auto adamw = trained("adamw", spec.lr, wd);
+    const auto adamL2 = trained("adam", spec.lr, wd);
+    REQUIRE(p0.size() == adam.size());
+    REQUIRE(adamw.size() == adam.size());
+    REQUIRE(adamL2.size() == adam.size());
+    // Every parameter tensor moved (the step is not a no-op), and under adamw every weight by
+    // Adam's step plus exactly the decoupled decay.
+    size_t decoupled = 0, l2 = 0;
+    for (size_t i = 0; i < p0.size(); ++i) {
+        INFO("parameter " << i);
+        CHECK_FALSE(torch::equal(adam[i], p0[i]));
+        const auto expected = -spec.lr * wd * p0[i];
+        // Rounding: a few float ulps (1.5e-8 each for weights of 0.125..0.25), and the float
+        // 1 - lr * wd.
+        const auto tolerance = 2e-7 + 1e-2 * expected.abs();
+        const auto errW = ((adamw[i] - adam[i]) - expected).abs();
+        const auto errL2 = ((adamL2[i] - adam[i]) - expected).abs();
+        INFO("worst adamw error " << errW.max().item<double>() << " for a decay of up to "
+                                  << expected.abs().max().item<double>());
+        CHECK((errW <= tolerance).all().item<bool>());
+        decoupled += static_cast<size_t>((errW <= tolerance).sum().item<int64_t>());
+        l2 += static_cast<size_t>((errL2 <= tolerance).sum().item<int64_t>());
+    }
+    // The check above tells the two apart: Adam with an L2 term fails it for most weights.
+    INFO(decoupled << " weights match decoupled decay under adamw, " << l2 << " under adam with L2");
+    CHECK(l2 < decoupled / 2);
 }
 
 TEST_CASE("training is reproducible from its seed", "[trainer]") {

@@ -259,12 +259,22 @@ TEST_CASE("ps sends only the touched rows of an embedding table and still follow
 }
 
 TEST_CASE("backend = nccl is refused before any worker starts where it cannot run", "[distributed]") {
-    if (lathe::core::cudaDeviceCount() > 1) return;  // NCCL may run there: gpu_tests covers it
+    // Where NCCL may run (a GPU per rank: gpu_tests covers it), ask for what it still cannot do,
+    // so that every machine checks a refusal: NCCL exchanges CUDA tensors, so a CPU run is refused
+    // everywhere; and one rank more than there are GPUs on the default device (the CPU on a machine
+    // without GPUs) is refused too.
     TempDir dir;
-    const auto r =
-        runShell(lathectl("train --epochs 1 --nproc 2 --backend nccl -q --db " + dir.file("l.db")));
-    CHECK(r.exitCode == 2);
-    CHECK_THAT(r.err, Catch::Contains("nccl") && Catch::Contains("backend = \"gloo\""));
+    const auto db = " -q --db " + dir.file("l.db");
+    const int gpus = lathe::core::cudaDeviceCount();
+    const std::string ranks = std::to_string(std::max(2, gpus + 1));
+    for (const std::string& args : std::vector<std::string>{"--nproc 2 --device cpu", "--nproc " + ranks}) {
+        INFO(args << " on a machine with " << gpus << " GPU(s)");
+        const auto r = runShell(lathectl("train --epochs 1 --backend nccl " + args + db));
+        CHECK(r.exitCode == 2);
+        CHECK_THAT(r.err, Catch::Contains("nccl") && Catch::Contains("backend = \"gloo\""));
+    }
+    // Refused before anything ran: no run was recorded.
+    CHECK(lathe::core::Store(dir.file("l.db")).listRuns().empty());
 }
 
 TEST_CASE("a resumed compressed run carries its error-feedback residuals and follows the uninterrupted one",

@@ -31,7 +31,10 @@ std::vector<double> values(const core::Store& s, int64_t run, const std::string&
 
 }  // namespace
 
-TEST_CASE("fp16 on a CUDA GPU: the loss scale follows GradScaler's rule and the model learns", "[gpu][amp]") {
+TEST_CASE(
+    "fp16 on a CUDA GPU: a step is skipped exactly when its gradient is non-finite, the loss scale "
+    "follows GradScaler's rule and the model learns",
+    "[gpu][amp]") {
     if (core::cudaDeviceCount() == 0) LATHE_SKIP("no CUDA device");
     test::TempDir dir;
     core::Store store(dir.file("lathe.db"));
@@ -41,24 +44,35 @@ TEST_CASE("fp16 on a CUDA GPU: the loss scale follows GradScaler's rule and the 
     spec.epochs = 5;  // 115 steps on digits
     spec.lossScale = "dynamic";
     spec.lossScaleInit = 1024;
-    spec.lossScaleGrowthInterval = 4;
+    spec.lossScaleGrowthInterval = 4;  // the scale doubles every 4 clean steps until fp16 overflows
     spec.injectNonfinite = {2, 9, 10, 40};
     const auto rec = core::trainAndRecord(store, spec, {});
     REQUIRE(rec.result.status == lathe::core::RunStatus::Completed);
     const auto scales = values(store, rec.runId, "amp/loss_scale");
     const auto skipped = values(store, rec.runId, "amp/skipped");
+    // The gradient norm of every step, skipped ones included, taken after unscaling: non-finite
+    // exactly when a gradient is.
+    const auto norms = values(store, rec.runId, "train/grad_norm");
     REQUIRE(scales.size() == skipped.size());
+    REQUIRE(norms.size() == skipped.size());
     REQUIRE(scales.size() >= 60);
-    // Injected steps back off; so may a genuine fp16 overflow (the rule is the same): follow
-    // the recorded skips and check the scale against GradScaler's update after each step.
+    // Injected steps back off; so does a genuine fp16 overflow once the scale has grown. What
+    // decides is the gradient, not the recorded skip: a step is skipped if and only if its
+    // gradient is non-finite, and the scale follows GradScaler's update of those gradients, so a
+    // spurious skip (or a missed one) fails here.
     const std::set<int64_t> inject(spec.injectNonfinite.begin(), spec.injectNonfinite.end());
     double scale = 1024;
-    int tracker = 0;
+    int tracker = 0, genuine = 0;
     for (size_t i = 0; i < scales.size(); ++i) {
-        INFO("step " << i + 1);
+        const bool nonFinite = !std::isfinite(norms[i]);
+        const bool injected = inject.count(static_cast<int64_t>(i + 1)) > 0;
+        INFO("step " << i + 1 << ": grad norm " << norms[i] << (injected ? " (injected)" : ""));
+        if (injected) CHECK(nonFinite);  // the injected inf reaches the unscaled gradients
+        CHECK((skipped[i] == 0.0 || skipped[i] == 1.0));
+        CHECK((skipped[i] == 1.0) == nonFinite);
         CHECK(scales[i] == scale);
-        if (inject.count(static_cast<int64_t>(i + 1))) CHECK(skipped[i] == 1.0);
-        if (skipped[i] == 1.0) {
+        if (nonFinite) {
+            if (!injected) ++genuine;
             scale *= 0.5;
             tracker = 0;
         } else if (++tracker == 4) {
@@ -66,7 +80,46 @@ TEST_CASE("fp16 on a CUDA GPU: the loss scale follows GradScaler's rule and the 
             tracker = 0;
         }
     }
+    INFO(genuine << " steps overflowed fp16 without injection");
     CHECK(rec.result.finalMetrics.at("val/accuracy") > 0.85);
+}
+
+TEST_CASE("fp16 on a CUDA GPU: at a scale that never grows, exactly the injected steps are skipped",
+          "[gpu][amp]") {
+    if (core::cudaDeviceCount() == 0) LATHE_SKIP("no CUDA device");
+    test::TempDir dir;
+    core::Store store(dir.file("lathe.db"));
+    core::RunSpec spec;
+    spec.device = "cuda";
+    spec.precision = "fp16";
+    spec.epochs = 2;  // 46 steps on digits
+    spec.lossScale = "dynamic";
+    spec.lossScaleInit = 1024;
+    spec.lossScaleGrowthInterval = 2000;  // never reached: the scale only backs off, from 1024 down
+    spec.injectNonfinite = {1, 7, 8, 30};
+    const auto rec = core::trainAndRecord(store, spec, {});
+    REQUIRE(rec.result.status == lathe::core::RunStatus::Completed);
+    const auto scales = values(store, rec.runId, "amp/loss_scale");
+    const auto skipped = values(store, rec.runId, "amp/skipped");
+    const auto norms = values(store, rec.runId, "train/grad_norm");
+    REQUIRE(scales.size() == 46);
+    REQUIRE(skipped.size() == 46);
+    REQUIRE(norms.size() == 46);
+    // Scaled by 1024 at most, the digits MLP's fp16 gradients are far from fp16's 65504: the
+    // injected steps, known in advance, are the only non-finite ones, so they and only they are
+    // skipped, and the scale halves after each.
+    const std::set<int64_t> inject(spec.injectNonfinite.begin(), spec.injectNonfinite.end());
+    double scale = 1024;
+    for (int64_t step = 1; step <= 46; ++step) {
+        const size_t i = static_cast<size_t>(step - 1);
+        const bool injected = inject.count(step) > 0;
+        INFO("step " << step << ": grad norm " << norms[i] << (injected ? " (injected)" : ""));
+        CHECK(skipped[i] == (injected ? 1.0 : 0.0));
+        CHECK(std::isfinite(norms[i]) == !injected);
+        CHECK(scales[i] == scale);
+        if (injected) scale *= 0.5;
+    }
+    CHECK(scale == 64);
 }
 
 TEST_CASE("bf16 on a CUDA GPU trains to the fp32 accuracy", "[gpu][amp]") {

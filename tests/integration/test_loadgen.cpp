@@ -2,9 +2,11 @@
 // against stand-in servers that misbehave on purpose, and through `lathectl load`.
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -72,14 +74,17 @@ uint16_t freePort() {
     return a.local_endpoint().port();
 }
 
-// A stand-in server that answers the model metadata like a KServe v2 server and then misbehaves
-// on every infer request: never answers (Hang) or closes the connection (Close).
+// A stand-in server that answers the model metadata like a KServe v2 server and then, on every
+// infer request: never answers (Hang), closes the connection (Close), or answers 200 after a
+// fixed delay (Delay; one request at a time on a connection, as HTTP/1.1 without pipelining is).
 class FakeServer {
 public:
-    enum class Infer { Hang, Close };
-    FakeServer(Infer mode, std::string metadata)
+    enum class Infer { Hang, Close, Delay };
+    FakeServer(Infer mode, std::string metadata,
+               std::chrono::steady_clock::duration delay = std::chrono::milliseconds(0))
         : m_mode(mode),
           m_metadata(std::move(metadata)),
+          m_delay(delay),
           m_acceptor(m_ioc, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0)) {
         accept();
         m_thread = std::thread([this] { m_ioc.run(); });
@@ -93,8 +98,9 @@ public:
 
 private:
     struct Conn {
-        explicit Conn(tcp::socket s) : stream(std::move(s)) {}
+        explicit Conn(tcp::socket s) : stream(std::move(s)), timer(stream.get_executor()) {}
         beast::tcp_stream stream;
+        asio::steady_timer timer;
         beast::flat_buffer buffer;
         http::request<http::string_body> req;
         http::response<http::string_body> res;
@@ -126,6 +132,23 @@ private:
                 m_held.push_back(c);  // kept open, never answered
                 return;
             }
+            if (m_mode == Infer::Delay) {
+                // The timer never fires early, so every answer leaves at least m_delay after its
+                // request arrived; the next request on this connection is read only after that.
+                c->timer.expires_after(m_delay);
+                c->timer.async_wait([this, c](beast::error_code ec2) {
+                    if (ec2) return;
+                    c->res = {http::status::ok, 11};
+                    c->res.set(http::field::content_type, "application/json");
+                    c->res.body() = R"({"model_name":"fake","outputs":[]})";
+                    c->res.keep_alive(c->req.keep_alive());
+                    c->res.prepare_payload();
+                    http::async_write(c->stream, c->res, [this, c](beast::error_code ec3, size_t) {
+                        if (!ec3 && c->res.keep_alive()) read(c);
+                    });
+                });
+                return;
+            }
             beast::error_code ignored;
             c->stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
             c->stream.socket().close(ignored);
@@ -134,6 +157,7 @@ private:
 
     Infer m_mode;
     std::string m_metadata;
+    std::chrono::steady_clock::duration m_delay;
     asio::io_context m_ioc;
     tcp::acceptor m_acceptor;
     std::vector<std::shared_ptr<Conn>> m_held;
@@ -336,6 +360,50 @@ TEST_CASE("transport failures are counted by kind", "[loadgen]") {
         CHECK(r.byStatus == std::map<std::string, int64_t>{{"closed", 10}});
         CHECK(fake.inferRequests() == 10);  // every request reached the server: each one reconnected
     }
+}
+
+TEST_CASE("latency runs from the intended send time, so a server slower than the rate shows its backlog",
+          "[loadgen]") {
+    // One connection to a server that takes D per request, driven every D/4: request i is
+    // scheduled at i·D/4 but can only be sent once answer i-1 is back, no earlier than i·D, and
+    // is answered no earlier than (i+1)·D. From the intended time its latency is therefore at
+    // least D + i·(D - D/4): it grows by 3D/4 a request. Measured from the actual send (closed
+    // loop, coordinated omission) every request would take about D.
+    constexpr double kDelayMs = 20;
+    constexpr double kIntervalMs = kDelayMs / 4;
+    FakeServer fake(FakeServer::Infer::Delay, kFakeMetadata, std::chrono::milliseconds(20));
+    LoadOptions o;
+    o.url = localUrl(fake.port());
+    o.model = "fake";
+    o.rate = 1000 / kIntervalMs;  // 200 requests/s, four times what the server answers
+    o.durationS = 0.6;            // 120 slots; about 30 answered
+    o.users = 1;
+    o.timeoutS = 5;
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto r = runLoad(o);
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+    checkConsistent(r);
+    CHECK(r.errors == 0);
+    CHECK(fake.inferRequests() == r.sent);
+    // The server answers at most one request per D: the slots it could not take are unsent.
+    CHECK(r.sent <= static_cast<int64_t>(o.durationS * 1000 / kDelayMs) + 1);
+    CHECK(r.sent >= 8);
+    CHECK(r.sent + r.unsent == 120);
+
+    const auto& lat = r.latenciesMs;  // one connection: completion order is slot order
+    REQUIRE(lat.size() >= 8);
+    const double slack = 0.5;  // ms: slot times rounded to clock ticks, never a real delay
+    for (size_t i = 0; i < lat.size(); ++i) {
+        INFO("request " << i << ": " << lat[i] << " ms");
+        CHECK(lat[i] >= kDelayMs + static_cast<double>(i) * (kDelayMs - kIntervalMs) - slack);
+        if (i > 0) CHECK(lat[i] - lat[i - 1] >= kDelayMs - kIntervalMs - slack);
+    }
+    // The backlog dominates the tail: far above the server's own D.
+    const double lastFloor = kDelayMs + static_cast<double>(lat.size() - 1) * (kDelayMs - kIntervalMs);
+    CHECK(r.maxMs >= lastFloor - slack);
+    CHECK(r.p99Ms >= 5 * kDelayMs);
+    CHECK(r.p50Ms >= 3 * kDelayMs);
+    CHECK(r.meanMs >= kDelayMs + static_cast<double>(lat.size() - 1) / 2 * (kDelayMs - kIntervalMs) - slack);
 }
 
 TEST_CASE("a stop request ends the run early and in-flight requests count as cancelled", "[loadgen]") {

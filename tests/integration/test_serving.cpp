@@ -1,5 +1,6 @@
 // The inference server end to end: real HTTP clients against the real server on loopback.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -11,6 +12,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -22,6 +24,7 @@
 #include "lathe/core/loadgen.h"
 #include "run_process.h"
 #include "serving_fixture.h"
+#include "skip.h"
 
 using namespace lathe;
 using lathe::test::httpGet;
@@ -74,6 +77,94 @@ int64_t metricValue(const std::string& metrics, const std::string& prefix) {
     const auto pos = metrics.find(prefix);
     if (pos == std::string::npos) return 0;
     return static_cast<int64_t>(std::stod(metrics.substr(metrics.find(' ', pos) + 1)));
+}
+
+// Another run of the digits MLP in the workspace (seed 11, one epoch: other weights than v1's).
+int64_t trainOtherWeights(const test::ServingWorkspace& ws) {
+    core::Store store(ws.db());
+    core::RunSpec spec;
+    spec.epochs = 1;
+    spec.seed = 11;
+    const auto rec = core::trainAndRecord(store, spec, {});
+    REQUIRE(rec.result.status == lathe::core::RunStatus::Completed);
+    store.flush();
+    return rec.runId;
+}
+
+// That run registered as digits v2.
+core::ModelVersion registerOtherWeights(const test::ServingWorkspace& ws) {
+    const auto runId = trainOtherWeights(ws);
+    core::Store store(ws.db());
+    core::Registry registry(ws.db());
+    const auto v2 = core::registerModel(registry, &store, "digits", runId, "", {});
+    REQUIRE(v2.version == 2);
+    return v2;
+}
+
+// The swap tests' inputs: a few single-row requests that differ.
+constexpr int kSwapInputs = 6;
+std::string swapInput(int r) { return inferBody(1, 0.15f * static_cast<float>(r)); }
+
+// Each of the swap inputs answered, one request at a time, by a server of its own that only
+// ever serves `version`: the reference an answer labelled with that version must equal.
+std::vector<std::vector<double>> referenceAnswers(const core::ModelVersion& version) {
+    core::ServeOptions o;
+    o.port = 0;
+    core::InferenceServer server(o);
+    server.load({"digits", version.version, version.path});
+    const auto port = server.start();
+    std::vector<std::vector<double>> out;
+    for (int r = 0; r < kSwapInputs; ++r) {
+        const auto a = httpRequest(port, "POST", "/v2/models/digits/infer", swapInput(r));
+        REQUIRE(a.status == 200);
+        REQUIRE(json::parse(a.body)["model_version"] == std::to_string(version.version));
+        out.push_back(json::parse(a.body)["outputs"][0]["data"].get<std::vector<double>>());
+    }
+    return out;
+}
+
+// References per version ("1", "2"), checked to tell the versions apart on every input: an
+// answer computed by one version cannot pass for the other's.
+std::map<std::string, std::vector<std::vector<double>>> versionReferences(const core::ModelVersion& v1,
+                                                                          const core::ModelVersion& v2) {
+    std::map<std::string, std::vector<std::vector<double>>> refs{{"1", referenceAnswers(v1)},
+                                                                 {"2", referenceAnswers(v2)}};
+    for (int r = 0; r < kSwapInputs; ++r) {
+        REQUIRE(refs["1"][r].size() == refs["2"][r].size());
+        double differ = 0;
+        for (size_t k = 0; k < refs["1"][r].size(); ++k)
+            differ = std::max(differ, std::fabs(refs["1"][r][k] - refs["2"][r][k]));
+        INFO("input " << r);
+        REQUIRE(differ > 1e-2);
+    }
+    return refs;
+}
+
+// Whether `answer` (an infer response body) carries, for input r, the outputs of the version its
+// model_version names, within `margin`. Explains a mismatch in `why`.
+bool answersAsLabelled(const std::string& answer, int r,
+                       const std::map<std::string, std::vector<std::vector<double>>>& refs, double margin,
+                       std::string& why) {
+    const auto j = json::parse(answer);
+    const auto label = j["model_version"].get<std::string>();
+    const auto ref = refs.find(label);
+    if (ref == refs.end()) {
+        why = "answer labelled with version " + label;
+        return false;
+    }
+    const auto got = j["outputs"][0]["data"].get<std::vector<double>>();
+    const auto& want = ref->second[static_cast<size_t>(r)];
+    if (got.size() != want.size()) {
+        why = "answer of " + std::to_string(got.size()) + " values";
+        return false;
+    }
+    for (size_t k = 0; k < got.size(); ++k)
+        if (std::fabs(got[k] - want[k]) > margin) {
+            why = "input " + std::to_string(r) + " labelled v" + label + ": output " + std::to_string(k) +
+                  " is " + std::to_string(got[k]) + ", v" + label + " gives " + std::to_string(want[k]);
+            return false;
+        }
+    return true;
 }
 
 }  // namespace
@@ -527,38 +618,37 @@ TEST_CASE("an overloaded server answers 503 with Retry-After and stays up", "[se
 
 TEST_CASE("hot swap under load: zero failed requests, a failed load keeps the old version", "[serving]") {
     test::ServingWorkspace ws;
-    // Version 2: another run of the same model (different weights).
-    {
-        core::Store store(ws.db());
-        core::RunSpec spec;
-        spec.epochs = 1;
-        spec.seed = 11;
-        const auto rec = core::trainAndRecord(store, spec, {});
-        REQUIRE(rec.result.status == lathe::core::RunStatus::Completed);
-        store.flush();
-        core::Registry registry(ws.db());
-        REQUIRE(core::registerModel(registry, &store, "digits", rec.runId, "", {}).version == 2);
-    }
+    // Version 2: another run of the same model (different weights), so that every answer shows
+    // which version computed it: it must be the one its model_version names. A batch that mixed
+    // versions, or ran on one and was labelled with the other, gives answers that match neither.
+    const auto v2 = registerOtherWeights(ws);
+    const auto refs = versionReferences(ws.version(), v2);
     core::ServeOptions o;
     o.ioThreads = 4;
     o.maxDelayMs = 2;
     const auto server = ws.serve(o);
     std::atomic<bool> stop{false};
-    std::atomic<int> failed{0}, total{0};
+    std::atomic<int> failed{0}, total{0}, mismatched{0};
     std::mutex mutex;
     std::map<std::string, int> versions;
+    std::string firstMismatch;
     std::vector<std::thread> clients;
     for (int t = 0; t < 6; ++t)
-        clients.emplace_back([&] {
-            while (!stop) {
-                const auto a = httpRequest(server->port(), "POST", "/v2/models/digits/infer", inferBody(1));
+        clients.emplace_back([&, t] {
+            for (int i = 0; !stop; ++i) {
+                const int r =
+                    (t + i) % kSwapInputs;  // concurrent requests differ: batches hold several inputs
+                const auto a = httpRequest(server->port(), "POST", "/v2/models/digits/infer", swapInput(r));
                 ++total;
                 if (a.status != 200) {
                     ++failed;
                     continue;
                 }
+                std::string why;
+                const bool right = answersAsLabelled(a.body, r, refs, 1e-4, why);
                 std::lock_guard<std::mutex> lk(mutex);
                 ++versions[json::parse(a.body)["model_version"].get<std::string>()];
+                if (!right && mismatched++ == 0) firstMismatch = why;
             }
         });
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -598,21 +688,26 @@ TEST_CASE("hot swap under load: zero failed requests, a failed load keeps the ol
     CHECK(total > 50);
     CHECK(versions["1"] > 0);
     CHECK(versions["2"] > 0);
+    INFO(firstMismatch);
+    CHECK(mismatched == 0);
+    CHECK(versions.size() == 2);  // the damaged v3 never answered
 }
 
 TEST_CASE("lathectl deploy, rollback and undeploy under steady load lose no request", "[serving][cli]") {
     test::ServingWorkspace ws;
     const std::string db = " --db " + ws.db();
-    // v2 from the same run is enough to exercise the swap path.
+    // v2 from another run (other weights): every answer must be the labelled version's.
     REQUIRE(test::runShell(test::binPath("lathectl") + " models register digits --run " +
-                           std::to_string(ws.runId()) + db)
+                           std::to_string(trainOtherWeights(ws)) + db)
                 .exitCode == 0);
+    const auto refs = versionReferences(ws.version(), core::Registry(ws.db()).resolve({"digits", 2, {}}));
     auto r = test::runShell(test::binPath("lathectl") + " deploy digits:1 --port 0 --json" + db);
     // --port 0 means "pick": the server gets the first free port from 8500 upwards.
     REQUIRE(r.exitCode == 0);
     const auto dep = json::parse(r.out);
     const std::string url = dep["url"].get<std::string>();
     CHECK(dep["started_server"] == true);
+    const auto port = static_cast<uint16_t>(std::stoi(url.substr(url.rfind(':') + 1)));
     // Server flags cannot reach a live server (a version change hot-swaps it): refused, not ignored.
     r = test::runShell(test::binPath("lathectl") + " deploy digits:2 --max-batch 8" + db);
     CHECK(r.exitCode == 2);
@@ -629,6 +724,31 @@ TEST_CASE("lathectl deploy, rollback and undeploy under steady load lose no requ
     lo.users = 4;
     core::LoadReport report;
     std::thread load([&] { report = core::runLoad(lo); });
+    // Beside the load, two clients check every answer against the version it is labelled with.
+    std::atomic<bool> stop{false};
+    std::atomic<int> checkedFailed{0}, mismatched{0};
+    std::mutex mutex;
+    std::map<std::string, int> versions;
+    std::string firstMismatch;
+    std::vector<std::thread> checkers;
+    for (int t = 0; t < 2; ++t)
+        checkers.emplace_back([&, t] {
+            for (int i = 0; !stop; ++i) {
+                const int input = (3 * t + i) % kSwapInputs;
+                const auto a = httpRequest(port, "POST", "/v2/models/digits/infer", swapInput(input));
+                if (a.status != 200) {
+                    ++checkedFailed;
+                    continue;
+                }
+                std::string why;
+                // Another process (on a GPU where there is one): a little more room than in-process.
+                const bool right = answersAsLabelled(a.body, input, refs, 1e-3, why);
+                std::lock_guard<std::mutex> lk(mutex);
+                ++versions[json::parse(a.body)["model_version"].get<std::string>()];
+                if (!right && mismatched++ == 0) firstMismatch = why;
+                std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            }
+        });
     std::this_thread::sleep_for(std::chrono::milliseconds(800));
     r = test::runShell(test::binPath("lathectl") + " deploy digits:2 --json" + db);
     CHECK(r.exitCode == 0);
@@ -638,9 +758,16 @@ TEST_CASE("lathectl deploy, rollback and undeploy under steady load lose no requ
     CHECK(r.exitCode == 0);
     CHECK(json::parse(r.out)["version"] == 1);
     load.join();
+    stop = true;
+    for (auto& c : checkers) c.join();
     CHECK(report.sent > 300);
     CHECK(report.errors == 0);
     CHECK(report.ok == report.sent);
+    CHECK(checkedFailed == 0);
+    CHECK(versions["1"] > 0);
+    CHECK(versions["2"] > 0);
+    INFO(firstMismatch);
+    CHECK(mismatched == 0);
 
     r = test::runShell(test::binPath("lathectl") + " deployments digits --json" + db);
     REQUIRE(r.exitCode == 0);
@@ -707,10 +834,8 @@ TEST_CASE("a deployed server's metrics are scraped into the workspace and alert 
 
 TEST_CASE("served answers equal PyTorch's own for a run's artifact and for a model traced in Python",
           "[serving][cli]") {
-    if (test::runShell("/usr/bin/python3 -c 'import torch'").exitCode != 0) {
-        std::puts("SKIPPED: python3-torch is not installed");
-        return;
-    }
+    if (test::runShell("/usr/bin/python3 -c 'import torch'").exitCode != 0)
+        LATHE_SKIP("python3-torch is not installed");
     test::ServingWorkspace ws;
     // A model made by PyTorch users: traced in Python, registered with its input shape.
     const auto traced = ws.file("traced.pt");
@@ -799,40 +924,140 @@ TEST_CASE("a deployment whose server died shows DOWN, and deploying again starts
     CHECK(test::runShell(test::binPath("lathectl") + " undeploy digits" + db).exitCode == 0);
 }
 
-TEST_CASE("undeploy signals only the deployment's own server, never a process that reused its pid",
+namespace {
+
+// Starts `program` with `args` (argv[0] first) in `dir`, in its own process group (so that a
+// shell and its children go together), stdin and output on /dev/null.
+pid_t spawnQuiet(const std::string& program, const std::vector<std::string>& args, const std::string& dir) {
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+        ::setpgid(0, 0);
+        const int null = ::open("/dev/null", O_RDWR);
+        ::dup2(null, 0);
+        ::dup2(null, 1);
+        ::dup2(null, 2);
+        if (::chdir(dir.c_str()) != 0) ::_exit(126);
+        ::execv(program.c_str(), argv.data());
+        ::_exit(127);
+    }
+    return pid;
+}
+
+// Kills and reaps a spawnQuiet process group when the test ends, however it ends.
+struct GroupKiller {
+    pid_t pid;
+    ~GroupKiller() {
+        if (pid <= 0) return;
+        ::kill(-pid, SIGKILL);
+        ::waitpid(pid, nullptr, 0);
+    }
+};
+
+// A loopback port nothing listens on: bound, read, released.
+uint16_t unusedPort() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    ::close(fd);
+    return ntohs(a.sin_port);
+}
+
+// The file name of the program `pid` runs (its /proc/PID/exe), "" when unreadable.
+std::string exeName(pid_t pid) {
+    std::error_code ec;
+    return std::filesystem::read_symlink("/proc/" + std::to_string(pid) + "/exe", ec).filename().string();
+}
+
+}  // namespace
+
+TEST_CASE("undeploy signals only the deployment's own lathectl serve, never a process that reused its pid",
           "[serving][deploy]") {
     test::ServingWorkspace ws;
     core::Registry registry(ws.db());
-    // A process that looks like a server (`serve` in its arguments) but carries another instance id.
-    auto start = [](const char* instance) {
-        const pid_t pid = ::fork();
-        if (pid == 0) {
-            ::execl("/bin/sh", "sh", "-c", "sleep 30", "serve", "--instance-id", instance,
-                    static_cast<char*>(nullptr));
-            ::_exit(127);
-        }
-        return static_cast<int64_t>(pid);
+    auto record = [&](const std::string& instance, int64_t pid) {
+        core::Deployment d;
+        d.model = "digits";
+        d.version = 1;
+        d.url = "http://127.0.0.1:9";  // nothing answers there
+        d.target = "local";
+        d.instance = instance;
+        d.pid = pid;
+        registry.recordDeployment(d);
     };
-    core::Deployment d;
-    d.model = "digits";
-    d.version = 1;
-    d.url = "http://127.0.0.1:9";  // nothing answers there
-    d.instance = "mine";
-    d.pid = start("other");
-    REQUIRE(d.pid > 0);
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    registry.recordDeployment(d);
-    core::undeploy(registry, "digits");
-    CHECK(running(d.pid));  // not ours: left alone
-    CHECK(registry.deployments("digits").front().endReason == "undeployed");
-    ::kill(static_cast<pid_t>(d.pid), SIGKILL);
-    ::waitpid(static_cast<pid_t>(d.pid), nullptr, 0);
+    auto endReason = [&] { return registry.deployments("digits").front().endReason; };
 
-    d.instance = "other";  // now the record names the process's own id: it is stopped
-    d.pid = start("other");
+    // A real server, started as deploy starts one but with its own nonce "other".
+    const auto port = unusedPort();
+    const pid_t server = spawnQuiet(test::binPath("lathectl"),
+                                    {test::binPath("lathectl"), "serve", "--db", ws.db(), "--model",
+                                     "digits:1", "--port", std::to_string(port), "--instance-id", "other"},
+                                    ws.dir().path());
+    REQUIRE(server > 0);
+    const GroupKiller serverKiller{server};
+    auto ready = [&] { return httpGet(port, "/v2/health/ready").status == 200; };
+    for (int i = 0; i < 300 && running(server) && !ready(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    REQUIRE(ready());
+    REQUIRE(exeName(server) == "lathectl");
+    // An impostor: `lathectl serve --instance-id other` to anyone reading its arguments (argv[0]
+    // is whatever its starter chose, and `serve` is a script beside it), but run by /bin/sh.
+    test::writeFile(ws.file("serve"), "sleep 30\nexit 0\n");
+    const pid_t impostor =
+        spawnQuiet("/bin/sh", {"lathectl", "serve", "--instance-id", "other"}, ws.dir().path());
+    REQUIRE(impostor > 0);
+    const GroupKiller impostorKiller{impostor};
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    registry.recordDeployment(d);
+    REQUIRE(running(impostor));
+    {
+        std::ifstream in("/proc/" + std::to_string(impostor) + "/cmdline", std::ios::binary);
+        std::vector<std::string> args;
+        for (std::string a; std::getline(in, a, '\0');) args.push_back(a);
+        REQUIRE(args == std::vector<std::string>{"lathectl", "serve", "--instance-id", "other"});
+        REQUIRE(exeName(impostor) != "lathectl");
+    }
+
+    // lathectl serve, but another deployment's nonce: left alone.
+    record("mine", server);
     core::undeploy(registry, "digits");
-    CHECK_FALSE(running(d.pid));
-    ::waitpid(static_cast<pid_t>(d.pid), nullptr, 0);
+    CHECK(running(server));
+    CHECK(ready());
+    CHECK(endReason() == "undeployed");
+
+    // The right arguments and nonce in a process that is not lathectl: left alone.
+    record("other", impostor);
+    core::undeploy(registry, "digits");
+    CHECK(running(impostor));
+    CHECK(endReason() == "undeployed");
+
+    // A record without a nonce (from before the workspace stored one) is never trusted, even when
+    // its pid runs a `lathectl serve` of the model: the record is ended, nothing is signalled, and
+    // the error tells the user how to stop that process by hand.
+    record("", server);
+    CHECK_THROWS_WITH(core::undeploy(registry, "digits"),
+                      Catch::Contains("recorded without an instance id") &&
+                          Catch::Contains("kill " + std::to_string(server)));
+    CHECK(running(server));
+    CHECK(ready());
+    CHECK(endReason() == "undeployed; recorded without an instance id: not trusted as running");
+    CHECK_FALSE(registry.liveDeployment("digits").has_value());
+    // ... and quietly when nothing under its pid looks like its server.
+    record("", impostor);
+    CHECK_NOTHROW(core::undeploy(registry, "digits"));
+    CHECK(running(impostor));
+    CHECK_FALSE(registry.liveDeployment("digits").has_value());
+
+    // The record names the server's own nonce: it is stopped.
+    record("other", server);
+    const auto t0 = std::chrono::steady_clock::now();
+    core::undeploy(registry, "digits");
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(12));
+    CHECK_FALSE(running(server));
+    CHECK(endReason() == "undeployed");
 }

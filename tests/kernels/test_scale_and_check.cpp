@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "isa_test_cases.h"
 #include "lathe/kernels/scale_and_check.h"
 #include "skip.h"
 #include "test_inputs.h"
@@ -96,44 +97,48 @@ TEST_CASE("scalar reference scales every element and flags non-finite values", "
             }
 }
 
-TEST_CASE("flag reports a single bad value at any position, including SIMD tails",
-          "[kernels][scale_and_check]") {
+namespace {
+
+void checkSingleBadValue(CpuIsa isa) {
     const float bad[] = {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
                          std::numeric_limits<float>::quiet_NaN(), fromBits(0xffc00001u)};
-    for (CpuIsa isa : {CpuIsa::Scalar, CpuIsa::Avx2, CpuIsa::Avx512}) {
-        if (!cpuIsaAvailable(isa)) continue;
-        for (std::size_t n : allLengths()) {
-            if (n == 0) continue;
-            std::vector<float> clean(n, 1.5f);
-            INFO(cpuIsaName(isa) << " n=" << n);
-            REQUIRE_FALSE(runPath(clean, 0.5f, isa, 0).flag);
-            for (std::size_t pos : {std::size_t{0}, n / 2, n - 1})
-                for (float b : bad) {
-                    std::vector<float> in = clean;
-                    in[pos] = b;
-                    INFO("pos=" << pos << " bad=" << std::hex << bitsOf(b));
-                    REQUIRE(runPath(in, 0.5f, isa, 0).flag);
-                }
-        }
+    for (std::size_t n : allLengths()) {
+        if (n == 0) continue;
+        std::vector<float> clean(n, 1.5f);
+        INFO(cpuIsaName(isa) << " n=" << n);
+        REQUIRE_FALSE(runPath(clean, 0.5f, isa, 0).flag);
+        for (std::size_t pos : {std::size_t{0}, n / 2, n - 1})
+            for (float b : bad) {
+                std::vector<float> in = clean;
+                in[pos] = b;
+                INFO("pos=" << pos << " bad=" << std::hex << bitsOf(b));
+                REQUIRE(runPath(in, 0.5f, isa, 0).flag);
+            }
     }
 }
 
-TEST_CASE("overflow caused by scaling is flagged", "[kernels][scale_and_check]") {
-    for (CpuIsa isa : {CpuIsa::Scalar, CpuIsa::Avx2, CpuIsa::Avx512}) {
-        if (!cpuIsaAvailable(isa)) continue;
-        std::vector<float> in(37, 1.0f);
-        in[35] = std::numeric_limits<float>::max();  // finite in, inf out
-        INFO(cpuIsaName(isa));
-        const Run r = runPath(in, 2.0f, isa, 0);
-        REQUIRE(r.flag);
-        REQUIRE(std::isinf(r.out[35]));
-        REQUIRE(r.out[0] == 2.0f);
-        // A NaN scale poisons everything, even zeros.
-        REQUIRE(runPath(std::vector<float>(9, 0.f), std::numeric_limits<float>::quiet_NaN(), isa, 0).flag);
-        // 0 * inf = NaN
-        REQUIRE(runPath(std::vector<float>(9, 0.f), std::numeric_limits<float>::infinity(), isa, 0).flag);
-    }
+void checkScalingOverflow(CpuIsa isa) {
+    std::vector<float> in(37, 1.0f);
+    in[35] = std::numeric_limits<float>::max();  // finite in, inf out
+    INFO(cpuIsaName(isa));
+    const Run r = runPath(in, 2.0f, isa, 0);
+    REQUIRE(r.flag);
+    REQUIRE(std::isinf(r.out[35]));
+    REQUIRE(r.out[0] == 2.0f);
+    // A NaN scale poisons everything, even zeros.
+    REQUIRE(runPath(std::vector<float>(9, 0.f), std::numeric_limits<float>::quiet_NaN(), isa, 0).flag);
+    // 0 * inf = NaN
+    REQUIRE(runPath(std::vector<float>(9, 0.f), std::numeric_limits<float>::infinity(), isa, 0).flag);
 }
+
+}  // namespace
+
+// One test case per instruction set (isa_test_cases.h): a CPU without one reports it skipped.
+LATHE_EVERY_ISA_TEST_CASES("flag reports a single bad value at any position, including SIMD tails",
+                           "[kernels][scale_and_check]", checkSingleBadValue)
+
+LATHE_EVERY_ISA_TEST_CASES("overflow caused by scaling is flagged", "[kernels][scale_and_check]",
+                           checkScalingOverflow)
 
 TEST_CASE("empty buffer: no flag and no access", "[kernels][scale_and_check]") {
     for (CpuIsa isa : {CpuIsa::Scalar, CpuIsa::Avx2, CpuIsa::Avx512})

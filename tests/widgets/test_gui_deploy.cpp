@@ -26,6 +26,7 @@
 #include "lathe/widgets/serving_dashboard.h"
 #include "lathe/widgets/serving_tables.h"
 #include "main_window.h"
+#include "skip.h"
 #include "test_helpers.h"
 
 using lathe::app::DeployOutcome;
@@ -67,10 +68,8 @@ DeployOutcome clickAndWait(MainWindow& window, QPushButton* button) {
 TEST_CASE("End to end: deploy, hot-swap and roll back a trained model from the Models page",
           "[widgets][e2e][models][deploy]") {
     const QString lathectl = QStringLiteral(LATHE_BIN_DIR "/lathectl");
-    if (!QFileInfo(lathectl).isExecutable()) {
-        WARN("SKIPPED: " << lathectl.toStdString() << " is not built (ninja lathectl)");
-        return;
-    }
+    if (!QFileInfo(lathectl).isExecutable())
+        LATHE_SKIP(lathectl.toStdString() + " is not built (ninja lathectl)");
     QTemporaryDir dir;
     REQUIRE(dir.isValid());
     const std::string path = (dir.path() + "/workspace.db").toStdString();

@@ -12,6 +12,7 @@
 #include "lathe/widgets/comm_view.h"
 #include "lathe/widgets/run_form.h"
 #include "main_window.h"
+#include "skip.h"
 #include "test_helpers.h"
 #include "training_session.h"
 
@@ -24,10 +25,8 @@ using Metric = lathe::widgets::CommView::Metric;
 TEST_CASE("End to end: a 2-process run from the form fills the Communication tab",
           "[widgets][e2e][distributed]") {
     const QString lathectl = QStringLiteral(LATHE_BIN_DIR "/lathectl");
-    if (!QFileInfo(lathectl).isExecutable()) {
-        WARN("SKIPPED: " << lathectl.toStdString() << " is not built (ninja lathectl)");
-        return;
-    }
+    if (!QFileInfo(lathectl).isExecutable())
+        LATHE_SKIP(lathectl.toStdString() + " is not built (ninja lathectl)");
     QTemporaryDir dir;
     REQUIRE(dir.isValid());
     auto window = std::make_unique<MainWindow>(

@@ -8,6 +8,7 @@
 #include <QTemporaryDir>
 #include <QThread>
 
+#include "skip.h"
 #include "test_helpers.h"
 
 using lathe::test::outputPath;
@@ -29,10 +30,8 @@ int freeDisplay() {
 
 TEST_CASE("Smoke: the lathe program starts and draws on a real X server", "[widgets][smoke]") {
     const QString xvfbPath = QStandardPaths::findExecutable(QStringLiteral("Xvfb"));
-    if (xvfbPath.isEmpty()) {
-        WARN("SKIPPED: Xvfb is not installed (apt-get install xvfb), so no real-window smoke test");
-        return;
-    }
+    if (xvfbPath.isEmpty())
+        LATHE_SKIP("Xvfb is not installed (apt-get install xvfb), so no real-window smoke test");
     const QString lathe = QStringLiteral(LATHE_BIN_DIR "/lathe");
     REQUIRE(QFileInfo::exists(lathe));
     const int display = freeDisplay();

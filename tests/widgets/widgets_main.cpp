@@ -4,9 +4,11 @@
 
 #include <QApplication>
 
+#include "skip.h"
+
 int main(int argc, char** argv) {
     // CTest sets offscreen; default to it too when the binary is run by hand or listed.
     if (qEnvironmentVariableIsEmpty("QT_QPA_PLATFORM")) qputenv("QT_QPA_PLATFORM", "offscreen");
     QApplication app(argc, argv);
-    return Catch::Session().run(argc, argv);
+    return lathe::test::exitCode(Catch::Session().run(argc, argv));
 }

@@ -75,28 +75,70 @@ std::vector<std::string> commandLine(int64_t pid) {
     return args;
 }
 
-// Whether `pid` is the server a deployment started: a live `lathectl serve` with the deployment's
-// --instance-id. A recorded pid may have been reused since (after a reboot, by anything, even by
-// another model's server), and only our own server may be signalled or hot-swapped. Records from
-// before the nonce was stored are matched on `--model NAME:` instead.
+// The program a process runs (the target of /proc/PID/exe), without the " (deleted)" the kernel
+// appends once that file was replaced: a rebuilt or upgraded lathectl whose server still runs.
+// Empty when it cannot be read (gone, or another user's).
+std::string executableOf(int64_t pid) {
+    std::error_code ec;
+    std::string target = fs::read_symlink("/proc/" + std::to_string(pid) + "/exe", ec).string();
+    if (ec) return {};
+    const std::string deleted = " (deleted)";
+    if (target.size() > deleted.size() &&
+        target.compare(target.size() - deleted.size(), deleted.size(), deleted) == 0)
+        target.resize(target.size() - deleted.size());
+    return target;
+}
+
+// Whether `pid` is the server a deployment started: a live process running the `lathectl`
+// executable (its /proc/PID/exe, which argv[0] cannot fake) with `serve` as its first argument
+// and the deployment's own --instance-id nonce. A recorded pid may have been reused since (after
+// a reboot, by anything, even by another model's server), and only our own server may be
+// signalled or hot-swapped. A record without a nonce (written before the workspace stored one)
+// is never trusted: nothing tells its server from a process that reused the pid.
 bool isServerOf(const Deployment& d) {
-    if (!alive(d.pid)) return false;
+    if (d.instance.empty() || !alive(d.pid)) return false;
+    if (fs::path(executableOf(d.pid)).filename() != "lathectl") return false;
     const auto args = commandLine(d.pid);
-    if (std::find(args.begin(), args.end(), "serve") == args.end()) return false;
-    for (size_t i = 0; i + 1 < args.size(); ++i) {
-        if (!d.instance.empty() && args[i] == "--instance-id" && args[i + 1] == d.instance) return true;
-        if (d.instance.empty() && args[i] == "--model" && args[i + 1].rfind(d.model + ":", 0) == 0)
-            return true;
-    }
+    if (args.size() < 2 || args[1] != "serve") return false;
+    for (size_t i = 2; i + 1 < args.size(); ++i)
+        if (args[i] == "--instance-id") return args[i + 1] == d.instance;
     return false;
 }
 
-// SIGTERM to a server this deploy started, unless its pid has gone (and may be reused).
+// A record without a nonce whose pid runs something that looks like its server (`serve` and
+// `--model NAME:` in its arguments). Never acted on: it only decides whether to tell the user
+// to stop that process by hand.
+bool mayBeLegacyServer(const Deployment& d) {
+    if (!d.instance.empty() || !alive(d.pid)) return false;
+    const auto args = commandLine(d.pid);
+    if (std::find(args.begin(), args.end(), "serve") == args.end()) return false;
+    for (size_t i = 0; i + 1 < args.size(); ++i)
+        if (args[i] == "--model" && args[i + 1].rfind(d.model + ":", 0) == 0) return true;
+    return false;
+}
+
+const char* const kLegacyEnd = "recorded without an instance id: not trusted as running";
+
+std::string legacyAdvice(const Deployment& d) {
+    return d.model + " v" + std::to_string(d.version) + "'s deployment (pid " + std::to_string(d.pid) + ", " +
+           d.url +
+           ") was recorded without an instance id, so its pid cannot be told from another process's and "
+           "was not signalled; the record is ended. Pid " +
+           std::to_string(d.pid) + " runs a `serve` for it: if `ps -o args= -p " + std::to_string(d.pid) +
+           "` shows that server, stop it with `kill " + std::to_string(d.pid) + "`";
+}
+
+// SIGTERM to a server this deploy started, unless its pid has gone (and may be reused). Right
+// after the spawn the process may not have reached its exec yet: give it a moment to become
+// `lathectl serve` rather than leave it running without a record.
 void stopStarted(int64_t pid, const std::string& model, const std::string& token) {
     Deployment d;
     d.pid = pid;
     d.model = model;
     d.instance = token;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (alive(pid) && !isServerOf(d) && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
     if (isServerOf(d)) ::kill(static_cast<pid_t>(pid), SIGTERM);
 }
 
@@ -324,8 +366,16 @@ DeployResult deployLocked(Registry& registry, const ModelVersion& v, const Model
         return result;
     }
     if (live) {
-        // Recorded as live but its process is gone: it died, or the machine restarted.
-        registry.endDeployment(live->id, "server not running");
+        // Recorded as live but its process is gone: it died, or the machine restarted. A record
+        // without a nonce is treated the same, whatever runs under its pid (see isServerOf).
+        if (live->target == "local" && live->instance.empty()) {
+            registry.endDeployment(live->id, kLegacyEnd);
+            if (mayBeLegacyServer(*live))
+                say(o, legacyAdvice(*live) + "; until then it keeps " + live->url +
+                           (o.port == 0 ? ", and the new server takes another port" : ""));
+        } else {
+            registry.endDeployment(live->id, "server not running");
+        }
         result.previousVersion = live->version;
     }
     if (o.serverProgram.empty()) throw ConfigError("deploy needs the path of lathectl to start a server");
@@ -465,6 +515,7 @@ void undeploy(Registry& registry, const std::string& model) {
     const auto lock = modelLock(registry, model);
     const auto live = registry.liveDeployment(model);
     if (!live) throw ConfigError(model + " is not deployed");
+    const bool legacy = live->target == "local" && live->instance.empty();
     if (live->target == "local" && isServerOf(*live)) {
         const auto pid = static_cast<pid_t>(live->pid);
         ::kill(pid, SIGTERM);
@@ -473,10 +524,12 @@ void undeploy(Registry& registry, const std::string& model) {
             std::this_thread::sleep_for(std::chrono::milliseconds(50));
         if (alive(pid)) ::kill(pid, SIGKILL);
     }
-    registry.endDeployment(live->id, "undeployed");
+    registry.endDeployment(live->id, legacy ? std::string("undeployed; ") + kLegacyEnd : "undeployed");
     // A server that stopped cleanly resolved its open alerts itself; one that was killed could not.
     for (const auto& a : registry.alerts(model))
         if (a.resolvedAt == 0) registry.resolveAlert(a.id, nowSeconds());
+    // The record is ended either way; what may still run is the user's to stop, and they are told.
+    if (legacy && mayBeLegacyServer(*live)) throw Error(legacyAdvice(*live));
 }
 
 }  // namespace lathe::core

@@ -1,6 +1,5 @@
 #pragma once
 // Mixed-precision helpers shared by the trainer and the model code (private: LibTorch types).
-#include <malloc.h>
 #include <torch/torch.h>
 #include <torch/version.h>
 
@@ -55,38 +54,6 @@ private:
     c10::DeviceType m_device;
     bool m_prevEnabled = false;
     c10::ScalarType m_prevDtype = c10::ScalarType::Float;
-};
-
-/// Bytes the C heap has handed out and not taken back (all arenas and mmapped chunks): tensor
-/// memory on the CPU, for activation-memory measurements.
-inline size_t heapInUse() {
-    const struct mallinfo2 mi = mallinfo2();
-    return mi.uordblks + mi.hblkhd;
-}
-
-/// While set, checkpointed segments sample the heap after recomputing (the backward peak).
-inline thread_local size_t* t_heapPeak = nullptr;
-inline void sampleHeapPeak() {
-    if (t_heapPeak) *t_heapPeak = std::max(*t_heapPeak, heapInUse());
-}
-
-/// Points t_heapPeak at `peak` for a scope (nullptr: no sampling), so an exception in forward
-/// or backward cannot leave it pointing at a dead stack slot.
-class HeapPeakScope {
-public:
-    explicit HeapPeakScope(size_t* peak) : m_active(peak != nullptr) {
-        if (m_active) t_heapPeak = peak;
-    }
-    ~HeapPeakScope() { release(); }
-    void release() {
-        if (m_active) t_heapPeak = nullptr;
-        m_active = false;
-    }
-    HeapPeakScope(const HeapPeakScope&) = delete;
-    HeapPeakScope& operator=(const HeapPeakScope&) = delete;
-
-private:
-    bool m_active;
 };
 
 }  // namespace lathe::core

@@ -16,6 +16,7 @@
 #include "training/amp.h"
 #include "training/checkpoint_io.h"
 #include "training/loss_scaler.h"
+#include "training/memory.h"
 #include "training/profiler.h"
 #include "training/zoo.h"
 
@@ -397,11 +398,10 @@ TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, const to
     Profiler* profiler = m_profiler.get();
     const int64_t thisStep = m_step + 1;  // 1-based, as recorded
     if (profiler) profiler->beginStep(thisStep);
-    // Activation memory is sampled on the first step of each epoch: the heap's growth from the
-    // step's start to its peak (after forward, or inside recomputed segments).
+    // Activation memory is sampled on the first step of each epoch: the peak of the CPU tensor
+    // memory the step's forward and backward allocate (recomputed segments included).
     const bool sampleMemory = b == 0 && !m_device.is_cuda();
-    size_t heapStart = 0, heapPeak = 0;
-    HeapPeakScope heapScope(sampleMemory ? &heapPeak : nullptr);
+    std::optional<AllocationScope> memory;
     const auto t0 = Clock::now();
     const double lr = learningRate(m_spec, m_step, epoch, m_totalSteps);
     for (auto& group : m_optimizer->param_groups()) group.options().set_lr(lr);
@@ -415,7 +415,7 @@ TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, const to
         batch.y = m_train.y.index_select(0, idx);
     }
     m_optimizer->zero_grad();
-    if (sampleMemory) heapStart = heapPeak = heapInUse();  // after zero_grad, which may free gradients
+    if (sampleMemory) memory.emplace();  // after zero_grad, which may free gradients
     {
         PhaseScope phase(profiler, "forward");
         {
@@ -431,7 +431,6 @@ TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, const to
         loss = classificationLoss(out.to(torch::kFloat), batch.y);
         for (auto& h : m_hooks) loss = h->loss(*this, batch, out, loss);
     }
-    if (sampleMemory) sampleHeapPeak();
     Reducer::Stats comm;
     {
         PhaseScope phase(profiler, "backward");
@@ -442,10 +441,9 @@ TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, const to
         PhaseScope phase(profiler, "communication");
         comm = m_reducer->finish();
     }
-    if (sampleMemory) {
-        sampleHeapPeak();
-        heapScope.release();
-        tally.activationBytes = heapPeak - std::min(heapPeak, heapStart);
+    if (memory) {
+        tally.activationBytes = memory->peakBytes();
+        memory.reset();
     }
     if (std::find(m_spec.injectNonfinite.begin(), m_spec.injectNonfinite.end(), thisStep) !=
         m_spec.injectNonfinite.end()) {
@@ -487,12 +485,13 @@ TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, const to
             m_reducer->rescaleResiduals(scaler.scale() / usedScale);
     }
     tally.correct += out.detach().argmax(1).eq(batch.y).sum().item<int64_t>();
-    tally.stepSeconds += std::chrono::duration<double>(Clock::now() - t0).count();
     tally.seen += batch.x.size(0);
     ++m_step;
     ++tally.steps;
+    // The step's time includes handing its profile spans on: what the profiler costs a run.
     if (profiler)
         for (auto& span : profiler->takeSpans()) emit(Event::profileSpan(std::move(span)));
+    tally.stepSeconds += std::chrono::duration<double>(Clock::now() - t0).count();
     recordMetric("train/grad_norm", norm);
     if (m_reducer) {
         recordMetric("comm/bytes_sent", static_cast<double>(comm.bytesSent));

@@ -38,7 +38,11 @@ DeployResult deploy(Registry& registry, const ModelRef& ref, const DeployOptions
 /// Deploys the version that served before the live one (action "rollback"). Throws Error when
 /// there is no earlier version in the history.
 DeployResult rollback(Registry& registry, const std::string& model, const DeployOptions& options);
-/// Stops the model's server (SIGTERM, then SIGKILL after 10 s) and ends its deployment.
+/// Stops the model's server (SIGTERM, then SIGKILL after 10 s) and ends its deployment. Only a
+/// process that is the deployment's own `lathectl serve` (executable, `serve`, --instance-id) is
+/// signalled. A record without an instance id (older workspaces) is ended without signalling
+/// anything; when its pid still runs something that looks like its server, Error says how to stop
+/// it by hand (after the record was ended).
 void undeploy(Registry& registry, const std::string& model);
 /// Whether a deployment's server answers /v2/health/ready now.
 bool deploymentUp(const Deployment& d, double timeoutS = 1.0);

@@ -1,0 +1,113 @@
+// The counting CPU allocator behind AllocationScope (memory.h).
+#include "training/memory.h"
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
+
+namespace lathe::core {
+
+struct AllocationScope::Counter {
+    std::atomic<int64_t> live{0};
+    std::atomic<int64_t> peak{0};
+    void add(int64_t n) {
+        const int64_t now = live.fetch_add(n) + n;
+        int64_t seen = peak.load();
+        while (now > seen && !peak.compare_exchange_weak(seen, now)) {
+        }
+    }
+};
+
+namespace {
+
+thread_local std::shared_ptr<AllocationScope::Counter> t_counter;
+
+// Counted allocations: data pointer -> (bytes, counter). Looked up only while some are live.
+std::mutex g_mutex;
+std::unordered_map<void*, std::pair<int64_t, std::shared_ptr<AllocationScope::Counter>>> g_counted;
+std::atomic<int64_t> g_countedBlocks{0};
+
+c10::Allocator* g_inner = nullptr;
+c10::DeleterFnPtr g_innerDelete = nullptr;
+
+void countedDelete(void* p) {
+    if (g_countedBlocks.load(std::memory_order_acquire) > 0) {
+        std::shared_ptr<AllocationScope::Counter> counter;
+        int64_t bytes = 0;
+        {
+            std::lock_guard<std::mutex> lk(g_mutex);
+            const auto it = g_counted.find(p);
+            if (it != g_counted.end()) {
+                bytes = it->second.first;
+                counter = std::move(it->second.second);
+                g_counted.erase(it);
+                g_countedBlocks.fetch_sub(1, std::memory_order_release);
+            }
+        }
+        if (counter) counter->add(-bytes);
+    }
+    g_innerDelete(p);
+}
+
+// Keeps the raw-allocation contract (context == data, one deleter for every block: ideep's
+// engine allocates through it), so every block, counted or not, is freed through countedDelete.
+struct CountingAllocator final : c10::Allocator {
+    c10::DataPtr allocate(size_t n) const override {
+        c10::DataPtr inner = g_inner->allocate(n);
+        if (inner.get() != inner.get_context() || inner.get_deleter() != g_innerDelete)
+            return inner;  // not the default allocator's kind of block: left as it is
+        void* p = inner.release_context();
+        if (t_counter && n > 0) {
+            {
+                std::lock_guard<std::mutex> lk(g_mutex);
+                g_counted[p] = {static_cast<int64_t>(n), t_counter};
+                g_countedBlocks.fetch_add(1, std::memory_order_release);
+            }
+            t_counter->add(static_cast<int64_t>(n));
+        }
+        return {p, p, &countedDelete, c10::Device(c10::DeviceType::CPU)};
+    }
+    c10::DeleterFnPtr raw_deleter() const override { return &countedDelete; }
+};
+
+// Installed once, before the first scope; the allocator lives as long as the process.
+void installCountingAllocator() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        g_inner = c10::GetCPUAllocator();
+        g_innerDelete = g_inner->raw_deleter();
+        if (!g_innerDelete) return;  // an allocator without a raw deleter: nothing is counted
+        static CountingAllocator counting;
+        c10::SetCPUAllocator(&counting, /*priority=*/1);
+    });
+}
+
+}  // namespace
+
+AllocationScope::AllocationScope() : m_counter(std::make_shared<Counter>()) {
+    installCountingAllocator();
+    m_previous = std::move(t_counter);
+    t_counter = m_counter;
+}
+
+AllocationScope::~AllocationScope() { stop(); }
+
+void AllocationScope::stop() {
+    if (!m_active) return;
+    m_active = false;
+    t_counter = std::move(m_previous);
+}
+
+size_t AllocationScope::liveBytes() const {
+    return static_cast<size_t>(std::max<int64_t>(0, m_counter->live.load()));
+}
+
+size_t AllocationScope::peakBytes() const {
+    return static_cast<size_t>(std::max<int64_t>(0, m_counter->peak.load()));
+}
+
+}  // namespace lathe::core
