@@ -3,6 +3,7 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <atomic>
@@ -56,7 +57,16 @@ void countedDelete(void* p) {
 // Keeps the raw-allocation contract (context == data, one deleter for every block: ideep's
 // engine allocates through it), so every block, counted or not, is freed through countedDelete.
 struct CountingAllocator final : c10::Allocator {
-    c10::DataPtr allocate(size_t n) const override {
+    // LibTorch 2.3 made allocate() non-const and added copy_data().
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+    c10::DataPtr allocate(size_t n) override { return counted(n); }
+    void copy_data(void* dest, const void* src, std::size_t count) const override {
+        default_copy_data(dest, src, count);
+    }
+#else
+    c10::DataPtr allocate(size_t n) const override { return counted(n); }
+#endif
+    c10::DataPtr counted(size_t n) const {
         c10::DataPtr inner = g_inner->allocate(n);
         if (inner.get() != inner.get_context() || inner.get_deleter() != g_innerDelete)
             return inner;  // not the default allocator's kind of block: left as it is
