@@ -82,9 +82,15 @@ int main(int argc, char** argv) {
 
     if (parser.isSet(screenshotOption)) {
         const QString file = parser.value(screenshotOption);
-        QTimer::singleShot(1500, &window, [&window, file] {
-            if (!window.grab().save(file))
-                std::fprintf(stderr, "lathe: could not save %s\n", qPrintable(file));
+        // Once the runs list (read on a worker thread) has landed, and its charts have painted.
+        auto taken = std::make_shared<bool>(false);
+        QObject::connect(&window, &lathe::app::MainWindow::runsRefreshed, &window, [&window, file, taken] {
+            if (*taken || window.isRefreshingRuns()) return;
+            *taken = true;
+            QTimer::singleShot(500, &window, [&window, file] {
+                if (!window.grab().save(file))
+                    std::fprintf(stderr, "lathe: could not save %s\n", qPrintable(file));
+            });
         });
     }
     if (parser.isSet(quitAfterOption)) {

@@ -54,6 +54,8 @@ public:
     QTabWidget* viewTabs() const { return m_tabs; }
     widgets::RunListModel* runModel() const { return m_runModel; }
     QTableView* runTable() const { return m_table; }
+    /// Re-reads the runs list every few seconds (a test stops it to count reads).
+    QTimer* refreshTimer() const { return m_refreshTimer; }
     TrainingSession* session() const { return m_session.get(); }
     /// "Runs" (form, runs table, per-run views) and "Models" (registry and deployments).
     QTabWidget* pageTabs() const { return m_pages; }

@@ -101,7 +101,8 @@ TEST_CASE("off leaves the loss and the gradients as they are", "[amp][loss-scale
     CHECK(std::isinf(a.grad()[0].item<float>()));
 }
 
-TEST_CASE("a dynamic scaler's state survives a checkpoint; a static one ignores it", "[amp][loss-scaler]") {
+TEST_CASE("a dynamic scaler's state survives a checkpoint, and a static one ignores it",
+          "[amp][loss-scaler]") {
     LossScaler a(dynamicSpec(65536, 2, 0.5, 4), torch::kCPU);
     a.update(true);   // 32768
     a.update(false);  // tracker 1

@@ -20,10 +20,12 @@ struct Recorder : TrainingHook {
     std::vector<std::string> phases;
     std::vector<int64_t> steps;
     double lossOffset = 0;
+    double lossFactor = 1;
     void afterPhase(TrainingLoop&, TrainingPhase phase) override { phases.emplace_back(toString(phase)); }
     torch::Tensor loss(TrainingLoop&, const Batch& batch, const torch::Tensor& logits,
                        torch::Tensor loss) override {
         CHECK(batch.x.size(0) == logits.size(0));
+        if (lossFactor != 1) loss = loss * lossFactor;
         return lossOffset != 0 ? loss + lossOffset : loss;
     }
     void afterStep(TrainingLoop& loop, int64_t step) override {
@@ -78,7 +80,8 @@ TEST_CASE("the loop runs its phases in order, and a resumed run starts with resu
     CHECK(rec2->steps.front() == result.steps + 1);  // continues the step count
 }
 
-TEST_CASE("a loss hook's term reaches the recorded loss and the gradients", "[trainer][loop]") {
+TEST_CASE("a loss hook's terms reach the recorded loss, and through backward the gradients",
+          "[trainer][loop]") {
     // A constant added to the loss changes its value but not its gradient: training follows the
     // plain run exactly while every recorded train/loss is larger by the constant.
     auto runWith = [](double offset, std::vector<Event>& events) {
@@ -96,6 +99,23 @@ TEST_CASE("a loss hook's term reaches the recorded loss and the gradients", "[tr
     REQUIRE(a.size() > 10);
     for (size_t i = 0; i < a.size(); ++i) CHECK(b[i] - a[i] == Approx(1.5).margin(1e-4));
     CHECK(values(plain, "val/loss") == values(shifted, "val/loss"));
+
+    // A term with a gradient reaches backward: twice the loss, twice every gradient (exactly, a
+    // power of two) on the first step, whose parameters are the same in both runs.
+    auto runScaled = [](double factor, std::vector<Event>& events) {
+        auto rec = std::make_shared<Recorder>();
+        rec->lossFactor = factor;
+        TrainingLoop loop(smallSpec(), {}, [&](const Event& e) { events.push_back(e); });
+        loop.addHook(rec);
+        return loop.run();
+    };
+    std::vector<Event> doubled;
+    REQUIRE(runScaled(2, doubled).status == RunStatus::Completed);
+    const auto n1 = values(plain, "train/grad_norm"), n2 = values(doubled, "train/grad_norm");
+    REQUIRE(!n1.empty());
+    REQUIRE(n2.size() == n1.size());
+    CHECK(n2[0] == Approx(2 * n1[0]).epsilon(1e-12));
+    CHECK(values(doubled, "train/loss")[0] == Approx(2 * a[0]).epsilon(1e-6));
 }
 
 TEST_CASE("a stop request ends the loop after the current step with status stopped", "[trainer][loop]") {

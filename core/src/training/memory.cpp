@@ -27,9 +27,17 @@ namespace {
 
 thread_local std::shared_ptr<AllocationScope::Counter> t_counter;
 
-// Counted allocations: data pointer -> (bytes, counter). Looked up only while some are live.
-std::mutex g_mutex;
-std::unordered_map<void*, std::pair<int64_t, std::shared_ptr<AllocationScope::Counter>>> g_counted;
+// Counted allocations: data pointer -> (bytes, counter), looked up by countedDelete, which only
+// counted blocks and raw deallocations reach. Never destroyed: LibTorch may free a counted block
+// during static destruction, after this file's objects would be gone.
+struct Counted {
+    std::mutex mutex;
+    std::unordered_map<void*, std::pair<int64_t, std::shared_ptr<AllocationScope::Counter>>> blocks;
+};
+Counted& countedTable() {
+    static auto* c = new Counted;
+    return *c;
+}
 std::atomic<int64_t> g_countedBlocks{0};
 
 c10::Allocator* g_inner = nullptr;
@@ -40,12 +48,13 @@ void countedDelete(void* p) {
         std::shared_ptr<AllocationScope::Counter> counter;
         int64_t bytes = 0;
         {
-            std::lock_guard<std::mutex> lk(g_mutex);
-            const auto it = g_counted.find(p);
-            if (it != g_counted.end()) {
+            Counted& c = countedTable();
+            std::lock_guard<std::mutex> lk(c.mutex);
+            const auto it = c.blocks.find(p);
+            if (it != c.blocks.end()) {
                 bytes = it->second.first;
                 counter = std::move(it->second.second);
-                g_counted.erase(it);
+                c.blocks.erase(it);
                 g_countedBlocks.fetch_sub(1, std::memory_order_release);
             }
         }
@@ -54,8 +63,10 @@ void countedDelete(void* p) {
     g_innerDelete(p);
 }
 
-// Keeps the raw-allocation contract (context == data, one deleter for every block: ideep's
-// engine allocates through it), so every block, counted or not, is freed through countedDelete.
+// Blocks allocated outside a scope are the inner allocator's, untouched (no cost on their free).
+// A counted block is the same memory with countedDelete as its deleter; raw_deleter() is
+// countedDelete too, which frees an uncounted block as the inner allocator does, so ideep's raw
+// allocations work whichever they are.
 struct CountingAllocator final : c10::Allocator {
     // LibTorch 2.3 made allocate() non-const and added copy_data().
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
@@ -68,17 +79,17 @@ struct CountingAllocator final : c10::Allocator {
 #endif
     c10::DataPtr counted(size_t n) const {
         c10::DataPtr inner = g_inner->allocate(n);
-        if (inner.get() != inner.get_context() || inner.get_deleter() != g_innerDelete)
-            return inner;  // not the default allocator's kind of block: left as it is
+        if (!t_counter || n == 0 || inner.get() != inner.get_context() ||
+            inner.get_deleter() != g_innerDelete)
+            return inner;  // not counted, or not the default allocator's kind of block
         void* p = inner.release_context();
-        if (t_counter && n > 0) {
-            {
-                std::lock_guard<std::mutex> lk(g_mutex);
-                g_counted[p] = {static_cast<int64_t>(n), t_counter};
-                g_countedBlocks.fetch_add(1, std::memory_order_release);
-            }
-            t_counter->add(static_cast<int64_t>(n));
+        {
+            Counted& c = countedTable();
+            std::lock_guard<std::mutex> lk(c.mutex);
+            c.blocks[p] = {static_cast<int64_t>(n), t_counter};
+            g_countedBlocks.fetch_add(1, std::memory_order_release);
         }
+        t_counter->add(static_cast<int64_t>(n));
         return {p, p, &countedDelete, c10::Device(c10::DeviceType::CPU)};
     }
     c10::DeleterFnPtr raw_deleter() const override { return &countedDelete; }
@@ -91,8 +102,8 @@ void installCountingAllocator() {
         g_inner = c10::GetCPUAllocator();
         g_innerDelete = g_inner->raw_deleter();
         if (!g_innerDelete) return;  // an allocator without a raw deleter: nothing is counted
-        static CountingAllocator counting;
-        c10::SetCPUAllocator(&counting, /*priority=*/1);
+        static auto* counting = new CountingAllocator;  // never destroyed, as c10 keeps using it
+        c10::SetCPUAllocator(counting, /*priority=*/1);
     });
 }
 
