@@ -9,6 +9,8 @@
 
 namespace lathe::cli {
 
+std::string versionLine() { return std::string("lathectl ") + kVersion; }
+
 void addCommonOptions(CLI::App* cmd, CommonOptions& opts, bool withJson) {
     cmd->add_option("--db", opts.db,
                     "workspace database (default: $LATHE_DB, else $XDG_DATA_HOME/lathe/lathe.db, i.e. "

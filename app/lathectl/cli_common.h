@@ -15,6 +15,12 @@ namespace lathe::cli {
 
 enum ExitCode : int { kOk = 0, kRunFailed = 1, kUsage = 2, kInterrupted = 130 };
 
+/// Lathe's version, "0.1.0".
+inline constexpr const char* kVersion = "0.1.0";
+/// What `lathectl --version` prints, without the newline: "lathectl 0.1.0" (`hosts check`
+/// compares a host's lathectl with it).
+std::string versionLine();
+
 /// A usage/config problem: printed as one line, exit code 2.
 struct UsageError : std::runtime_error {
     using std::runtime_error::runtime_error;

@@ -230,7 +230,7 @@ void registerInfo(CLI::App& app, int& exitCode) {
     addCommonOptions(cmd, st->opts);
     cmd->callback([st] {
         const std::string db = core::Store::resolvePath(st->opts.db);
-        nlohmann::json j{{"version", "0.1.0"},
+        nlohmann::json j{{"version", kVersion},
                          {"workspace", db},
                          {"schema_version", core::Store::kSchemaVersion},
                          {"cpu_features", kernels::cpuFeatures()},

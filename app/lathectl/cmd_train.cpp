@@ -5,12 +5,17 @@
 #include <csignal>
 #include <cstdio>
 #include <iostream>
+#include <algorithm>
+#include <functional>
 #include <map>
 
 #include "cli_common.h"
+#include "hosts_common.h"
 #include "lathe/core/error.h"
 #include "lathe/core/record.h"
+#include "lathe/core/store.h"
 #include "lathe/core/trainer.h"
+#include "lathe/remote/launcher.h"
 
 namespace lathe::cli {
 namespace {
@@ -89,7 +94,55 @@ struct TrainState {
     SpecFlags spec;
     int64_t resume = 0;
     bool quiet = false;
+    std::string hosts;  // NAME:SLOTS[,NAME:SLOTS...]
+    std::string masterAddr;
+    bool stage = false;
 };
+
+// --hosts NAME:SLOTS[,NAME:SLOTS…]: the inventory's hosts, in rank order.
+std::vector<remote::RemoteHost> parsePlacement(const std::string& text, const core::Store& store) {
+    std::vector<remote::RemoteHost> out;
+    size_t pos = 0;
+    while (pos <= text.size()) {
+        const auto comma = text.find(',', pos);
+        const std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+        pos = comma == std::string::npos ? text.size() + 1 : comma + 1;
+        const auto colon = item.rfind(':');
+        const std::string name = item.substr(0, colon);
+        if (name.empty())
+            throw UsageError("--hosts: '" + item + "' names no host (give NAME:SLOTS, e.g. gpu-a:2,gpu-b:2)");
+        const auto rec = store.host(name);
+        if (!rec)
+            throw UsageError("--hosts: no host '" + name + "' in " + store.path() +
+                             " (add it with lathectl hosts add " + name + " --address ADDRESS)");
+        remote::RemoteHost h;
+        h.name = name;
+        h.spec = specFor(*rec);
+        h.lathectl = rec->lathectl;
+        h.slots = rec->slots;
+        if (colon != std::string::npos) {
+            const std::string n = item.substr(colon + 1);
+            int slots = 0;
+            try {
+                size_t used = 0;
+                slots = std::stoi(n, &used);
+                if (used != n.size()) slots = 0;
+            } catch (const std::exception&) {
+                slots = 0;
+            }
+            if (slots < 1)
+                throw UsageError("--hosts: slots of '" + name + "' must be a positive number (got '" + n + "')");
+            if (slots > rec->slots)
+                throw UsageError("--hosts: " + std::to_string(slots) + " slots asked of '" + name + "', which has " +
+                                 std::to_string(rec->slots) + " (lathectl hosts list)");
+            h.slots = slots;
+        }
+        for (const auto& other : out)
+            if (other.name == name) throw UsageError("--hosts: '" + name + "' is named twice");
+        out.push_back(std::move(h));
+    }
+    return out;
+}
 
 int runTrain(const TrainState& st) {
     auto store = openStore(st.common);
@@ -105,6 +158,45 @@ int runTrain(const TrainState& st) {
         spec = buildSpec(st.spec);
     }
 
+    // Across hosts: every host is checked before the run is created; the ranks are the slots.
+    remote::RemoteLaunchOptions remoteOptions;
+    std::string placement;
+    if (!st.hosts.empty()) {
+        remoteOptions.hosts = parsePlacement(st.hosts, *store);
+        remoteOptions.masterAddr = st.masterAddr;
+        remoteOptions.stage = st.stage;
+        remoteOptions.expectedVersion = versionLine();
+        int total = 0;
+        std::vector<int> slots;
+        for (const auto& h : remoteOptions.hosts) {
+            total += h.slots;
+            slots.push_back(h.slots);
+            placement += (placement.empty() ? "" : ",") + h.name + ":" + std::to_string(h.slots);
+        }
+        if (spec.nproc > 1 && spec.nproc != total)
+            throw UsageError("the run asks for nproc = " + std::to_string(spec.nproc) + " but --hosts gives " +
+                             std::to_string(total) + " slots; drop nproc or make them agree");
+        spec.nproc = total;
+        if (spec.strategy == "hierarchical" && std::adjacent_find(slots.begin(), slots.end(), std::not_equal_to<>()) != slots.end())
+            throw UsageError("strategy = \"hierarchical\" groups ranks by host and needs the same slots on every host (got " +
+                             placement + ")");
+        if (spec.nproc < 2) throw UsageError("--hosts: a run across hosts needs at least 2 slots in all");
+        if (const auto problems = core::validate(spec); !problems.empty()) {
+            std::string all;
+            for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
+            throw core::ConfigError(all);
+        }
+        std::string problems;
+        for (const auto& r : remote::checkHosts(remoteOptions))
+            if (!r.ok) problems += "\n  " + r.problem;
+        if (!problems.empty()) {
+            std::fprintf(stderr, "lathectl: not launched (nothing was started):%s\n", problems.c_str());
+            return kRunFailed;
+        }
+    } else if (!st.masterAddr.empty() || st.stage) {
+        throw UsageError("--master-addr and --stage apply to runs across hosts: give --hosts too");
+    }
+
     const bool humanOut = !st.common.json;
     std::FILE* progressOut = humanOut ? stdout : stderr;
     Progress progress(progressOut, isatty(fileno(progressOut)) != 0, spec.epochs);
@@ -117,6 +209,12 @@ int runTrain(const TrainState& st) {
     char host[256] = "localhost";
     gethostname(host, sizeof host - 1);
     ro.host = host;
+    if (!remoteOptions.hosts.empty()) {
+        ro.placement = placement;
+        ro.launch = [&remoteOptions](const core::LaunchOptions& lo, const core::EventSink& sink) {
+            return remote::launchRemote(lo, remoteOptions, sink);
+        };
+    }
     const auto rec = core::trainAndRecord(*store, spec, ro, observer);
     removeStopHandler();
     progress.finish();
@@ -162,6 +260,15 @@ void registerTrain(CLI::App& app, int& exitCode) {
     cmd->add_option("--resume", st->resume,
                     "continue run ID from its last checkpoint (flags such as --epochs apply)");
     cmd->add_flag("--quiet,-q", st->quiet, "no progress output");
+    cmd->add_option("--hosts", st->hosts,
+                    "run across hosts of the workspace over SSH: NAME:SLOTS[,NAME:SLOTS...] (one rank per slot; "
+                    "lathectl hosts add NAME first)");
+    cmd->add_option("--master-addr", st->masterAddr,
+                    "with --hosts: the address of the first host that the others reach (default: the one "
+                    "this machine reaches it at)");
+    cmd->add_flag("--stage", st->stage,
+                  "with --hosts: upload this lathectl to hosts of the same OS and architecture that lack it "
+                  "or have another version");
     cmd->callback([st, &exitCode] { exitCode = runTrain(*st); });
 }
 

@@ -1,10 +1,17 @@
 // lathectl worker: one run whose event stream goes to stdout (what the SSH and multi-process
 // executors read); lathectl ingest: records such a stream into the workspace.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <csignal>
+#include <thread>
 #include <filesystem>
 #include <fstream>
+#include <cstring>
 #include <iostream>
 
 #include "cli_common.h"
@@ -21,7 +28,30 @@ struct WorkerState {
     std::string checkpointDir;
     std::string resume;
     std::string owner;  // WORKSPACE_ID:RUN, written into the checkpoints
+    bool lifeline = false;
+    int lifelineGraceSec = 10;
 };
+
+// The lifeline of a worker started over SSH: stdin stays open for as long as the launcher's
+// channel does. Its end (the launcher stopped the run, was killed, or the connection dropped)
+// stops the run like Ctrl+C; a rank that cannot stop by itself (blocked in a collective whose
+// peers are gone) leaves after the grace period. Signals are no substitute: OpenSSH does not
+// deliver them to a root login, and a dropped connection sends none.
+void watchLifeline(std::atomic<bool>& stop, int graceSec) {
+    std::thread([&stop, graceSec] {
+        char buf[256];
+        for (;;) {
+            const ssize_t n = ::read(STDIN_FILENO, buf, sizeof buf);
+            if (n > 0 || (n < 0 && errno == EINTR)) continue;
+            break;
+        }
+        stop.store(true);
+        std::this_thread::sleep_for(std::chrono::seconds(graceSec));
+        static const char msg[] = "lathectl worker: lifeline ended and the run did not stop in time; exiting\n";
+        (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
+        ::_exit(kInterrupted);
+    }).detach();
+}
 
 // "WORKSPACE_ID:RUN" as the launcher passes it (lathe::core::LaunchOptions::owner).
 core::CheckpointOwner parseOwner(const std::string& text) {
@@ -67,6 +97,7 @@ int runWorker(const WorkerState& st) {
     opts.resumeFrom = st.resume;
     if (!st.owner.empty()) opts.owner = parseOwner(st.owner);
     opts.stop = &installStopHandler();
+    if (st.lifeline) watchLifeline(installStopHandler(), st.lifelineGraceSec);
     opts.dist = dist;
     core::TrainResult result;
     try {
@@ -138,7 +169,38 @@ void registerWorker(CLI::App& app, int& exitCode) {
         cmd->add_option("--resume", st->resume, "continue from this checkpoint file");
         cmd->add_option("--owner", st->owner,
                         "WORKSPACE_ID:RUN written into checkpoints (set by lathectl train)");
+        cmd->add_flag("--lifeline", st->lifeline,
+                      "stop when stdin ends (set by the SSH launcher: a lost launcher stops the rank)");
+        cmd->add_option("--lifeline-grace", st->lifelineGraceSec,
+                        "seconds a rank may take to stop after its lifeline ends before it exits")
+            ->check(CLI::Range(1, 600))
+            ->capture_default_str();
         cmd->callback([st, &exitCode] { exitCode = runWorker(*st); });
+    }
+    {
+        // For the SSH launcher: a port on this host's ADDRESS that nothing listens on now (the
+        // rendezvous port of a run whose rank 0 is here).
+        auto address = std::make_shared<std::string>("0.0.0.0");
+        auto* cmd = app.add_subcommand("free-port", "print a TCP port free on this host (for launchers)");
+        cmd->group("");  // internal: not listed in --help
+        cmd->add_option("--address", *address, "IPv4 address to probe")->capture_default_str();
+        cmd->callback([address, &exitCode] {
+            sockaddr_in sa{};
+            sa.sin_family = AF_INET;
+            if (::inet_pton(AF_INET, address->c_str(), &sa.sin_addr) != 1)
+                throw UsageError("--address must be an IPv4 address (got '" + *address + "')");
+            const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+            socklen_t len = sizeof sa;
+            if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
+                ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+                const std::string why = std::strerror(errno);
+                if (fd >= 0) ::close(fd);
+                throw UsageError("cannot bind " + *address + ": " + why);
+            }
+            std::printf("%d\n", ntohs(sa.sin_port));
+            ::close(fd);
+            exitCode = kOk;
+        });
     }
     {
         auto st = std::make_shared<IngestState>();

@@ -58,7 +58,7 @@ bool isFlag(const CLI::Option* opt, const char* longName) { return opt->check_na
 
 // ---- completion ----------------------------------------------------------------------------
 
-enum class Kind { None, Run, Model };
+enum class Kind { None, Run, Model, Host };
 
 Kind valueKind(const std::string& path, const CLI::Option* opt) {
     if ((path == "train" && isFlag(opt, "--resume")) || (path == "models register" && isFlag(opt, "--run")))
@@ -74,11 +74,13 @@ Kind positionalKind(const std::string& path, int index) {
     for (const char* p :
          {"models show", "models alias", "models register", "deploy", "rollback", "undeploy", "deployments"})
         if (path == p) return Kind::Model;
+    for (const char* p : {"hosts check", "hosts trust", "hosts remove"})
+        if (path == p) return Kind::Host;
     return Kind::None;
 }
 
-/// Run ids (newest first) or model names of the workspace --db names (else the default one);
-/// nothing when that file does not exist: completing must never create a workspace.
+/// Run ids (newest first), model names or host names of the workspace --db names (else the
+/// default one); nothing when that file does not exist: completing must never create a workspace.
 std::vector<std::string> workspaceNames(Kind kind, const std::string& db) {
     std::vector<std::string> out;
     if (kind == Kind::None) return out;
@@ -88,6 +90,9 @@ std::vector<std::string> workspaceNames(Kind kind, const std::string& db) {
     if (kind == Kind::Run) {
         const core::Store store(path);
         for (const auto& run : store.listRuns()) out.push_back(std::to_string(run.id));
+    } else if (kind == Kind::Host) {
+        const core::Store store(path);
+        for (const auto& host : store.hosts()) out.push_back(host.name);
     } else {
         const core::Registry registry(path);
         for (const auto& model : registry.listModels()) out.push_back(model.name);

@@ -10,7 +10,7 @@
 int main(int argc, char** argv) {
     CLI::App app{"lathectl — train, inspect and manage Lathe runs without a display", "lathectl"};
     app.require_subcommand(1);
-    app.set_version_flag("--version", "lathectl 0.1.0");
+    app.set_version_flag("--version", lathe::cli::versionLine());
     int exitCode = lathe::cli::kOk;
     lathe::cli::registerTrain(app, exitCode);
     lathe::cli::registerRuns(app, exitCode);
@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
         std::cout << app.help("", CLI::AppFormatMode::All);
         return 0;
     } catch (const CLI::CallForVersion&) {
-        std::cout << "lathectl 0.1.0\n";
+        std::cout << lathe::cli::versionLine() << "\n";
         return 0;
     } catch (const CLI::ParseError& ex) {
         // An unknown command or flag: name it and the nearest ones, as git does.

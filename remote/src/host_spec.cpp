@@ -27,12 +27,12 @@ bool isIpv6Literal(const std::string& host) { return host.find(':') != std::stri
 
 std::string HostSpec::label() const {
     const std::string h = isIpv6Literal(host) ? "[" + host + "]" : host;
-    return port == 22 ? host : h + ":" + std::to_string(port);
+    return port == 22 || port == 0 ? host : h + ":" + std::to_string(port);
 }
 
 std::string HostSpec::toString() const {
     std::string out = user.empty() ? std::string() : user + "@";
-    if (port == 22) return out + (isIpv6Literal(host) ? "[" + host + "]" : host);
+    if (port == 22 || port == 0) return out + (isIpv6Literal(host) ? "[" + host + "]" : host);
     return out + label();
 }
 

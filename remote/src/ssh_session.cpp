@@ -1,15 +1,20 @@
 // SshSession over libssh. Host keys are checked against an explicitly named known_hosts
-// file (libssh would otherwise read the passwd home's file, not $HOME's), ~/.ssh/config is
-// not read (a HostSpec says everything), and libssh never logs (it could print key paths and
-// protocol details nobody asked for).
+// file (libssh would otherwise read the passwd home's file, not $HOME's), ~/.ssh/config is read
+// for what the HostSpec leaves open (parsed before the spec's own fields are set, so those win),
+// and libssh never logs (it could print key paths and protocol details nobody asked for).
 
 #include "lathe/remote/ssh_session.h"
+
+#include "session_access.h"
 
 #include <libssh/callbacks.h>
 #include <libssh/libssh.h>
 
+#include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/stat.h>
 #include <pwd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -95,24 +100,39 @@ struct SshSession::Impl {
             throw SshError(
                 SshError::Kind::Usage, label(),
                 "invalid host name '" + spec.host + "' (no spaces, '/' or '@'; give the user separately)");
-        if (spec.port < 1 || spec.port > 65535)
+        if (spec.port < 0 || spec.port > 65535)
             throw SshError(SshError::Kind::Usage, label(), "invalid port " + std::to_string(spec.port));
         session = ssh_new();
         if (!session)
             throw SshError(SshError::Kind::Usage, label(), "cannot create an SSH session (out of memory)");
         const int verbosity = SSH_LOG_NOLOG;
-        const bool processConfig = false;
-        const unsigned int port = static_cast<unsigned int>(spec.port);
+        const bool processConfig = false;  // ssh_connect() must not parse it again over our options
         const long timeout = spec.connectTimeoutSec > 0 ? spec.connectTimeoutSec : 10;
         const std::string sshDir = homeDir() + "/.ssh";
         const std::string knownHosts =
             spec.knownHostsFile.empty() ? sshDir + "/known_hosts" : expandTilde(spec.knownHostsFile);
         setOption(SSH_OPTIONS_LOG_VERBOSITY, &verbosity, "log level");
         setOption(SSH_OPTIONS_PROCESS_CONFIG, &processConfig, "config option");
-        setOption(SSH_OPTIONS_HOST, spec.host.c_str(), "host name");
-        setOption(SSH_OPTIONS_PORT, &port, "port");
-        setOption(SSH_OPTIONS_TIMEOUT, &timeout, "timeout");
         setOption(SSH_OPTIONS_SSH_DIR, sshDir.c_str(), "ssh directory");
+        setOption(SSH_OPTIONS_HOST, spec.host.c_str(), "host name");
+        // The config file first: what it says for this Host (HostName, Port, User, IdentityFile,
+        // ProxyJump) fills in; the spec's own fields, set after it, override.
+        if (spec.sshConfigFile != "none") {
+            const std::string config = spec.sshConfigFile.empty() ? sshDir + "/config" : expandTilde(spec.sshConfigFile);
+            struct stat st {};
+            if (::stat(config.c_str(), &st) == 0) {
+                if (ssh_options_parse_config(session, config.c_str()) != SSH_OK)
+                    throw SshError(SshError::Kind::Usage, label(),
+                                   "cannot use ssh config " + config + ": " + libsshError());
+            } else if (!spec.sshConfigFile.empty()) {
+                throw SshError(SshError::Kind::Usage, label(), "ssh config " + config + " does not exist");
+            }
+        }
+        if (spec.port > 0) {
+            const unsigned int port = static_cast<unsigned int>(spec.port);
+            setOption(SSH_OPTIONS_PORT, &port, "port");
+        }
+        setOption(SSH_OPTIONS_TIMEOUT, &timeout, "timeout");
         setOption(SSH_OPTIONS_KNOWNHOSTS, knownHosts.c_str(), "known_hosts path");
         if (!spec.user.empty()) setOption(SSH_OPTIONS_USER, spec.user.c_str(), "user name");
         sessionCallbacks = {};
@@ -154,6 +174,19 @@ struct SshSession::Impl {
         throw SshError(kind, label(), "cannot connect: " + err);
     }
 
+    // The host as known_hosts names it: "name", or "[name]:port" off port 22 (after the config).
+    std::string knownHostsName() const {
+        char* host = nullptr;
+        std::string name = spec.host;
+        if (ssh_options_get(session, SSH_OPTIONS_HOST, &host) == SSH_OK && host) {
+            name = host;
+            ssh_string_free_char(host);
+        }
+        unsigned int port = 22;
+        ssh_options_get_port(session, &port);
+        return port == 22 ? name : "[" + name + "]:" + std::to_string(port);
+    }
+
     std::string serverFingerprint(std::string* keyType) {
         ssh_key raw = nullptr;
         if (ssh_get_server_publickey(session, &raw) != SSH_OK || !raw)
@@ -191,7 +224,7 @@ struct SshSession::Impl {
                         fingerprint +
                         "); someone may be intercepting the connection, or the host was "
                         "reinstalled; if so, remove its old line: ssh-keygen -R '" +
-                        (spec.port == 22 ? spec.host : "[" + spec.host + "]:" + std::to_string(spec.port)) +
+                        knownHostsName() +
                         "' -f " + knownHosts);
             case SSH_KNOWN_HOSTS_OTHER:
                 throw HostKeyError(HostKeyError::Reason::Other, label(), fingerprint,
@@ -305,6 +338,49 @@ const HostSpec& SshSession::spec() const noexcept { return m_impl->spec; }
 
 ExecResult SshSession::exec(const std::string& command, const OutputFn& onStdout, const OutputFn& onStderr,
                             const std::atomic<bool>* cancel, double timeoutSec) {
+    ExecOptions options;
+    options.cancel = cancel;
+    options.timeoutSec = timeoutSec;
+    return exec(command, onStdout, onStderr, options);
+}
+
+std::string SshSession::run(const std::string& command, const std::string& what, double timeoutSec) {
+    std::string out, err;
+    ExecOptions options;
+    options.timeoutSec = timeoutSec;
+    const auto res = exec(
+        command, [&](std::string_view c) { out.append(c); },
+        [&](std::string_view c) {
+            if (err.size() < 4096) err.append(c);
+        },
+        options);
+    if (res.exitStatus != 0) {
+        std::string first = err.substr(0, err.find('\n'));
+        throw SshError(SshError::Kind::Channel, m_impl->label(),
+                       what + " failed (" +
+                           (res.exitSignal.empty() ? "exit status " + std::to_string(res.exitStatus)
+                                                   : "signal " + res.exitSignal) +
+                           ")" + (first.empty() ? "" : ": " + first));
+    }
+    return out;
+}
+
+std::string SshSession::peerAddress() const {
+    if (!m_impl || !m_impl->session || !m_impl->connected) return {};
+    const int fd = ssh_get_fd(m_impl->session);
+    sockaddr_storage sa{};
+    socklen_t len = sizeof sa;
+    if (fd < 0 || ::getpeername(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) return {};
+    char host[NI_MAXHOST] = {0};
+    if (::getnameinfo(reinterpret_cast<sockaddr*>(&sa), len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0)
+        return {};
+    return host;
+}
+
+ExecResult SshSession::exec(const std::string& command, const OutputFn& onStdout, const OutputFn& onStderr,
+                            const ExecOptions& options) {
+    const std::atomic<bool>* cancel = options.cancel;
+    const double timeoutSec = options.timeoutSec;
     if (!m_impl) throw SshError(SshError::Kind::Usage, "?", "exec() on a moved-from session");
     Impl& d = *m_impl;
     if (!d.connected)
@@ -364,8 +440,10 @@ ExecResult SshSession::exec(const std::string& command, const OutputFn& onStdout
                 ssh_channel_request_send_signal(channel, "TERM");
         }
     } stopGuard{channel.get(), d.session, status};
-    // There is no stdin to give: say so at once, so a command that reads it ends instead of hanging.
-    ssh_channel_send_eof(channel.get());
+    // There is no stdin to give: say so at once, so a command that reads it ends instead of
+    // hanging. With the lifeline, stdin stays open until this call ends (the channel closes).
+    if (!options.keepStdinOpen) ssh_channel_send_eof(channel.get());
+    bool interrupted = false;
 
     const auto broken = [&d](const char* when) {
         const std::string why = d.libsshError();
@@ -409,6 +487,11 @@ ExecResult SshSession::exec(const std::string& command, const OutputFn& onStdout
         if (!outputEnded && ssh_channel_is_eof(channel.get())) outputEnded = true;
         if (outputEnded && (status.exited || ssh_channel_is_closed(channel.get()))) break;
         if (!status.exited && ssh_is_connected(d.session) == 0) throw broken("while the command was running");
+        if (!interrupted && options.interrupt && options.interrupt->load(std::memory_order_relaxed)) {
+            interrupted = true;
+            ssh_channel_request_send_signal(channel.get(), "TERM");
+            if (options.keepStdinOpen) ssh_channel_send_eof(channel.get());
+        }
         if (cancel && cancel->load(std::memory_order_relaxed)) {
             // OpenSSH (>= 7.9) delivers this with killpg, so the shell's children stop too. It
             // refuses signals for root logins (no privilege separation there); then the command
@@ -427,5 +510,19 @@ ExecResult SshSession::exec(const std::string& command, const OutputFn& onStdout
     }
     return status.result;
 }
+
+namespace detail {
+ssh_session SessionAccess::native(SshSession& s) {
+    if (!s.m_impl || !s.m_impl->connected)
+        throw SshError(SshError::Kind::Usage, s.m_impl ? s.m_impl->label() : "?",
+                       "not connected: connect() first (again after a lost connection)");
+    return s.m_impl->session;
+}
+void SessionAccess::markLost(SshSession& s) noexcept {
+    if (s.m_impl) s.m_impl->connected = false;
+}
+std::string SessionAccess::label(const SshSession& s) { return s.m_impl ? s.m_impl->label() : "?"; }
+std::string SessionAccess::error(const SshSession& s) { return s.m_impl ? s.m_impl->libsshError() : "no session"; }
+}  // namespace detail
 
 }  // namespace lathe::remote

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 #include <thread>
+#include <vector>
 
 #include "lathe/core/error.h"
 #include "lathe/core/store.h"
@@ -211,7 +212,7 @@ TEST_CASE("a schema-1 workspace is migrated forward and keeps its runs", "[store
         path,
         "DROP TABLE profile_spans; DROP TABLE models; DROP TABLE model_versions; DROP TABLE model_aliases; "
         "DROP TABLE deployments; DROP TABLE serving_metrics; DROP TABLE alerts; DROP TABLE workspace; "
-        "PRAGMA user_version = 1;");
+        "DROP TABLE hosts; PRAGMA user_version = 1;");
     Store s(path);
     CHECK(s.schemaVersion() == Store::kSchemaVersion);
     CHECK(s.run(id)->name == "from-v1");
@@ -288,4 +289,130 @@ TEST_CASE("a full disk fails the writes loudly after retries and loses nothing c
     s.appendMetric(id, "k", 5000, 0, 1);
     s.flush();
     CHECK(s.metrics(id, "k").size() == kept + 1);
+}
+
+// ---- hosts ---------------------------------------------------------------------------------
+
+TEST_CASE("hosts are added, read, listed by name, updated and removed", "[store][hosts]") {
+    TempDir dir;
+    const auto path = dir.file("lathe.db");
+    {
+        Store s(path);
+        CHECK(s.hosts().empty());
+        CHECK_FALSE(s.host("gpu-1"));
+        s.addHost({"gpu-2", "10.0.0.2", 2222, "alice", "~/.ssh/id_ed25519", "/opt/lathe/bin/lathectl", 4});
+        s.addHost({"gpu-1", "gpu1.example.org"});
+        // Bound parameters: stored literally.
+        s.addHost({"a.b_c", "h", 0, "", "/keys/it's; DROP TABLE hosts; --"});
+    }
+    Store s(path);  // reopen: committed when addHost returned
+    const auto all = s.hosts();
+    REQUIRE(all.size() == 3);
+    CHECK(all[0].name == "a.b_c");
+    CHECK(all[1].name == "gpu-1");
+    CHECK(all[2].name == "gpu-2");
+    CHECK(all[0].identity == "/keys/it's; DROP TABLE hosts; --");
+
+    const auto g2 = s.host("gpu-2");
+    REQUIRE(g2);
+    CHECK(g2->address == "10.0.0.2");
+    CHECK(g2->port == 2222);
+    CHECK(g2->user == "alice");
+    CHECK(g2->identity == "~/.ssh/id_ed25519");
+    CHECK(g2->lathectl == "/opt/lathe/bin/lathectl");
+    CHECK(g2->slots == 4);
+    CHECK(g2->addedAt > 0);
+    const auto g1 = s.host("gpu-1");
+    REQUIRE(g1);
+    CHECK(g1->port == 0);  // not set
+    CHECK(g1->user.empty());
+    CHECK(g1->slots == 1);
+
+    HostRecord changed = *g2;
+    changed.port = 0;
+    changed.user.clear();
+    changed.slots = 8;
+    changed.addedAt = 1;  // not updated
+    s.updateHost(changed);
+    const auto after = s.host("gpu-2");
+    REQUIRE(after);
+    CHECK(after->port == 0);
+    CHECK(after->user.empty());
+    CHECK(after->slots == 8);
+    CHECK(after->addedAt == g2->addedAt);
+
+    CHECK(s.removeHost("gpu-2"));
+    CHECK_FALSE(s.removeHost("gpu-2"));
+    CHECK_FALSE(s.host("gpu-2"));
+    CHECK(s.hosts().size() == 2);
+    CHECK_THROWS_AS(s.updateHost(changed), StoreError);  // gone
+    // Hosts writes share the writer with runs: both keep going.
+    const auto id = newRun(s);
+    s.appendMetric(id, "k", 1, 0, 1);
+    s.addHost({"gpu-3", "10.0.0.3"});
+    s.flush();
+    CHECK(s.metrics(id, "k").size() == 1);
+    CHECK(s.host("gpu-3"));
+}
+
+TEST_CASE("a second host of one name is refused and the first one kept", "[store][hosts]") {
+    TempDir dir;
+    Store s(dir.file("lathe.db"));
+    s.addHost({"gpu-1", "10.0.0.1", 22});
+    CHECK_THROWS_AS(s.addHost({"gpu-1", "10.0.0.9"}), StoreError);
+    CHECK_THROWS_WITH(s.addHost({"gpu-1", "10.0.0.9"}),
+                      "host 'gpu-1' already exists; remove it first or choose another name");
+    CHECK(s.host("gpu-1")->address == "10.0.0.1");
+    CHECK(s.hosts().size() == 1);
+    s.flush();  // the refusal went to its caller, not to the next flush
+}
+
+TEST_CASE("bad host names and fields are refused before anything is written", "[store][hosts]") {
+    TempDir dir;
+    Store s(dir.file("lathe.db"));
+    for (const std::string& name : std::vector<std::string>{"", "-gpu", "gpu 1", "gpu/1", "alice@gpu",
+                                                            "gpu:22", "gpü", std::string(65, 'a'), "a\nb"}) {
+        CAPTURE(name);
+        CHECK_THROWS_AS(s.addHost({name, "10.0.0.1"}), ConfigError);
+        CHECK_THROWS_AS(Store::validateHostName(name), ConfigError);
+    }
+    CHECK_THROWS_WITH(s.addHost({"-x", "h"}),
+                      Catch::Contains("host name '-x'") && Catch::Contains("not starting with '-'"));
+    CHECK_NOTHROW(Store::validateHostName(std::string(64, 'a')));
+    CHECK_NOTHROW(Store::validateHostName("GPU_2.lab-1"));
+
+    CHECK_THROWS_WITH(s.addHost({"h", ""}), Catch::Contains("address is empty"));
+    CHECK_THROWS_AS(s.addHost({"h", "-oProxyCommand=x"}), ConfigError);
+    CHECK_THROWS_AS(s.addHost({"h", "two words"}), ConfigError);
+    CHECK_THROWS_AS(s.addHost({"h", "10.0.0.1", 65536}), ConfigError);
+    CHECK_THROWS_AS(s.addHost({"h", "10.0.0.1", -1}), ConfigError);
+    CHECK_THROWS_AS(s.addHost({"h", "10.0.0.1", 0, "-l"}), ConfigError);
+    CHECK_THROWS_AS(s.addHost({"h", "10.0.0.1", 0, "", "", "/bin/lathectl\necho"}), ConfigError);
+    CHECK_THROWS_WITH(s.addHost({"h", "10.0.0.1", 0, "", "", "", 0}), Catch::Contains("slots"));
+    CHECK_THROWS_AS(s.addHost({"h", "10.0.0.1", 0, "", "", "", 4097}), ConfigError);
+    CHECK(s.hosts().empty());
+    CHECK_NOTHROW(s.addHost({"h", "10.0.0.1", 65535, "", "", "", 4096}));
+}
+
+TEST_CASE("a schema-5 workspace is migrated to 6 and gets an empty hosts table", "[store][hosts]") {
+    TempDir dir;
+    const auto path = dir.file("v5.db");
+    int64_t id = 0;
+    std::string workspaceId;
+    {
+        Store s(path);
+        id = newRun(s, "from-v5");
+        workspaceId = s.workspaceId();
+        s.addHost({"gone", "10.0.0.1"});
+    }
+    // What Lathe wrote with schema 5: everything but the hosts table.
+    sqlExec(path, "DROP TABLE hosts; PRAGMA user_version = 5;");
+    Store s(path);
+    CHECK(s.schemaVersion() == 6);
+    CHECK(s.schemaVersion() == Store::kSchemaVersion);
+    CHECK(s.run(id)->name == "from-v5");
+    CHECK(s.workspaceId() == workspaceId);  // a migration keeps the id
+    CHECK(s.hosts().empty());
+    s.addHost({"gpu-1", "10.0.0.1"});
+    CHECK(s.hosts().size() == 1);
 }

@@ -19,6 +19,8 @@
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
+#include <vector>
 
 extern char** environ;
 
@@ -105,7 +107,7 @@ std::string SshdServer::unavailableReason() {
     return {};
 }
 
-SshdServer::SshdServer() {
+SshdServer::SshdServer(std::string address) : m_address(std::move(address)) {
     for (const char* key : {"host_ed25519", "client_ed25519", "wrong_ed25519"}) {
         const std::string cmd = "ssh-keygen -q -t ed25519 -N '' -C lathe-test -f '" + m_dir.file(key) + "'";
         if (runCommand(cmd) != 0) throw std::runtime_error("ssh-keygen failed: " + cmd);
@@ -126,9 +128,9 @@ SshdServer::~SshdServer() { stop(); }
 void SshdServer::start() {
     std::string lastLog;
     for (int attempt = 0; attempt < 3; ++attempt) {
-        m_port = freePort(kAddress);
+        m_port = freePort(m_address.c_str());
         std::ostringstream conf;
-        conf << "ListenAddress " << kAddress << "\n"
+        conf << "ListenAddress " << m_address << "\n"
              << "Port " << m_port << "\n"
              << "HostKey " << m_dir.file("host_ed25519") << "\n"
              << "AuthorizedKeysFile " << m_dir.file("authorized_keys") << "\n"
@@ -139,6 +141,7 @@ void SshdServer::start() {
              << "PermitRootLogin prohibit-password\n"
              << "StrictModes no\n"
              << "UsePAM no\n"
+             << "Subsystem sftp internal-sftp\n"
              << "LogLevel VERBOSE\n";
         writeFile(m_dir.file("sshd_config"), conf.str());
 
@@ -163,7 +166,7 @@ void SshdServer::start() {
                 m_pid = -1;
                 break;  // exited: port taken or bad config; the log says which
             }
-            if (accepts(kAddress, m_port)) return;
+            if (accepts(m_address.c_str(), m_port)) return;
             std::this_thread::sleep_for(std::chrono::milliseconds(20));
         }
         stop();
@@ -187,9 +190,40 @@ void SshdServer::stop() noexcept {
     m_pid = -1;
 }
 
+std::string SshdServer::hostPublicKey() const {
+    std::string key = readFile(m_dir.file("host_ed25519.pub"));
+    while (!key.empty() && (key.back() == '\n' || key.back() == '\r')) key.pop_back();
+    return key;
+}
+
+std::vector<int> SshdServer::connectionPids() const {
+    // Every sshd process below the listener (the per-connection monitor and its session
+    // processes), not the commands they run.
+    std::vector<int> pids;
+    if (m_pid <= 0) return pids;
+    std::string out;
+    runCommand("ps -eo pid=,ppid=,comm=", &out);
+    std::vector<std::tuple<int, int, std::string>> procs;
+    std::istringstream in(out);
+    int pid, ppid;
+    std::string comm;
+    while (in >> pid >> ppid >> comm) procs.emplace_back(pid, ppid, comm);
+    std::vector<int> frontier{m_pid};
+    while (!frontier.empty()) {
+        const int parent = frontier.back();
+        frontier.pop_back();
+        for (const auto& [p, pp, c] : procs)
+            if (pp == parent && c == "sshd") {
+                pids.push_back(p);
+                frontier.push_back(p);
+            }
+    }
+    return pids;
+}
+
 HostSpec SshdServer::spec() const {
     HostSpec spec;
-    spec.host = kAddress;
+    spec.host = m_address;
     spec.port = m_port;
     spec.user = currentUser();
     spec.identityFile = clientKey();

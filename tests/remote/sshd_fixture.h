@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 #include <string>
+#include <vector>
 
 #include "lathe/remote/host_spec.h"
 
@@ -43,12 +44,19 @@ public:
     // Empty when a server can be started here, else why not (for LATHE_SKIP).
     static std::string unavailableReason();
 
-    SshdServer();
+    // Listens on `address` (a loopback address such as 127.0.0.2 or 127.0.0.3).
+    explicit SshdServer(std::string address = kAddress);
     ~SshdServer();
     SshdServer(const SshdServer&) = delete;
     SshdServer& operator=(const SshdServer&) = delete;
 
     int port() const { return m_port; }
+    const std::string& address() const { return m_address; }
+    // The host's public key line ("ssh-ed25519 AAAA… comment") for a known_hosts entry.
+    std::string hostPublicKey() const;
+    // The sshd processes serving this server's connections (one per connection, children of
+    // the listener): killing one drops that connection as a network failure would.
+    std::vector<int> connectionPids() const;
     const TempDir& dir() const { return m_dir; }
     // The host key's fingerprint according to ssh-keygen: "SHA256:…".
     const std::string& hostKeyFingerprint() const { return m_fingerprint; }
@@ -65,6 +73,7 @@ private:
     void stop() noexcept;
 
     TempDir m_dir;
+    std::string m_address;
     int m_port = 0;
     pid_t m_pid = -1;
     std::string m_fingerprint;

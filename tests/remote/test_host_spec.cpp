@@ -19,14 +19,14 @@ TEST_CASE("parseHostSpec reads user, host and port", "[remote][host_spec]") {
     s = parseHostSpec("gpu-2");
     CHECK(s.user.empty());
     CHECK(s.host == "gpu-2");
-    CHECK(s.port == 22);
+    CHECK(s.port == 0);
     CHECK(s.label() == "gpu-2");
     CHECK(s.toString() == "gpu-2");
 
     s = parseHostSpec("bob@10.0.0.7");
     CHECK(s.user == "bob");
     CHECK(s.host == "10.0.0.7");
-    CHECK(s.port == 22);
+    CHECK(s.port == 0);
 
     s = parseHostSpec("127.0.0.2:2222");
     CHECK(s.host == "127.0.0.2");
@@ -43,11 +43,11 @@ TEST_CASE("parseHostSpec handles IPv6 and user names containing '@'", "[remote][
 
     s = parseHostSpec("fe80::1");
     CHECK(s.host == "fe80::1");
-    CHECK(s.port == 22);
+    CHECK(s.port == 0);
 
     s = parseHostSpec("[::1]");
     CHECK(s.host == "::1");
-    CHECK(s.port == 22);
+    CHECK(s.port == 0);
 
     s = parseHostSpec("jane@corp.example@gpu-1:23");
     CHECK(s.user == "jane@corp.example");

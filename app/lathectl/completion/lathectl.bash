@@ -1,11 +1,11 @@
-# bash completion for lathectl: commands, flags, run ids and model names.
+# bash completion for lathectl: commands, flags, run ids, model names and host names.
 #
 #   source build/share/bash-completion/completions/lathectl     # from a build tree
 #   installed: <prefix>/share/bash-completion/completions/lathectl (bash-completion loads it)
 #
 # The candidates come from `lathectl __complete WORDS...` (the words after the program name,
-# the last being the one under the cursor, "" for a new word): run ids and model names are read
-# from the workspace named by --db, else $LATHE_DB, else the default one.
+# the last being the one under the cursor, "" for a new word): run ids, model names and host
+# names are read from the workspace named by --db, else $LATHE_DB, else the default one.
 
 _lathectl() {
     local prog=${COMP_WORDS[0]}

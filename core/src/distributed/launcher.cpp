@@ -17,6 +17,7 @@
 #include <exception>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "lathe/core/error.h"
@@ -42,23 +43,6 @@ int envInt(const char* name, int fallback, int lo, int hi) {
     return static_cast<int>(x);
 }
 
-struct Worker {
-    int rank = 0;
-    pid_t pid = -1;
-    int outFd = -1, errFd = -1;
-    std::string outBuf, errBuf;
-    std::deque<std::string> lastErrors;  // stderr lines and error events, newest last
-    bool exited = false;
-    int status = 0;
-    std::string lastStatus;  // from its status events
-};
-
-void remember(Worker& w, std::string line) {
-    if (line.empty()) return;
-    w.lastErrors.push_back(std::move(line));
-    if (w.lastErrors.size() > 5) w.lastErrors.pop_front();
-}
-
 std::string describeExit(int status) {
     if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
     if (WIFSIGNALED(status)) return std::string("was killed by signal ") + strsignal(WTERMSIG(status));
@@ -76,6 +60,7 @@ DistEnv distEnvFromEnvironment() {
     d.masterPort = envInt("MASTER_PORT", 29500, 1, 65535);
     d.timeoutSec = envInt("LATHE_RENDEZVOUS_TIMEOUT", 60, 1, 86400);
     if (const char* a = std::getenv("MASTER_ADDR"); a && *a) d.masterAddr = a;
+    if (const char* a = std::getenv("LATHE_BIND_ADDR"); a && *a) d.bindAddr = a;
     if (d.rank >= d.worldSize)
         throw ConfigError("RANK=" + std::to_string(d.rank) +
                           " is not below WORLD_SIZE=" + std::to_string(d.worldSize));
@@ -87,54 +72,59 @@ DistEnv distEnvFromEnvironment() {
 
 namespace {
 
-LaunchResult launchOnce(const LaunchOptions& options, const EventSink& sink, const std::string& program,
-                        int port, bool& rendezvousPortTaken);
-
-}  // namespace
-
-LaunchResult launchLocal(const LaunchOptions& options, const EventSink& sink) {
-    if (options.nproc < 1) throw ConfigError("`nproc` must be at least 1");
-    const std::string program = options.program.empty() ? siblingProgram("lathectl") : options.program;
-    // The free port is probed and released before rank 0 binds it; if another program takes it
-    // in between, the rendezvous fails at once and the launch is retried on a new port.
-    for (int attempt = 1;; ++attempt) {
-        bool portTaken = false;
-        auto result = launchOnce(options, sink, program, ephemeralLoopbackPort(), portTaken);
-        if (!portTaken || attempt == 3) return result;
-        if (sink)
-            sink(Event::log("warn", "rendezvous port was taken by another program; retrying on a new port"));
+// A local `lathectl worker`: a child process with its stdout and stderr on pipes.
+class LocalRank final : public RankProcess {
+public:
+    LocalRank(pid_t pid, int outFd, int errFd) : m_pid(pid), m_out(outFd), m_err(errFd) {}
+    ~LocalRank() override {
+        if (!m_reaped) {
+            ::kill(m_pid, SIGKILL);
+            ::waitpid(m_pid, nullptr, 0);
+        }
+        for (int fd : {m_out, m_err})
+            if (fd >= 0) ::close(fd);
     }
-}
+    int stdoutFd() const override { return m_out; }
+    int stderrFd() const override { return m_err; }
+    std::optional<RankExit> reap() override {
+        if (m_reaped) return m_exit;
+        int status = 0;
+        if (::waitpid(m_pid, &status, WNOHANG) != m_pid) return std::nullopt;
+        m_reaped = true;
+        m_exit.clean = WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 130);
+        m_exit.description = describeExit(status);
+        return m_exit;
+    }
+    void terminate() override {
+        if (!m_reaped) ::kill(m_pid, SIGTERM);
+    }
+    void kill() override {
+        if (!m_reaped) ::kill(m_pid, SIGKILL);
+    }
 
-namespace {
+private:
+    pid_t m_pid;
+    int m_out, m_err;
+    bool m_reaped = false;
+    RankExit m_exit;
+};
 
-LaunchResult launchOnce(const LaunchOptions& options, const EventSink& sink, const std::string& program,
-                        int port, bool& rendezvousPortTaken) {
+// Starts the ranks of one attempt; throws Error when a pipe or fork fails (the ones already
+// started are killed and reaped by their destructors, their pipes closed).
+std::vector<std::unique_ptr<RankProcess>> startLocalRanks(const LaunchOptions& options, const std::string& program,
+                                                          int port) {
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     const std::string threads = std::to_string(std::max(1u, cores / static_cast<unsigned>(options.nproc)));
-
-    std::vector<Worker> workers(static_cast<size_t>(options.nproc));
-    auto killAll = [&](int sig) {
-        for (auto& w : workers)
-            if (w.pid > 0 && !w.exited) ::kill(w.pid, sig);
-    };
-    // Starting the workers failed part-way: the ones already started are killed and reaped and
-    // every pipe is closed, so a long-lived caller (the GUI) keeps neither zombies nor fds.
-    auto abandon = [&](std::initializer_list<int> fds) {
-        for (int fd : fds)
-            if (fd >= 0) ::close(fd);
-        killAll(SIGKILL);
-        for (auto& w : workers) {
-            if (w.pid > 0 && !w.exited) ::waitpid(w.pid, nullptr, 0);
-            for (int fd : {w.outFd, w.errFd})
-                if (fd >= 0) ::close(fd);
-        }
-    };
+    std::vector<std::unique_ptr<RankProcess>> ranks;
     for (int r = 0; r < options.nproc; ++r) {
         int out[2] = {-1, -1}, err[2] = {-1, -1};
+        const auto closeAll = [&] {
+            for (int fd : {out[0], out[1], err[0], err[1]})
+                if (fd >= 0) ::close(fd);
+        };
         if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
             const std::string why = std::strerror(errno);
-            abandon({out[0], out[1], err[0], err[1]});
+            closeAll();
             throw Error("pipe: " + why);
         }
         std::vector<std::string> args{program, "worker", options.configPath};
@@ -156,7 +146,7 @@ LaunchResult launchOnce(const LaunchOptions& options, const EventSink& sink, con
         for (char** e = environ; *e; ++e) {
             const std::string kv(*e);
             const auto name = kv.substr(0, kv.find('='));
-            if (set.count(name)) continue;
+            if (set.count(name) || name == "LATHE_BIND_ADDR") continue;
             env.push_back(kv);
         }
         for (const auto& [k, v] : set) env.push_back(k + "=" + v);
@@ -172,7 +162,7 @@ LaunchResult launchOnce(const LaunchOptions& options, const EventSink& sink, con
         const pid_t pid = ::fork();
         if (pid < 0) {
             const std::string why = std::strerror(errno);
-            abandon({out[0], out[1], err[0], err[1]});
+            closeAll();
             throw Error("fork: " + why);
         }
         if (pid == 0) {
@@ -189,28 +179,65 @@ LaunchResult launchOnce(const LaunchOptions& options, const EventSink& sink, con
         }
         ::close(out[1]);
         ::close(err[1]);
-        auto& w = workers[static_cast<size_t>(r)];
-        w.rank = r;
-        w.pid = pid;
-        w.outFd = out[0];
-        w.errFd = err[0];
+        ranks.push_back(std::make_unique<LocalRank>(pid, out[0], err[0]));
     }
+    return ranks;
+}
 
+struct Supervised {
+    int rank = 0;
+    RankProcess* process = nullptr;
+    bool outOpen = true, errOpen = true;
+    std::string outBuf, errBuf;
+    std::deque<std::string> lastErrors;  // stderr lines and error events, newest last
+    std::optional<RankExit> exit;
+    std::string lastStatus;  // from its status events
+
+    std::string name() const {
+        const std::string where = process->where();
+        return "rank " + std::to_string(rank) + (where.empty() ? "" : " (" + where + ")");
+    }
+};
+
+void remember(Supervised& w, std::string line) {
+    if (line.empty()) return;
+    w.lastErrors.push_back(std::move(line));
+    if (w.lastErrors.size() > 5) w.lastErrors.pop_front();
+}
+
+std::string joined(const std::deque<std::string>& lines) {
+    std::string out;
+    for (size_t i = 0; i < lines.size(); ++i) out += (i ? " | " : "") + lines[i];
+    return out;
+}
+
+}  // namespace
+
+LaunchResult superviseRanks(std::vector<std::unique_ptr<RankProcess>>& ranks, const SuperviseOptions& options,
+                            const EventSink& sink, bool* rendezvousPortTaken) {
+    std::vector<Supervised> workers(ranks.size());
+    for (size_t r = 0; r < ranks.size(); ++r) {
+        workers[r].rank = static_cast<int>(r);
+        workers[r].process = ranks[r].get();
+        workers[r].outOpen = ranks[r]->stdoutFd() >= 0;
+        workers[r].errOpen = ranks[r]->stderrFd() >= 0;
+    }
     LaunchResult result;
-    bool terminating = false;
+    bool terminating = false, killed = false;
     std::chrono::steady_clock::time_point termAt;
     auto beginTermination = [&] {
         if (terminating) return;
         terminating = true;
         termAt = std::chrono::steady_clock::now();
-        killAll(SIGTERM);
+        for (auto& w : workers)
+            if (!w.exit) w.process->terminate();
     };
 
     // A sink that throws (the workspace cannot be written) stops every rank like a failure does;
     // its error is rethrown once they are all reaped, so no worker outlives this call.
     std::exception_ptr sinkError;
     auto deliver = [&](const Event& e) {
-        if (sinkError) return;
+        if (sinkError || !sink) return;
         try {
             sink(e);
         } catch (...) {
@@ -219,7 +246,7 @@ LaunchResult launchOnce(const LaunchOptions& options, const EventSink& sink, con
         }
     };
 
-    auto handleLine = [&](Worker& w, const std::string& line) {
+    auto handleLine = [&](Supervised& w, const std::string& line) {
         Event e;
         try {
             e = decodeEvent(line);
@@ -231,10 +258,9 @@ LaunchResult launchOnce(const LaunchOptions& options, const EventSink& sink, con
         if (e.type == Event::Type::Status) w.lastStatus = e.text;
         if (e.type == Event::Type::Error) remember(w, e.text);
         if (w.rank == 0) {
-            if (e.type != Event::Type::Run && sink) deliver(e);
+            if (e.type != Event::Type::Run) deliver(e);
             return;
         }
-        if (!sink) return;
         if (e.type == Event::Type::Log || e.type == Event::Type::Error) {
             e.text = "rank " + std::to_string(w.rank) + ": " + e.text;
             deliver(e);
@@ -244,12 +270,14 @@ LaunchResult launchOnce(const LaunchOptions& options, const EventSink& sink, con
         }
     };
 
-    auto drain = [&](Worker& w, int fd, bool isErr) -> bool {
+    // Reads what is there; false at the end of the stream.
+    auto drain = [&](Supervised& w, int fd, bool isErr) -> bool {
         char buf[65536];
         ssize_t n;
         do {
             n = ::read(fd, buf, sizeof buf);
         } while (n < 0 && errno == EINTR);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
         if (n <= 0) {
             // End of stream: an unterminated last line (a crashing rank's final words) still counts.
             std::string& rest = isErr ? w.errBuf : w.outBuf;
@@ -280,9 +308,8 @@ LaunchResult launchOnce(const LaunchOptions& options, const EventSink& sink, con
         // A line that never ends (a progress bar drawn with \r, a runaway print) is bounded: of
         // stderr the newest 4 KiB are kept; an unending stdout line is no event and is dropped.
         if (acc.size() > kMaxEventLine) {
-            remember(w, "(rank " + std::to_string(w.rank) + " wrote a line of more than " +
-                            std::to_string(kMaxEventLine >> 20) + " MiB to std" + (isErr ? "err" : "out") +
-                            "; cut)");
+            remember(w, "(" + w.name() + " wrote a line of more than " + std::to_string(kMaxEventLine >> 20) +
+                            " MiB to std" + (isErr ? "err" : "out") + "; cut)");
             acc.erase(0, isErr ? acc.size() - 4096 : acc.size());
         }
         return true;
@@ -291,14 +318,14 @@ LaunchResult launchOnce(const LaunchOptions& options, const EventSink& sink, con
     for (;;) {
         if (options.stop && options.stop->load() && !terminating) beginTermination();
         std::vector<pollfd> fds;
-        std::vector<std::pair<Worker*, bool>> owners;
+        std::vector<std::pair<Supervised*, bool>> owners;
         for (auto& w : workers) {
-            if (w.outFd >= 0) {
-                fds.push_back({w.outFd, POLLIN, 0});
+            if (w.outOpen) {
+                fds.push_back({w.process->stdoutFd(), POLLIN, 0});
                 owners.emplace_back(&w, false);
             }
-            if (w.errFd >= 0) {
-                fds.push_back({w.errFd, POLLIN, 0});
+            if (w.errOpen) {
+                fds.push_back({w.process->stderrFd(), POLLIN, 0});
                 owners.emplace_back(&w, true);
             }
         }
@@ -306,31 +333,26 @@ LaunchResult launchOnce(const LaunchOptions& options, const EventSink& sink, con
         for (size_t i = 0; i < fds.size(); ++i) {
             if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
             auto [w, isErr] = owners[i];
-            if (!drain(*w, fds[i].fd, isErr)) {
-                ::close(fds[i].fd);
-                (isErr ? w->errFd : w->outFd) = -1;
-            }
+            if (!drain(*w, fds[i].fd, isErr)) (isErr ? w->errOpen : w->outOpen) = false;
         }
         for (auto& w : workers) {
-            if (w.exited) continue;
-            int status = 0;
-            if (::waitpid(w.pid, &status, WNOHANG) == w.pid) {
-                w.exited = true;
-                w.status = status;
-                const bool clean =
-                    WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 130);
-                const bool stopping = options.stop && options.stop->load();
-                if (!clean && !terminating && !stopping && result.failedRank < 0) {
-                    result.failedRank = w.rank;
-                    beginTermination();
-                }
+            if (w.exit) continue;
+            w.exit = w.process->reap();
+            if (!w.exit) continue;
+            const bool stopping = options.stop && options.stop->load();
+            if (!w.exit->clean && !terminating && !stopping && result.failedRank < 0) {
+                result.failedRank = w.rank;
+                beginTermination();
             }
         }
-        if (terminating &&
-            std::chrono::steady_clock::now() - termAt > std::chrono::seconds(options.killGraceSec))
-            killAll(SIGKILL);
+        if (terminating && !killed &&
+            std::chrono::steady_clock::now() - termAt > std::chrono::seconds(options.killGraceSec)) {
+            killed = true;
+            for (auto& w : workers)
+                if (!w.exit) w.process->kill();
+        }
         bool done = true;
-        for (const auto& w : workers) done &= w.exited && w.outFd < 0 && w.errFd < 0;
+        for (const auto& w : workers) done &= w.exit && !w.outOpen && !w.errOpen;
         if (done) break;
         if (fds.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
@@ -338,35 +360,65 @@ LaunchResult launchOnce(const LaunchOptions& options, const EventSink& sink, con
 
     bool anyRunning = false;
     for (const auto& w : workers) anyRunning |= !w.lastStatus.empty();
-    if (result.failedRank >= 0 && !anyRunning) {
+    if (rendezvousPortTaken && result.failedRank >= 0 && !anyRunning) {
         for (const auto& line : workers[static_cast<size_t>(result.failedRank)].lastErrors)
-            if (line.find("in use") != std::string::npos) rendezvousPortTaken = true;
+            if (line.find("in use") != std::string::npos) *rendezvousPortTaken = true;
+    }
+    const bool stopped = options.stop && options.stop->load();
+    if (result.failedRank >= 0 || stopped) {
+        // What each rank said last stays with the run: the failure names one rank, but the cause
+        // may show on another (a peer that lost its network first).
+        for (const auto& w : workers)
+            if (!w.lastErrors.empty() && w.rank != result.failedRank)
+                deliver(Event::log("warn", w.name() + " " + w.exit->description +
+                                               "; its last lines: " + joined(w.lastErrors)));
     }
     if (result.failedRank >= 0) {
         const auto& w = workers[static_cast<size_t>(result.failedRank)];
         result.status = RunStatus::Failed;
-        result.error = "rank " + std::to_string(w.rank) + " " + describeExit(w.status);
-        if (!w.lastErrors.empty()) {
-            result.error += ": ";
-            for (size_t i = 0; i < w.lastErrors.size(); ++i)
-                result.error += (i ? " | " : "") + w.lastErrors[i];
-        }
+        result.error = w.name() + " " + w.exit->description;
+        if (!w.lastErrors.empty()) result.error += ": " + joined(w.lastErrors);
         result.error += "; the other ranks were stopped";
         return result;
     }
     const auto& r0 = workers.front();
-    if (options.stop && options.stop->load()) {
+    if (stopped) {
         result.status = RunStatus::Stopped;
     } else if (const auto last = runStatusFromString(r0.lastStatus); last && isFinal(*last)) {
         result.status = *last;
         if (result.status == RunStatus::Failed && !r0.lastErrors.empty()) result.error = r0.lastErrors.back();
     } else {
         result.status = RunStatus::Failed;
-        result.error = "rank 0 " + describeExit(r0.status) + " without finishing the run";
+        result.error = r0.name() + " " + r0.exit->description + " without finishing the run";
     }
     return result;
 }
 
+namespace {
+
+LaunchResult launchOnce(const LaunchOptions& options, const EventSink& sink, const std::string& program,
+                        int port, bool& rendezvousPortTaken) {
+    auto ranks = startLocalRanks(options, program, port);
+    SuperviseOptions so;
+    so.stop = options.stop;
+    so.killGraceSec = options.killGraceSec;
+    return superviseRanks(ranks, so, sink, &rendezvousPortTaken);
+}
+
 }  // namespace
+
+LaunchResult launchLocal(const LaunchOptions& options, const EventSink& sink) {
+    if (options.nproc < 1) throw ConfigError("`nproc` must be at least 1");
+    const std::string program = options.program.empty() ? siblingProgram("lathectl") : options.program;
+    // The free port is probed and released before rank 0 binds it; if another program takes it
+    // in between, the rendezvous fails at once and the launch is retried on a new port.
+    for (int attempt = 1;; ++attempt) {
+        bool portTaken = false;
+        auto result = launchOnce(options, sink, program, ephemeralLoopbackPort(), portTaken);
+        if (!portTaken || attempt == 3) return result;
+        if (sink)
+            sink(Event::log("warn", "rendezvous port was taken by another program; retrying on a new port"));
+    }
+}
 
 }  // namespace lathe::core

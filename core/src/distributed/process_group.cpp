@@ -31,6 +31,7 @@ DistContext::DistContext(const DistEnv& env, const std::string& backend, torch::
         m_impl->nccl = true;
     }
     m_impl->masterAddr = env.masterAddr;
+    m_impl->bindAddr = env.bindAddr;
     const auto timeout = std::chrono::seconds(env.timeoutSec);
     try {
         c10d::TCPStoreOptions opts;

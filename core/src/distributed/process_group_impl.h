@@ -31,6 +31,7 @@ struct DistContext::Impl {
     c10::intrusive_ptr<CommGroup> leaders;  // hierarchical: one rank per host (leaders only)
     std::chrono::seconds timeout{60};
     std::string masterAddr;
+    std::string bindAddr;  // this host's address for Gloo's sockets
     bool nccl = false;
 
     // A process group over `store` of the context's kind.
@@ -44,7 +45,7 @@ struct DistContext::Impl {
 #endif
         auto opts = c10d::ProcessGroupGloo::Options::create();
         opts->timeout = timeout;
-        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(masterAddr));
+        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(bindAddr.empty() ? masterAddr : bindAddr));
         return c10::make_intrusive<c10d::ProcessGroupGloo>(s, rank, size, opts);
     }
 };

@@ -20,7 +20,7 @@
 #include "artifact_io.h"
 #include "data/raw.h"
 #include "lathe/core/store.h"
-#include "sha256.h"
+#include "lathe/core/sha256.h"
 #include "torch_backend.h"
 #include "training/checkpoint_io.h"
 #include "training/zoo.h"

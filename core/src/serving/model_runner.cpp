@@ -12,7 +12,7 @@
 #include "artifact_io.h"
 #include "lathe/core/error.h"
 #include "lathe/core/model_artifact.h"
-#include "sha256.h"
+#include "lathe/core/sha256.h"
 #include "torch_backend.h"
 
 namespace lathe::core {

@@ -9,7 +9,7 @@
 #include <sstream>
 
 #include "lathe/core/error.h"
-#include "sha256.h"
+#include "lathe/core/sha256.h"
 #include "training/checkpoint_file.h"
 
 namespace fs = std::filesystem;

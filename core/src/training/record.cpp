@@ -70,8 +70,19 @@ TrainResult trainInWorkers(Store& store, int64_t runId, const RunSpec& spec, con
     lo.resumeFrom = topts.resumeFrom;
     lo.owner = topts.owner;
     lo.stop = options.stop;
-    sink(Event::log("info", "starting " + std::to_string(spec.nproc) + " worker processes"));
-    const auto launched = launchLocal(lo, sink);
+    LaunchResult launched;
+    if (options.launch) {
+        sink(Event::log("info", "starting " + std::to_string(spec.nproc) + " ranks on " + options.placement));
+        try {
+            launched = options.launch(lo, sink);
+        } catch (const ConfigError& ex) {  // a host failed its check: nothing was started
+            launched.status = RunStatus::Failed;
+            launched.error = ex.what();
+        }
+    } else {
+        sink(Event::log("info", "starting " + std::to_string(spec.nproc) + " worker processes"));
+        launched = launchLocal(lo, sink);
+    }
     TrainResult r;
     r.status = launched.status;
     r.error = launched.error;

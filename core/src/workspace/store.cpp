@@ -25,7 +25,7 @@
 #include "lathe/core/checkpoint.h"
 #include "lathe/core/error.h"
 #include "lathe/core/events.h"
-#include "sha256.h"
+#include "lathe/core/sha256.h"
 #include "workspace/sqlite_util.h"
 
 namespace fs = std::filesystem;
@@ -173,6 +173,19 @@ ALTER TABLE deployments ADD COLUMN instance TEXT NOT NULL DEFAULT '';
 CREATE TABLE workspace(id TEXT NOT NULL);
 INSERT INTO workspace(id) VALUES (lower(hex(randomblob(16))));
 )sql",
+    // 5 -> 6: the hosts inventory (`lathectl hosts`). Port 0 and empty texts mean "not set":
+    // ssh config or the defaults decide. No secrets: identity is a key file's path.
+    R"sql(
+CREATE TABLE hosts(
+  name TEXT PRIMARY KEY,
+  address TEXT NOT NULL,
+  port INTEGER NOT NULL DEFAULT 0,
+  user TEXT NOT NULL DEFAULT '',
+  identity TEXT NOT NULL DEFAULT '',
+  lathectl TEXT NOT NULL DEFAULT '',
+  slots INTEGER NOT NULL DEFAULT 1,
+  added_at REAL NOT NULL);
+)sql",
 };
 constexpr int kLatestSchema = static_cast<int>(sizeof(kMigrations) / sizeof(kMigrations[0]));
 static_assert(kLatestSchema == Store::kSchemaVersion, "add a migration when bumping the schema version");
@@ -197,6 +210,9 @@ struct WriteOp {
         Artifact,
         DropMetrics,
         MaxPages,
+        AddHost,
+        UpdateHost,
+        RemoveHost,
         Flush
     } kind;
     int64_t run = 0;
@@ -206,6 +222,7 @@ struct WriteOp {
     std::map<std::string, std::string> params;
     std::vector<MetricRow> rows;                         // Kind::Metrics: consecutive points, in order
     std::vector<std::pair<int64_t, ProfileSpan>> spans;  // Kind::Spans: (run, span), in order
+    std::shared_ptr<const HostRecord> host;              // AddHost, UpdateHost (RemoveHost: a = name)
     std::shared_ptr<std::promise<int64_t>> reply;
 };
 
@@ -593,6 +610,49 @@ int64_t Store::Impl::apply(const WriteOp& op) {
             p.step();
             return 0;
         }
+        case WriteOp::Kind::AddHost: {
+            const HostRecord& h = *op.host;
+            // Checked inside the write transaction: another process cannot add the name between.
+            Stmt exists(writeDb, "SELECT 1 FROM hosts WHERE name = ?");
+            exists.bind(1, h.name);
+            if (exists.step())
+                throw StoreError("host '" + h.name +
+                                 "' already exists; remove it first or choose another name");
+            Stmt s(writeDb,
+                   "INSERT INTO hosts(name, address, port, user, identity, lathectl, slots, added_at) "
+                   "VALUES(?,?,?,?,?,?,?,?)");
+            s.bind(1, h.name)
+                .bind(2, h.address)
+                .bind(3, int64_t{h.port})
+                .bind(4, h.user)
+                .bind(5, h.identity)
+                .bind(6, h.lathectl)
+                .bind(7, int64_t{h.slots})
+                .bind(8, h.addedAt)
+                .run();
+            return 0;
+        }
+        case WriteOp::Kind::UpdateHost: {
+            const HostRecord& h = *op.host;
+            Stmt s(writeDb,
+                   "UPDATE hosts SET address = ?, port = ?, user = ?, identity = ?, lathectl = ?, slots = ? "
+                   "WHERE name = ?");
+            s.bind(1, h.address)
+                .bind(2, int64_t{h.port})
+                .bind(3, h.user)
+                .bind(4, h.identity)
+                .bind(5, h.lathectl)
+                .bind(6, int64_t{h.slots})
+                .bind(7, h.name)
+                .run();
+            if (sqlite3_changes(writeDb) == 0) throw StoreError("no host '" + h.name + "' in " + path);
+            return 0;
+        }
+        case WriteOp::Kind::RemoveHost: {
+            Stmt s(writeDb, "DELETE FROM hosts WHERE name = ?");
+            s.bind(1, op.a).run();
+            return sqlite3_changes(writeDb);
+        }
         case WriteOp::Kind::Flush:
             return 0;
     }
@@ -814,6 +874,76 @@ void Store::setMaxPages(int64_t pages) {
 
 bool Store::writeFailed() const { return d->writeFailed.load(); }
 
+namespace {
+
+// Printable, so that a record can never smuggle a line break into a probe or a table.
+bool hasControl(const std::string& text) {
+    for (const unsigned char c : text)
+        if (c < 0x20 || c == 0x7f) return true;
+    return false;
+}
+
+void validateHost(const HostRecord& h) {
+    Store::validateHostName(h.name);
+    const std::string of = "host '" + h.name + "': ";
+    // The address may end up on an ssh command line: it must never read as an option.
+    if (h.address.empty()) throw ConfigError(of + "the address is empty");
+    if (h.address.size() > 1024 || h.address.front() == '-' ||
+        h.address.find_first_of(" \t") != std::string::npos || hasControl(h.address))
+        throw ConfigError(of + "address '" + h.address +
+                          "' must be a host name, an address or an ssh-config alias (no spaces, not "
+                          "starting with '-')");
+    if (h.port < 0 || h.port > 65535)
+        throw ConfigError(of + "port must be a number from 1 to 65535 (0: not set), got " +
+                          std::to_string(h.port));
+    if (!h.user.empty() &&
+        (h.user.front() == '-' || h.user.find_first_of(" \t") != std::string::npos || hasControl(h.user)))
+        throw ConfigError(of + "user '" + h.user + "' must not contain spaces or start with '-'");
+    if (hasControl(h.identity) || hasControl(h.lathectl))
+        throw ConfigError(of + "the identity and lathectl paths must not contain control characters");
+    if (h.slots < 1 || h.slots > 4096)
+        throw ConfigError(of + "slots must be from 1 to 4096, got " + std::to_string(h.slots));
+}
+
+}  // namespace
+
+void Store::validateHostName(const std::string& name) {
+    auto bad = [&](const std::string& why) {
+        throw ConfigError("host name '" + name + "' " + why +
+                          " (1 to 64 letters, digits, '.', '_' or '-', not starting with '-')");
+    };
+    if (name.empty()) bad("is empty");
+    if (name.size() > 64) bad("is too long");
+    if (name.front() == '-') bad("starts with '-'");
+    for (const char c : name) {
+        const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                        c == '.' || c == '_' || c == '-';
+        if (!ok) bad("contains a character other than letters, digits, '.', '_' and '-'");
+    }
+}
+
+void Store::addHost(const HostRecord& host) {
+    validateHost(host);
+    auto h = std::make_shared<HostRecord>(host);
+    if (h->addedAt <= 0) h->addedAt = nowSeconds();
+    WriteOp op{WriteOp::Kind::AddHost};
+    op.host = std::move(h);
+    d->enqueueAndWait(std::move(op));
+}
+
+void Store::updateHost(const HostRecord& host) {
+    validateHost(host);
+    WriteOp op{WriteOp::Kind::UpdateHost};
+    op.host = std::make_shared<const HostRecord>(host);
+    d->enqueueAndWait(std::move(op));
+}
+
+bool Store::removeHost(const std::string& name) {
+    WriteOp op{WriteOp::Kind::RemoveHost};
+    op.a = name;
+    return d->enqueueAndWait(std::move(op)) > 0;
+}
+
 void Store::flush() {
     d->enqueueAndWait(WriteOp{WriteOp::Kind::Flush});
     std::exception_ptr err;
@@ -979,6 +1109,39 @@ int64_t Store::profileSpanCount(int64_t runId) const {
     Stmt s(d->readDb, "SELECT count(*) FROM profile_spans WHERE run_id = ?");
     s.bind(1, runId);
     return s.step() ? s.i64(0) : 0;
+}
+
+namespace {
+constexpr const char* kHostColumns =
+    "SELECT name, address, port, user, identity, lathectl, slots, added_at FROM hosts ";
+HostRecord readHost(const Stmt& s) {
+    HostRecord h;
+    h.name = s.text(0);
+    h.address = s.text(1);
+    h.port = static_cast<int>(s.i64(2));
+    h.user = s.text(3);
+    h.identity = s.text(4);
+    h.lathectl = s.text(5);
+    h.slots = static_cast<int>(s.i64(6));
+    h.addedAt = s.f64(7);
+    return h;
+}
+}  // namespace
+
+std::optional<HostRecord> Store::host(const std::string& name) const {
+    std::lock_guard<std::mutex> lk(d->readMutex);
+    Stmt s(d->readDb, (std::string(kHostColumns) + "WHERE name = ?").c_str());
+    s.bind(1, name);
+    if (!s.step()) return std::nullopt;
+    return readHost(s);
+}
+
+std::vector<HostRecord> Store::hosts() const {
+    std::lock_guard<std::mutex> lk(d->readMutex);
+    Stmt s(d->readDb, (std::string(kHostColumns) + "ORDER BY name").c_str());
+    std::vector<HostRecord> out;
+    while (s.step()) out.push_back(readHost(s));
+    return out;
 }
 
 std::vector<ProfileSpan> Store::profileSpans(int64_t runId, int64_t fromStep, int64_t toStep) const {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "lathe/core/events.h"
+#include "lathe/core/launcher.h"
 #include "lathe/core/run_spec.h"
 #include "lathe/core/trainer.h"
 
@@ -28,6 +29,11 @@ struct RecordOptions {
     std::function<void(int64_t runId)> onRunCreated;
     /// spec.nproc > 1: the lathectl that runs the workers (empty: next to this executable).
     std::string workerProgram;
+    /// spec.nproc > 1: what starts and supervises the ranks; empty: launchLocal (this machine).
+    /// lathe::remote::launchRemote plugs in here for runs across hosts.
+    std::function<LaunchResult(const LaunchOptions&, const EventSink&)> launch;
+    /// Where the ranks run, recorded with the run ("gpu-a:2,gpu-b:2"); empty: this machine.
+    std::string placement;
 };
 
 /// Creates (or resumes) a run in the store, trains, records every event, and sets the final

@@ -52,9 +52,22 @@ struct ArtifactRecord {
     double createdAt = 0;
 };
 
+/// A host of the workspace's inventory (`lathectl hosts add`): where and how to reach it over
+/// SSH. No secrets: `identity` is the path of a private key file, never the key.
+struct HostRecord {
+    std::string name;      // 1..64 of [A-Za-z0-9._-], not starting with '-'
+    std::string address;   // a host name, an address or an ssh-config alias
+    int port = 0;          // 0: not set (ssh config, else 22)
+    std::string user;      // empty: not set (ssh config, else the local user)
+    std::string identity;  // private key file; empty: ssh-agent, then the default ~/.ssh keys
+    std::string lathectl;  // lathectl on the host; empty: the one on its PATH
+    int slots = 1;         // how many runs it takes at once, 1..4096
+    double addedAt = 0;    // seconds since the Unix epoch; addHost: 0 = now
+};
+
 class Store {
 public:
-    static constexpr int kSchemaVersion = 5;
+    static constexpr int kSchemaVersion = 6;
 
     /// Opens or creates a workspace (the path is made absolute). Throws StoreError (file untouched) when the
     /// file is not a Lathe workspace or has a newer schema than this build knows.
@@ -110,6 +123,20 @@ public:
     /// and how the tests make the disk "full".
     void setMaxPages(int64_t pages);
 
+    // ---- hosts: synchronous, committed when they return ----------------------------------
+    /// Throws ConfigError for a bad field (validateHostName; an empty address, one starting
+    /// with '-' or with a space or control character, a port outside 0..65535, slots outside
+    /// 1..4096) and StoreError when a host of that name already exists.
+    void addHost(const HostRecord& host);
+    /// Replaces everything but the name and addedAt. Throws as addHost, and StoreError when
+    /// there is no host of that name.
+    void updateHost(const HostRecord& host);
+    /// Whether there was a host of that name.
+    bool removeHost(const std::string& name);
+    /// Throws ConfigError unless `name` is 1..64 characters of [A-Za-z0-9._-], not starting
+    /// with '-' (it must never read as a flag, a path or a user@host).
+    static void validateHostName(const std::string& name);
+
     // ---- reads -----------------------------------------------------------------------
     std::vector<RunRecord> listRuns() const;  // newest first
     std::optional<RunRecord> run(int64_t runId) const;
@@ -129,6 +156,8 @@ public:
     /// A run's profile spans ordered by start time; only steps in [fromStep, toStep].
     std::vector<ProfileSpan> profileSpans(int64_t runId, int64_t fromStep = 0,
                                           int64_t toStep = INT64_MAX) const;
+    std::optional<HostRecord> host(const std::string& name) const;
+    std::vector<HostRecord> hosts() const;  // ordered by name
 
 private:
     struct Impl;

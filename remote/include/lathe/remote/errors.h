@@ -16,6 +16,7 @@ public:
         Auth,      // no key accepted, identity file unusable
         Channel,   // opening a session or starting a command failed
         Protocol,  // the connection broke or the server misbehaved mid-session
+        Transfer,  // an SFTP upload or download failed or arrived different (size, SHA-256)
         Usage,     // the API was misused (e.g. exec() before connect())
     };
 

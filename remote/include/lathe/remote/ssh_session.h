@@ -32,6 +32,25 @@ struct ExecResult {
 // Receives output as it arrives, in chunks of arbitrary size (not split at line ends).
 using OutputFn = std::function<void(std::string_view chunk)>;
 
+struct ExecOptions {
+    // Raised (from any thread): stop waiting within ~50 ms; the command's process group is sent
+    // SIGTERM, the channel is closed and the result says cancelled.
+    const std::atomic<bool>* cancel = nullptr;
+    // Raised (from any thread): the command is sent SIGTERM and its stdin ends (the lifeline, for
+    // a root login whose signals OpenSSH ignores); exec() goes on streaming until it exits.
+    const std::atomic<bool>* interrupt = nullptr;
+    // The lifeline: stdin stays open for as long as exec() runs, so a command that watches it
+    // (lathectl worker --lifeline) ends when this side goes away: the call returns, the
+    // connection drops, or this process is killed. Otherwise stdin is at EOF from the start.
+    bool keepStdinOpen = false;
+    // > 0: past it the command is sent SIGTERM and SshError (Kind::Timeout) is thrown.
+    double timeoutSec = 0;
+};
+
+namespace detail {
+struct SessionAccess;
+}
+
 class SshSession {
 public:
     explicit SshSession(HostSpec spec);
@@ -66,8 +85,20 @@ public:
     // Any exit before the command has ended sends it SIGTERM.
     ExecResult exec(const std::string& command, const OutputFn& onStdout = {}, const OutputFn& onStderr = {},
                     const std::atomic<bool>* cancel = nullptr, double timeoutSec = 0);
+    // The same with every option (ExecOptions).
+    ExecResult exec(const std::string& command, const OutputFn& onStdout, const OutputFn& onStderr,
+                    const ExecOptions& options);
+
+    // Runs `command`, returns its stdout; throws SshError (Kind::Channel) naming `what` and the
+    // first stderr line when it exits non-zero. For short probes: bounded by `timeoutSec`.
+    std::string run(const std::string& command, const std::string& what, double timeoutSec = 60);
+
+    // The numeric address of the host at the other end of this connection ("10.0.0.7"): what
+    // this machine reaches it at, after the ssh config and name resolution. Empty before connect().
+    std::string peerAddress() const;
 
 private:
+    friend struct detail::SessionAccess;
     struct Impl;
     std::unique_ptr<Impl> m_impl;
 };

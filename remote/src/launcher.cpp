@@ -1,0 +1,455 @@
+// The SSH launcher: checks every host, stages the run's files, starts one `lathectl worker --lifeline`
+// per slot over its own SSH channel and hands them to core::superviseRanks, the supervisor local
+// runs use; rank 0's checkpoints come back by SFTP as they are written.
+#include "lathe/remote/launcher.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "lathe/core/error.h"
+#include "lathe/core/executable.h"
+#include "lathe/core/sha256.h"
+#include "lathe/remote/sftp.h"
+#include "lathe/remote/ssh_session.h"
+
+namespace fs = std::filesystem;
+
+namespace lathe::remote {
+
+namespace {
+
+constexpr const char* kStageRoot = ".cache/lathe/stage";
+constexpr const char* kRunRoot = ".cache/lathe/runs";
+
+std::string hostUnameOs() {
+    std::string out;
+    if (FILE* p = ::popen("uname -s; uname -m", "r")) {
+        char buf[256];
+        while (std::fgets(buf, sizeof buf, p)) out += buf;
+        ::pclose(p);
+    }
+    return out;
+}
+
+// A path as a shell word; a leading "~/" becomes "$HOME"/… so the remote shell expands it.
+std::string shellPath(const std::string& path) {
+    if (path.rfind("~/", 0) == 0) return "\"$HOME\"/" + shellQuote(path.substr(2));
+    return shellQuote(path);
+}
+
+std::map<std::string, std::string> keyValues(const std::string& text) {
+    std::map<std::string, std::string> kv;
+    std::istringstream lines(text);
+    std::string line;
+    while (std::getline(lines, line)) {
+        const auto eq = line.find('=');
+        if (eq != std::string::npos) kv[line.substr(0, eq)] = line.substr(eq + 1);
+    }
+    return kv;
+}
+
+// The directory of liblathe_core.so: the libraries a staged lathectl takes along.
+std::string ownLibraryDir() {
+    Dl_info info{};
+    if (::dladdr(reinterpret_cast<void*>(&core::sha256File), &info) == 0 || !info.dli_fname) return {};
+    std::error_code ec;
+    const auto p = fs::canonical(info.dli_fname, ec);
+    return ec ? std::string() : p.parent_path().string();
+}
+
+struct Staging {
+    std::string program;  // local lathectl
+    std::string tag;      // version + digest prefix: one directory per distinct build
+    std::vector<std::string> libraries;
+    std::string os;       // "Linux\nx86_64\n" of this machine
+};
+
+Staging stagingFor(const RemoteLaunchOptions& o) {
+    Staging s;
+    s.program = o.localProgram.empty() ? core::siblingProgram("lathectl") : o.localProgram;
+    std::string version = o.expectedVersion;
+    for (char& c : version)
+        if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.') c = '-';
+    s.tag = version + "-" + core::sha256File(s.program).substr(0, 12);
+    if (const auto dir = ownLibraryDir(); !dir.empty())
+        for (const char* lib : {"liblathe_core.so", "liblathe_torch.so"})
+            if (fs::exists(dir + "/" + lib)) s.libraries.push_back(dir + "/" + lib);
+    s.os = hostUnameOs();
+    return s;
+}
+
+std::string probeCommand(const RemoteHost& h, const std::string& stageTag) {
+    std::string c = "echo \"os=$(uname -s)\"; echo \"arch=$(uname -m)\"; echo \"cores=$(nproc 2>/dev/null)\"; ";
+    c += h.lathectl.empty() ? "p=$(command -v lathectl 2>/dev/null); " : "p=" + shellPath(h.lathectl) + "; ";
+    c += "if [ -n \"$p\" ] && [ -x \"$p\" ]; then echo \"lathectl=$p\"; "
+         "echo \"version=$(\"$p\" --version 2>&1 | head -n 1)\"; fi; ";
+    const std::string stage = std::string("\"$HOME\"/") + kStageRoot + "/" + shellQuote(stageTag);
+    c += "s=" + stage + "/bin/lathectl; if [ -x \"$s\" ]; then echo \"staged=$s\"; echo \"staged_version=$(LD_LIBRARY_PATH=" +
+         stage + "/lib \"$s\" --version 2>&1 | head -n 1)\"; fi; true";
+    return c;
+}
+
+struct HostState {
+    RemoteHost host;
+    std::unique_ptr<SshSession> control;  // checks, transfers and clean-up
+    HostReport report;
+    std::string libraryPath;  // LD_LIBRARY_PATH for a staged lathectl
+    int firstRank = 0;
+};
+
+void checkOne(HostState& h, const RemoteLaunchOptions& o, const Staging& staging) {
+    HostReport& r = h.report;
+    r.name = h.host.name;
+    const std::string who = "host " + h.host.name + (h.host.name == h.host.spec.label() ? "" : " (" + h.host.spec.label() + ")");
+    try {
+        h.control = std::make_unique<SshSession>(h.host.spec);
+        h.control->connect(HostKeyPolicy::Strict);
+        r.hostKey = h.control->hostKeyFingerprint();
+        r.address = h.control->peerAddress();
+        const auto kv = keyValues(h.control->run(probeCommand(h.host, staging.tag), "the host probe", 60));
+        r.os = kv.count("os") ? kv.at("os") : "";
+        r.arch = kv.count("arch") ? kv.at("arch") : "";
+        try {
+            r.cores = kv.count("cores") ? std::stoi(kv.at("cores")) : 0;
+        } catch (const std::exception&) {
+            r.cores = 0;
+        }
+        const auto found = kv.find("lathectl");
+        const auto version = kv.find("version");
+        if (found != kv.end() && version != kv.end() && version->second == o.expectedVersion) {
+            r.lathectl = found->second;
+            r.lathectlVersion = version->second;
+        } else if (kv.count("staged") && kv.count("staged_version") && kv.at("staged_version") == o.expectedVersion) {
+            r.lathectl = kv.at("staged");
+            r.lathectlVersion = kv.at("staged_version");
+            h.libraryPath = fs::path(r.lathectl).parent_path().parent_path().string() + "/lib";
+        } else if (o.stage) {
+            if (r.os + "\n" + r.arch + "\n" != staging.os) {
+                r.problem = who + ": cannot stage lathectl: the host runs " + r.os + " " + r.arch +
+                            ", this lathectl is built for " + staging.os.substr(0, staging.os.find('\n')) + " " +
+                            staging.os.substr(staging.os.find('\n') + 1, staging.os.size() - staging.os.find('\n') - 2);
+                return;
+            }
+            const std::string dir = std::string(kStageRoot) + "/" + staging.tag;
+            upload(*h.control, staging.program, dir + "/bin/lathectl", 0755);
+            for (const auto& lib : staging.libraries)
+                upload(*h.control, lib, dir + "/lib/" + fs::path(lib).filename().string(), 0755);
+            const auto again = keyValues(h.control->run(probeCommand(h.host, staging.tag), "the host probe", 60));
+            if (!again.count("staged_version") || again.at("staged_version") != o.expectedVersion) {
+                r.problem = who + ": the staged lathectl does not start there (it printed '" +
+                            (again.count("staged_version") ? again.at("staged_version") : std::string()) +
+                            "'); install Lathe's dependencies on the host (packaging/deps-debian.sh)";
+                return;
+            }
+            r.lathectl = again.at("staged");
+            r.lathectlVersion = again.at("staged_version");
+            r.staged = true;
+            h.libraryPath = fs::path(r.lathectl).parent_path().parent_path().string() + "/lib";
+        } else if (found == kv.end()) {
+            r.problem = who + ": no lathectl " +
+                        (h.host.lathectl.empty() ? "on the PATH of a non-interactive login"
+                                                 : "at " + h.host.lathectl) +
+                        "; install it there, give its path (lathectl hosts add " + h.host.name +
+                        " --lathectl PATH), or pass --stage to upload this one";
+            return;
+        } else {
+            r.problem = who + ": lathectl at " + found->second + " is '" +
+                        (version == kv.end() ? std::string("?") : version->second) + "', this is '" +
+                        o.expectedVersion + "'; install the same version there, or pass --stage";
+            return;
+        }
+        if (r.cores > 0 && h.host.slots > r.cores)
+            r.problem = who + ": " + std::to_string(h.host.slots) + " slots asked, the host has " +
+                        std::to_string(r.cores) + " cores";
+        else
+            r.ok = true;
+    } catch (const SshError& ex) {
+        r.problem = ex.what();
+        if (h.host.name != h.host.spec.label()) r.problem = "host " + h.host.name + ": " + r.problem;
+    } catch (const std::exception& ex) {
+        r.problem = who + ": " + ex.what();
+    }
+}
+
+std::vector<std::unique_ptr<HostState>> checkAll(const RemoteLaunchOptions& o) {
+    if (o.hosts.empty()) throw core::ConfigError("no hosts to launch on");
+    const Staging staging = stagingFor(o);
+    std::vector<std::unique_ptr<HostState>> hosts;
+    int rank = 0;
+    for (const auto& h : o.hosts) {
+        if (h.slots < 1) throw core::ConfigError("host " + h.name + ": slots must be at least 1");
+        auto s = std::make_unique<HostState>();
+        s->host = h;
+        s->firstRank = rank;
+        rank += h.slots;
+        hosts.push_back(std::move(s));
+    }
+    std::vector<std::thread> threads;
+    for (auto& h : hosts) threads.emplace_back([&h, &o, &staging] { checkOne(*h, o, staging); });
+    for (auto& t : threads) t.join();
+    return hosts;
+}
+
+// One rank over SSH: its own connection and channel, run on a thread that turns the command's
+// output into the two pipes the supervisor reads.
+class RemoteRank final : public core::RankProcess {
+public:
+    RemoteRank(std::string name, HostSpec spec, std::string command) : m_name(std::move(name)) {
+        int out[2], err[2];
+        if (::pipe2(out, O_CLOEXEC) != 0) throw core::Error("pipe failed");
+        if (::pipe2(err, O_CLOEXEC) != 0) {
+            ::close(out[0]);
+            ::close(out[1]);
+            throw core::Error("pipe failed");
+        }
+        m_out = out[0];
+        m_err = err[0];
+        m_thread = std::thread([this, spec = std::move(spec), command = std::move(command), wo = out[1],
+                                we = err[1]] { run(spec, command, wo, we); });
+    }
+    ~RemoteRank() override {
+        m_cancel = true;
+        if (m_thread.joinable()) m_thread.join();
+        ::close(m_out);
+        ::close(m_err);
+    }
+    int stdoutFd() const override { return m_out; }
+    int stderrFd() const override { return m_err; }
+    std::optional<core::RankExit> reap() override {
+        if (!m_done.load()) return std::nullopt;
+        if (m_thread.joinable()) m_thread.join();
+        return m_exit;
+    }
+    void terminate() override { m_interrupt = true; }
+    void kill() override { m_cancel = true; }
+    std::string where() const override { return "on " + m_name; }
+
+private:
+    static void writeAll(int fd, std::string_view data) {
+        while (!data.empty()) {
+            const ssize_t n = ::write(fd, data.data(), data.size());
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) return;
+            data.remove_prefix(static_cast<size_t>(n));
+        }
+    }
+
+    void run(const HostSpec& spec, const std::string& command, int wo, int we) {
+        core::RankExit exit;
+        try {
+            SshSession session(spec);
+            session.connect(HostKeyPolicy::Strict);
+            ExecOptions eo;
+            eo.cancel = &m_cancel;
+            eo.interrupt = &m_interrupt;
+            eo.keepStdinOpen = true;
+            const auto res = session.exec(
+                command, [wo](std::string_view c) { writeAll(wo, c); }, [we](std::string_view c) { writeAll(we, c); },
+                eo);
+            if (res.cancelled) {
+                exit.description = "was stopped (its SSH channel was closed; the lifeline ends it there)";
+            } else if (!res.exitSignal.empty()) {
+                exit.description = "was killed by signal " + res.exitSignal;
+            } else {
+                exit.clean = res.exitStatus == 0 || res.exitStatus == 130;
+                exit.description = "exited with status " + std::to_string(res.exitStatus);
+            }
+        } catch (const std::exception& ex) {
+            exit.description = std::string("lost its connection: ") + ex.what();
+        }
+        m_exit = exit;
+        ::close(wo);
+        ::close(we);
+        m_done = true;
+    }
+
+    std::string m_name;
+    int m_out = -1, m_err = -1;
+    std::atomic<bool> m_cancel{false}, m_interrupt{false}, m_done{false};
+    core::RankExit m_exit;
+    std::thread m_thread;
+};
+
+std::string randomTag() {
+    std::random_device rd;
+    std::mt19937_64 gen((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+                        static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+    static const char digits[] = "0123456789abcdefghijklmnopqrstuvwxyz";
+    std::string s;
+    for (int i = 0; i < 10; ++i) s += digits[gen() % 36];
+    return s;
+}
+
+// Whatever happened, nothing of the run stays on a host: its processes (the lifeline has ended
+// them already; this is the net under it) and its directory. A host that cannot be reached now
+// is named in the log.
+void cleanUp(HostState& h, const std::string& runDir, const core::EventSink& sink) {
+    try {
+        if (!h.control || !h.control->isConnected()) {
+            h.control = std::make_unique<SshSession>(h.host.spec);
+            h.control->connect(HostKeyPolicy::Strict);
+        }
+        // The bracket keeps the pattern from matching this shell's own command line.
+        const std::string tag = fs::path(runDir).filename().string();
+        const std::string pattern = "[" + tag.substr(0, 1) + "]" + tag.substr(1);
+        // Two commands: a shell line holding the run directory's name would match the pattern.
+        h.control->run("pkill -KILL -f -- " + shellQuote(pattern) + "; true", "stopping the run's processes", 60);
+        h.control->run("rm -rf -- " + shellQuote(runDir), "removing the run's files", 60);
+    } catch (const std::exception& ex) {
+        if (sink)
+            sink(core::Event::log("warn", "host " + h.host.name + ": could not remove the run's files and processes: " +
+                                             ex.what()));
+    }
+}
+
+}  // namespace
+
+std::vector<HostReport> checkHosts(const RemoteLaunchOptions& options) {
+    auto hosts = checkAll(options);
+    std::vector<HostReport> out;
+    for (auto& h : hosts) out.push_back(h->report);
+    return out;
+}
+
+namespace {
+core::LaunchResult launchChecked(const core::LaunchOptions& base, const RemoteLaunchOptions& options,
+                                 const core::EventSink& sink);
+}
+
+core::LaunchResult launchRemote(const core::LaunchOptions& base, const RemoteLaunchOptions& options,
+                                const core::EventSink& sink) {
+    // Transfers and probes fail with SshError: the run fails with its message like any other error.
+    try {
+        return launchChecked(base, options, sink);
+    } catch (const SshError& ex) {
+        throw core::Error(ex.what());
+    }
+}
+
+namespace {
+
+core::LaunchResult launchChecked(const core::LaunchOptions& base, const RemoteLaunchOptions& options,
+                                 const core::EventSink& sink) {
+    int total = 0;
+    for (const auto& h : options.hosts) total += h.slots;
+    if (total != base.nproc)
+        throw core::ConfigError("the hosts' slots add up to " + std::to_string(total) + " ranks, the run asks for " +
+                                std::to_string(base.nproc));
+    auto log = [&](const std::string& level, const std::string& text) {
+        if (sink) sink(core::Event::log(level, text));
+    };
+    auto hosts = checkAll(options);
+    std::string problems;
+    for (const auto& h : hosts)
+        if (!h->report.ok) problems += (problems.empty() ? "" : "; ") + h->report.problem;
+    if (!problems.empty()) throw core::ConfigError("not launched, nothing was started: " + problems);
+    for (const auto& h : hosts)
+        log("info", "host " + h->host.name + " (" + h->report.address + "): " + h->report.os + " " + h->report.arch + ", " +
+                        std::to_string(h->report.cores) + " cores, " + h->report.lathectlVersion + " at " +
+                        h->report.lathectl + (h->report.staged ? " (staged now)" : "") + "; ranks " +
+                        std::to_string(h->firstRank) + ".." + std::to_string(h->firstRank + h->host.slots - 1));
+
+    HostState& first = *hosts.front();
+    const std::string master = options.masterAddr.empty() ? first.report.address : options.masterAddr;
+    if (master.empty()) throw core::ConfigError("cannot tell the address of host " + first.host.name + "; give --master-addr");
+    const std::string libEnv0 = first.libraryPath.empty() ? "" : "LD_LIBRARY_PATH=" + shellQuote(first.libraryPath) + " ";
+    const std::string portText =
+        first.control->run(libEnv0 + shellQuote(first.report.lathectl) + " free-port --address " + shellQuote(master),
+                           "finding a free port on " + first.host.name + " for " + master, 60);
+    int port = 0;
+    try {
+        port = std::stoi(portText);
+    } catch (const std::exception&) {
+    }
+    if (port <= 0 || port > 65535)
+        throw core::ConfigError("host " + first.host.name + ": cannot use " + master + " as the master address (" +
+                                portText.substr(0, portText.find('\n')) + "); give --master-addr");
+
+    const std::string tag = (base.owner.workspaceId.empty() ? std::string("run") : base.owner.workspaceId.substr(0, 8)) +
+                            "-" + std::to_string(base.owner.runId) + "-" + randomTag();
+    const std::string runDir = std::string(kRunRoot) + "/" + tag;
+    struct CleanAll {
+        std::vector<std::unique_ptr<HostState>>& hosts;
+        const std::string& runDir;
+        const core::EventSink& sink;
+        ~CleanAll() {
+            for (auto& h : hosts) cleanUp(*h, runDir, sink);
+        }
+    } cleanAll{hosts, runDir, sink};
+
+    const std::string resumeName = base.resumeFrom.empty() ? "" : fs::path(base.resumeFrom).filename().string();
+    for (auto& h : hosts) {
+        upload(*h->control, base.configPath, runDir + "/config.toml");
+        if (!base.resumeFrom.empty()) upload(*h->control, base.resumeFrom, runDir + "/resume/" + resumeName);
+    }
+    log("info", "run files uploaded to ~/" + runDir + " on " + std::to_string(hosts.size()) + " host(s); rendezvous at " +
+                    master + ":" + std::to_string(port));
+
+    std::vector<std::unique_ptr<core::RankProcess>> ranks;
+    for (auto& h : hosts) {
+        const int threads = std::max(1, h->report.cores / h->host.slots);
+        for (int local = 0; local < h->host.slots; ++local) {
+            const int rank = h->firstRank + local;
+            std::string env = "RANK=" + std::to_string(rank) + " LOCAL_RANK=" + std::to_string(local) +
+                              " WORLD_SIZE=" + std::to_string(base.nproc) +
+                              " LOCAL_WORLD_SIZE=" + std::to_string(h->host.slots) + " MASTER_ADDR=" + shellQuote(master) +
+                              " MASTER_PORT=" + std::to_string(port) + " LATHE_BIND_ADDR=" + shellQuote(h->report.address) +
+                              " OMP_NUM_THREADS=" + std::to_string(threads) +
+                              " OPENBLAS_NUM_THREADS=" + std::to_string(threads);
+            if (!h->libraryPath.empty()) env += " LD_LIBRARY_PATH=" + shellQuote(h->libraryPath);
+            // Paths from the login's home, so the run directory's name is on the worker's command
+            // line: the clean-up finds any process of the run by it.
+            std::string cmd = "exec env " + env + " " + shellQuote(h->report.lathectl) + " worker " +
+                              shellQuote(runDir + "/config.toml") + " --lifeline --checkpoint-dir " +
+                              shellQuote(runDir + "/checkpoints");
+            if (!resumeName.empty()) cmd += " --resume " + shellQuote(runDir + "/resume/" + resumeName);
+            if (!base.owner.workspaceId.empty())
+                cmd += " --owner " + shellQuote(base.owner.workspaceId + ":" + std::to_string(base.owner.runId));
+            ranks.push_back(std::make_unique<RemoteRank>(h->host.name, h->host.spec, cmd));
+        }
+    }
+
+    // Rank 0's checkpoints come home as they are written, under their local path, so resume and
+    // model registration work as for a local run.
+    std::error_code ec;
+    if (!base.checkpointDir.empty()) fs::create_directories(base.checkpointDir, ec);
+    const core::EventSink fetching = [&](const core::Event& e) {
+        if (e.type != core::Event::Type::Checkpoint || base.checkpointDir.empty()) {
+            if (sink) sink(e);
+            return;
+        }
+        core::Event local = e;
+        const std::string target = base.checkpointDir + "/" + fs::path(e.text).filename().string();
+        try {
+            const auto t = download(*first.control, e.text, target);
+            local.text = target;
+            if (sink) sink(local);
+            log("info", "fetched " + fs::path(target).filename().string() + " from " + first.host.name + " (" +
+                            std::to_string(t.bytes) + " bytes, SHA-256 checked)");
+        } catch (const std::exception& ex) {
+            log("error", std::string("checkpoint not fetched from ") + first.host.name + ": " + ex.what());
+        }
+    };
+    core::SuperviseOptions so;
+    so.stop = base.stop;
+    so.killGraceSec = base.killGraceSec;
+    auto result = core::superviseRanks(ranks, so, fetching);
+    ranks.clear();  // every channel closed: the lifelines of ranks still running end now
+    return result;
+}
+
+}  // namespace
+
+}  // namespace lathe::remote

@@ -1,0 +1,314 @@
+// Runs across hosts over SSH, end to end: two real sshd on 127.0.0.2 and 127.0.0.3 stand for two
+// GPU hosts, reached through ssh config aliases (gpu-a, gpu-b) from a private $HOME; lathectl
+// train --hosts starts 2 ranks on each. Every failure case checks its message and that no rank
+// is left in the process table.
+#include <signal.h>
+#include <sys/types.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <sstream>
+#include <thread>
+
+#include "lathe/core/run_spec.h"
+#include "lathe/core/store.h"
+#include "training/checkpoint_io.h"
+#include "training/zoo.h"
+#include "data/raw.h"
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "run_process.h"
+#include "skip.h"
+#include "sshd_fixture.h"
+
+using lathe::remote::test::SshdServer;
+using lathe::remote::test::TempDir;
+using lathe::remote::test::writeFile;
+using lathe::test::runShell;
+using nlohmann::json;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+const std::string kTrain = " --epochs 2 --seed 5 --threads 1 -q --json";
+
+// Two hosts behind ssh config aliases, an inventory workspace, and a $HOME of their own.
+struct Cluster {
+    SshdServer a{"127.0.0.2"};
+    SshdServer b{"127.0.0.3"};
+    TempDir dir;
+    std::string home = dir.file("home");
+    std::string db = dir.file("lathe.db");
+
+    enum class Fault { None, UnknownKey, ChangedKey, WrongClientKey, ClosedPort, NoLathectl };
+
+    explicit Cluster(Fault fault = Fault::None) {
+        fs::create_directories(home + "/.ssh");
+        const auto alias = [&](const char* name, const SshdServer& s, int port, const std::string& key) {
+            return std::string("Host ") + name + "\n  HostName " + s.address() + "\n  Port " + std::to_string(port) +
+                   "\n  User " + lathe::remote::test::currentUser() + "\n  IdentityFile " + key + "\n";
+        };
+        const int portB = fault == Fault::ClosedPort ? lathe::remote::test::freePort("127.0.0.3") : b.port();
+        const std::string keyB = fault == Fault::WrongClientKey ? b.wrongKey() : b.clientKey();
+        writeFile(home + "/.ssh/config", alias("gpu-a", a, a.port(), a.clientKey()) + alias("gpu-b", b, portB, keyB));
+        std::string known = "[127.0.0.2]:" + std::to_string(a.port()) + " " + a.hostPublicKey() + "\n";
+        if (fault == Fault::ChangedKey)  // another host's key under gpu-b's name
+            known += "[127.0.0.3]:" + std::to_string(b.port()) + " " + a.hostPublicKey() + "\n";
+        else if (fault != Fault::UnknownKey)
+            known += "[127.0.0.3]:" + std::to_string(b.port()) + " " + b.hostPublicKey() + "\n";
+        writeFile(home + "/.ssh/known_hosts", known);
+        const std::string bin = lathe::test::binPath("lathectl");
+        REQUIRE(run("hosts add gpu-a --address gpu-a --slots 2 --lathectl " + bin).exitCode == 0);
+        REQUIRE(run("hosts add gpu-b --address gpu-b --slots 2 --lathectl " +
+                    (fault == Fault::NoLathectl ? std::string("/opt/nowhere/lathectl") : bin))
+                    .exitCode == 0);
+    }
+
+    // lathectl with this cluster's $HOME (its ssh config and known_hosts) and workspace; no agent.
+    std::string command(const std::string& args) const {
+        return "env -u SSH_AUTH_SOCK HOME=" + home + " " + lathe::test::binPath("lathectl") + " " + args + " --db " + db;
+    }
+    lathe::test::ProcessResult run(const std::string& args) const { return runShell(command(args)); }
+
+    std::string workspaceId() const { return lathe::core::Store(db).workspaceId(); }
+};
+
+// The run's worker processes on any of the hosts (all on this machine), by the owner flag only
+// they carry. [w]orker: the pattern must not match the shell running pgrep.
+std::vector<int> rankPids(const std::string& workspaceId) {
+    const auto r = runShell("pgrep -f -- '[w]orker .*/config.toml --lifeline.*--owner " + workspaceId + ":' || true");
+    std::vector<int> pids;
+    std::istringstream in(r.out);
+    int pid;
+    while (in >> pid) pids.push_back(pid);
+    std::sort(pids.begin(), pids.end());
+    return pids;
+}
+
+// Polls until no rank of the run is left, for at most `seconds`; true if none is.
+bool noRankWithin(const std::string& workspaceId, double seconds) {
+    const auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
+    while (Clock::now() < deadline) {
+        if (rankPids(workspaceId).empty()) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    return rankPids(workspaceId).empty();
+}
+
+// Waits (at most 120 s) until all 4 ranks run and have trained a few steps.
+std::vector<int> waitForFourRanks(const Cluster& c, const std::string& ws) {
+    for (int i = 0; i < 600; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        const auto pids = rankPids(ws);
+        if (pids.size() == 4) {
+            lathe::core::Store store(c.db);
+            const auto runs = store.listRuns();
+            if (!runs.empty() && !store.metrics(runs.front().id, "train/loss").empty()) return pids;
+        }
+    }
+    return {};
+}
+
+// The parameters of a run's last checkpoint, in model order.
+std::vector<torch::Tensor> savedParameters(const lathe::core::Store& store, int64_t runId) {
+    const auto run = store.run(runId);
+    REQUIRE(run);
+    const auto spec = lathe::core::parseRunSpec(run->config, "run config", false);
+    const auto split = lathe::core::data::loadSplit(spec);
+    auto model = lathe::core::makeModel(spec, split.train.shape, static_cast<int64_t>(split.train.classNames.size()));
+    const auto arts = store.artifacts(runId);
+    REQUIRE_FALSE(arts.empty());
+    REQUIRE(fs::exists(arts.back().path));
+    lathe::core::loadModelWeights(arts.back().path, *model);
+    std::vector<torch::Tensor> out;
+    for (const auto& p : model->parameters()) out.push_back(p.detach().clone());
+    return out;
+}
+
+// The run directories the launcher left under ~/.cache/lathe/runs of the (shared) remote user.
+std::vector<std::string> leftRunDirs(const std::string& workspaceId) {
+    std::vector<std::string> left;
+    const char* home = std::getenv("HOME");
+    const fs::path root = fs::path(home ? home : "/root") / ".cache/lathe/runs";
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(root, ec))
+        if (e.path().filename().string().rfind(workspaceId.substr(0, 8) + "-", 0) == 0) left.push_back(e.path());
+    return left;
+}
+
+// A run long enough to be interrupted, started in the background; its pid and output files.
+struct Background {
+    int pid = 0;
+    std::string out, err;
+};
+Background startLongRun(const Cluster& c) {
+    Background bg{0, c.dir.file("train.out"), c.dir.file("train.err")};
+    const auto r = runShell("( " + c.command("train --epochs 100000 --threads 1 -q --json --hosts gpu-a:2,gpu-b:2") +
+                            " >" + bg.out + " 2>" + bg.err + " & echo $! )");
+    bg.pid = std::atoi(r.out.c_str());
+    return bg;
+}
+
+int waitExit(int pid, double seconds) {
+    const auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
+    while (Clock::now() < deadline) {
+        if (::kill(pid, 0) != 0) return 0;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return -1;
+}
+
+}  // namespace
+
+TEST_CASE("a 2-host x 2-slot run completes with its metrics and fetched checkpoint and equals a local 4-process run",
+          "[remote][launch][sshd]") {
+    if (const std::string why = SshdServer::unavailableReason(); !why.empty()) LATHE_SKIP(why);
+    Cluster c;
+    const auto ws = c.workspaceId();
+    const auto remote = c.run("train" + kTrain + " --hosts gpu-a:2,gpu-b:2");
+    INFO(remote.err << remote.out);
+    REQUIRE(remote.exitCode == 0);
+    const auto rj = json::parse(remote.out);
+    CHECK(rj.at("status") == "completed");
+    CHECK(rj.at("epochs") == 2);
+
+    const auto local = c.run("train" + kTrain + " --nproc 4");
+    INFO(local.err);
+    REQUIRE(local.exitCode == 0);
+    const auto lj = json::parse(local.out);
+
+    lathe::core::Store store(c.db);
+    const auto rid = rj.at("run_id").get<int64_t>(), lid = lj.at("run_id").get<int64_t>();
+    // Metrics of every step arrived, rank 1..3's communication figures beside rank 0's.
+    CHECK(store.metrics(rid, "train/loss").size() == store.metrics(lid, "train/loss").size());
+    CHECK_FALSE(store.metrics(rid, "rank3/comm/ms").empty());
+    // The checkpoint is a local file of the workspace, and the same parameters as the local run's.
+    const auto arts = store.artifacts(rid);
+    REQUIRE_FALSE(arts.empty());
+    CHECK(arts.back().path.rfind(store.artifactDir(rid), 0) == 0);
+    const auto pr = savedParameters(store, rid), pl = savedParameters(store, lid);
+    REQUIRE(pr.size() == pl.size());
+    for (size_t i = 0; i < pr.size(); ++i) {
+        INFO("parameter " << i);
+        CHECK(torch::equal(pr[i], pl[i]));
+    }
+    CHECK(rj.at("val/loss").get<double>() == lj.at("val/loss").get<double>());
+    // The log says where the ranks ran; the run registers as a model like a local one.
+    bool placed = false;
+    for (const auto& l : store.logs(rid)) placed |= l.text.find("host gpu-b (127.0.0.3)") != std::string::npos;
+    CHECK(placed);
+    const auto reg = c.run("models register digits-remote --run " + std::to_string(rid));
+    INFO(reg.err);
+    CHECK(reg.exitCode == 0);
+    // Nothing of the run is left on the hosts.
+    CHECK(rankPids(ws).empty());
+    CHECK(leftRunDirs(ws).empty());
+}
+
+TEST_CASE("a host that fails its check stops the launch before any rank starts and the message names host and cause",
+          "[remote][launch][sshd]") {
+    if (const std::string why = SshdServer::unavailableReason(); !why.empty()) LATHE_SKIP(why);
+    using Fault = Cluster::Fault;
+    const std::vector<std::pair<Fault, std::string>> cases{
+        {Fault::UnknownKey, "is not in"},
+        {Fault::ChangedKey, "host key differs"},
+        {Fault::WrongClientKey, "authentication failed"},
+        {Fault::ClosedPort, "cannot connect"},
+        {Fault::NoLathectl, "no lathectl at /opt/nowhere/lathectl"},
+    };
+    for (const auto& [fault, message] : cases) {
+        INFO("expected: " << message);
+        Cluster c(fault);
+        const auto r = c.run("train" + kTrain + " --hosts gpu-a:2,gpu-b:2");
+        CHECK(r.exitCode == 1);
+        CHECK_THAT(r.err, Catch::Contains("not launched (nothing was started)"));
+        CHECK_THAT(r.err, Catch::Contains("host gpu-b") && Catch::Contains(message));
+        CHECK_THAT(r.err, !Catch::Contains("host gpu-a"));  // the healthy host is not blamed
+        lathe::core::Store store(c.db);
+        CHECK(store.listRuns().empty());
+        CHECK(rankPids(c.workspaceId()).empty());
+    }
+}
+
+TEST_CASE("a remote rank killed mid-run fails the run naming it and every rank on both hosts ends",
+          "[remote][launch][sshd]") {
+    if (const std::string why = SshdServer::unavailableReason(); !why.empty()) LATHE_SKIP(why);
+    Cluster c;
+    const auto ws = c.workspaceId();
+    std::thread killer([&] {
+        const auto pids = waitForFourRanks(c, ws);
+        if (pids.size() == 4)
+            ::kill(pids.back(), SIGKILL);  // the last started: rank 3, on gpu-b
+        else
+            runShell("pkill -f -- '[l]athectl train .*" + c.db + "'");  // end the run: the test fails
+    });
+    const auto start = Clock::now();
+    const auto r = c.run("train --epochs 100000 --threads 1 -q --json --hosts gpu-a:2,gpu-b:2");
+    killer.join();
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    INFO(r.err);
+    CHECK(r.exitCode == 1);
+    const auto j = json::parse(r.out);
+    CHECK(j.at("status") == "failed");
+    CHECK_THAT(j.at("error").get<std::string>(), Catch::Contains("rank 3 (on gpu-b) was killed by signal KILL"));
+    CHECK(seconds < 150);
+    CHECK(noRankWithin(ws, 30));
+    CHECK(leftRunDirs(ws).empty());
+}
+
+TEST_CASE("the launcher killed with SIGKILL mid-run leaves no remote rank after 30 s (the lifeline)",
+          "[remote][launch][sshd]") {
+    if (const std::string why = SshdServer::unavailableReason(); !why.empty()) LATHE_SKIP(why);
+    Cluster c;
+    const auto ws = c.workspaceId();
+    const auto bg = startLongRun(c);
+    REQUIRE(bg.pid > 0);
+    const auto pids = waitForFourRanks(c, ws);
+    if (pids.size() != 4) ::kill(bg.pid, SIGKILL);
+    REQUIRE(pids.size() == 4);
+    ::kill(bg.pid, SIGKILL);
+    CHECK(waitExit(bg.pid, 10) == 0);
+    CHECK(noRankWithin(ws, 30));
+}
+
+TEST_CASE("Ctrl+C on a run across hosts stops every rank and records it as stopped", "[remote][launch][sshd]") {
+    if (const std::string why = SshdServer::unavailableReason(); !why.empty()) LATHE_SKIP(why);
+    Cluster c;
+    const auto ws = c.workspaceId();
+    const auto bg = startLongRun(c);
+    REQUIRE(bg.pid > 0);
+    const auto pids = waitForFourRanks(c, ws);
+    if (pids.size() != 4) ::kill(bg.pid, SIGKILL);
+    REQUIRE(pids.size() == 4);
+    ::kill(bg.pid, SIGINT);
+    REQUIRE(waitExit(bg.pid, 60) == 0);
+    const auto j = json::parse(lathe::remote::test::readFile(bg.out));
+    CHECK(j.at("status") == "stopped");
+    CHECK(noRankWithin(ws, 30));
+    CHECK(leftRunDirs(ws).empty());
+}
+
+TEST_CASE("a connection dropped mid-run fails the run naming the host and no rank is left", "[remote][launch][sshd]") {
+    if (const std::string why = SshdServer::unavailableReason(); !why.empty()) LATHE_SKIP(why);
+    Cluster c;
+    const auto ws = c.workspaceId();
+    std::thread dropper([&] {
+        if (waitForFourRanks(c, ws).size() != 4) {
+            runShell("pkill -f -- '[l]athectl train .*" + c.db + "'");
+            return;
+        }
+        for (int pid : c.b.connectionPids()) ::kill(pid, SIGKILL);  // gpu-b's side of every connection
+    });
+    const auto r = c.run("train --epochs 100000 --threads 1 -q --json --hosts gpu-a:2,gpu-b:2");
+    dropper.join();
+    INFO(r.err);
+    CHECK(r.exitCode == 1);
+    const auto j = json::parse(r.out);
+    CHECK(j.at("status") == "failed");
+    CHECK_THAT(j.at("error").get<std::string>(), Catch::Contains("(on gpu-b) lost its connection"));
+    CHECK(noRankWithin(ws, 30));
+}
