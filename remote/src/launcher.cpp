@@ -261,12 +261,14 @@ private:
             if (res.cancelled) {
                 exit.description = "was stopped (its SSH channel was closed; the lifeline ends it there)";
             } else if (!res.exitSignal.empty()) {
+                exit.abrupt = true;
                 exit.description = "was killed by signal " + res.exitSignal;
             } else {
                 exit.clean = res.exitStatus == 0 || res.exitStatus == 130;
                 exit.description = "exited with status " + std::to_string(res.exitStatus);
             }
         } catch (const std::exception& ex) {
+            exit.abrupt = true;
             exit.description = std::string("lost its connection: ") + ex.what();
         }
         m_exit = exit;

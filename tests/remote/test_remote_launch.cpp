@@ -89,6 +89,22 @@ std::vector<int> rankPids(const std::string& workspaceId) {
     return pids;
 }
 
+// The pid among `pids` whose environment says RANK=`rank` (0 if none).
+int rankOf(const std::vector<int>& pids, int rank) {
+    for (int pid : pids) {
+        const std::string env = lathe::remote::test::readFile("/proc/" + std::to_string(pid) + "/environ");
+        const std::string want = "RANK=" + std::to_string(rank);
+        size_t pos = 0;
+        while (pos < env.size()) {
+            const auto end = env.find('\0', pos);
+            if (env.compare(pos, (end == std::string::npos ? env.size() : end) - pos, want) == 0) return pid;
+            if (end == std::string::npos) break;
+            pos = end + 1;
+        }
+    }
+    return 0;
+}
+
 // Polls until no rank of the run is left, for at most `seconds`; true if none is.
 bool noRankWithin(const std::string& workspaceId, double seconds) {
     const auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
@@ -242,7 +258,7 @@ TEST_CASE("a remote rank killed mid-run fails the run naming it and every rank o
     std::thread killer([&] {
         const auto pids = waitForFourRanks(c, ws);
         if (pids.size() == 4)
-            ::kill(pids.back(), SIGKILL);  // the last started: rank 3, on gpu-b
+            ::kill(rankOf(pids, 3), SIGKILL);  // rank 3, on gpu-b
         else
             runShell("pkill -f -- '[l]athectl train .*" + c.db + "'");  // end the run: the test fails
     });

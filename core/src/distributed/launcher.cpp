@@ -92,6 +92,7 @@ public:
         if (::waitpid(m_pid, &status, WNOHANG) != m_pid) return std::nullopt;
         m_reaped = true;
         m_exit.clean = WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 130);
+        m_exit.abrupt = WIFSIGNALED(status);
         m_exit.description = describeExit(status);
         return m_exit;
     }
@@ -223,6 +224,7 @@ LaunchResult superviseRanks(std::vector<std::unique_ptr<RankProcess>>& ranks, co
         workers[r].errOpen = ranks[r]->stderrFd() >= 0;
     }
     LaunchResult result;
+    std::vector<int> failures;  // ranks that failed, in the order they were noticed
     bool terminating = false, killed = false;
     std::chrono::steady_clock::time_point termAt;
     auto beginTermination = [&] {
@@ -340,8 +342,10 @@ LaunchResult superviseRanks(std::vector<std::unique_ptr<RankProcess>>& ranks, co
             w.exit = w.process->reap();
             if (!w.exit) continue;
             const bool stopping = options.stop && options.stop->load();
-            if (!w.exit->clean && !terminating && !stopping && result.failedRank < 0) {
-                result.failedRank = w.rank;
+            // Failures until the supervisor kills anyone are candidates for the cause; a stop
+            // request's SIGTERM ends ranks cleanly (130), and a rank failing meanwhile counts.
+            if (!w.exit->clean && !killed && !(stopping && failures.empty())) {
+                failures.push_back(w.rank);
                 beginTermination();
             }
         }
@@ -357,6 +361,16 @@ LaunchResult superviseRanks(std::vector<std::unique_ptr<RankProcess>>& ranks, co
         if (fds.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     if (sinkError) std::rethrow_exception(sinkError);
+    // The cause: a rank that was killed or lost its connection, rather than a peer that then
+    // failed on the broken connection (and may have been noticed first).
+    if (!failures.empty()) {
+        result.failedRank = failures.front();
+        for (int r : failures)
+            if (workers[static_cast<size_t>(r)].exit->abrupt) {
+                result.failedRank = r;
+                break;
+            }
+    }
 
     bool anyRunning = false;
     for (const auto& w : workers) anyRunning |= !w.lastStatus.empty();

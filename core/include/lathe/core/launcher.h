@@ -53,6 +53,7 @@ struct LaunchResult {
 /// How a rank's process ended.
 struct RankExit {
     bool clean = false;       // exited 0, or 130 after a stop request
+    bool abrupt = false;      // ended without a say of its own: killed by a signal, or its connection lost
     std::string description;  // "exited with status 1", "was killed by signal Killed", "lost its connection: …"
 };
 
@@ -85,7 +86,9 @@ struct SuperviseOptions {
 /// are; other ranks' logs and errors prefixed with their rank, their comm/* metrics as
 /// rank<N>/comm/*), stops every rank when one fails, when `stop` is raised or when the sink
 /// throws (rethrown once all have ended), and returns when every rank has ended and its output
-/// is read. A failure names the rank, where it ran, how it ended and its last error lines; on a
+/// is read. A failure names the rank, where it ran, how it ended and its last error lines: of the
+/// ranks that failed before the supervisor had to kill any, one that ended abruptly (the cause;
+/// its peers then fail on their broken connections, and may be noticed first), else the first. On a
 /// failure or a stop every rank's last stderr lines are logged. `rendezvousPortTaken` (may be
 /// null) is set when the failure looks like the rendezvous port being in use.
 LaunchResult superviseRanks(std::vector<std::unique_ptr<RankProcess>>& ranks, const SuperviseOptions& options,
