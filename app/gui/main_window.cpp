@@ -32,6 +32,9 @@
 #include "lathe/core/error.h"
 #include "lathe/widgets/comm_view.h"
 #include "lathe/widgets/dashboard.h"
+#include "lathe/widgets/host_list_model.h"
+#include "lathe/widgets/hosts_view.h"
+#include "lathe/widgets/log_view.h"
 #include "lathe/widgets/loss_scale_view.h"
 #include "lathe/widgets/models_view.h"
 #include "lathe/widgets/profile_view.h"
@@ -99,6 +102,7 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
     addRunView(new widgets::LossScaleView, QStringLiteral("lossScaleView"));
     addRunView(new widgets::ProfileView, QStringLiteral("profileView"));
     addRunView(new widgets::CommView, QStringLiteral("commView"));
+    addRunView(new widgets::LogView, QStringLiteral("logView"));
 
     auto* right = new QSplitter(Qt::Vertical);
     right->addWidget(m_table);
@@ -122,6 +126,14 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
     m_pages->addTab(m_models, tr("Models"));
     m_pages->setTabToolTip(0, tr("Configure, train and compare runs"));
     m_pages->setTabToolTip(1, tr("Registered models, deployments and serving dashboards"));
+    // The SSH hosts runs can use: the run form's Target offers them.
+    m_hosts = new widgets::HostsView;
+    m_hosts->setObjectName(QStringLiteral("hostsView"));
+    m_pages->addTab(m_hosts, tr("Hosts"));
+    m_pages->setTabToolTip(2, tr("SSH hosts for runs across machines: add, check, trust their keys"));
+    connect(m_hosts, &widgets::HostsView::hostsChanged, this,
+            [this] { m_form->setHosts(m_hosts->listModel()->hosts()); });
+    m_hosts->setStore(m_store.get());
     setCentralWidget(m_pages);
 
     m_progress = new QLabel;
@@ -209,6 +221,10 @@ void MainWindow::connectSession() {
     connect(m_session.get(), &TrainingSession::started, this, &MainWindow::onStarted);
     connect(m_session.get(), &TrainingSession::eventsArrived, this, &MainWindow::onEvents);
     connect(m_session.get(), &TrainingSession::finished, this, &MainWindow::onFinished);
+    connect(m_session.get(), &TrainingSession::progress, this, [this](const QString& text) {
+        m_progress->setText(text);
+        statusBar()->showMessage(text);
+    });
 }
 
 void MainWindow::openRegistry() {
@@ -408,13 +424,19 @@ void MainWindow::onSelectionChanged() {
 }
 
 void MainWindow::onStartRequested(const core::RunSpec& spec) {
-    if (!m_session->start(spec)) {
+    const widgets::RunTarget target = m_form->target();
+    if (!m_session->start(spec, target)) {
         statusBar()->showMessage(tr("A run is already in progress."), 5000);
         return;
     }
     m_form->setRunning(true);
     m_progress->setText(tr("starting…"));
-    statusBar()->showMessage(tr("Starting run on %1…").arg(QString::fromStdString(spec.data)));
+    if (target.isLocal())
+        statusBar()->showMessage(tr("Starting run on %1…").arg(QString::fromStdString(spec.data)));
+    else
+        statusBar()->showMessage(
+            tr("Starting run on %1 across %2…")
+                .arg(QString::fromStdString(spec.data), QString::fromStdString(target.placement())));
 }
 
 void MainWindow::onStarted(qint64 runId) {
@@ -468,6 +490,11 @@ void MainWindow::onFinished(qint64 runId, const QString& status, const QString& 
     if (status == QLatin1String("failed")) {
         const QString what = runId ? tr("Run %1 failed").arg(runId) : tr("The run could not start");
         showError(what, error.isEmpty() ? tr("No error message was recorded.") : error);
+    } else if (runId == 0) {
+        // Stopped while the hosts were being checked: no run was created.
+        statusBar()->showMessage(
+            tr("The run was not started%1").arg(error.isEmpty() ? QString() : QStringLiteral(": ") + error),
+            10000);
     } else {
         statusBar()->showMessage(tr("Run %1 %2").arg(runId).arg(status), 10000);
     }
@@ -507,10 +534,12 @@ bool MainWindow::openWorkspace(const QString& path) {
         if (m_liveRunId) view->forgetLive(m_liveRunId);
     }
     m_liveRunId = 0;
+    m_hosts->setStore(nullptr);
     m_store = std::move(next);
     m_session = std::make_unique<TrainingSession>(*m_store);
     connectSession();
     openRegistry();
+    m_hosts->setStore(m_store.get());
     updateTitle();
     showNewStore(path);
     return true;

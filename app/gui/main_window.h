@@ -26,6 +26,7 @@ class QTimer;
 
 namespace lathe::widgets {
 class Dashboard;
+class HostsView;
 class ModelsView;
 class RunForm;
 class RunListModel;
@@ -46,7 +47,8 @@ public:
     core::Store& store() const { return *m_store; }
     widgets::RunForm* runForm() const { return m_form; }
     widgets::Dashboard* dashboard() const { return m_dashboard; }
-    /// The per-run views, one tab each in this order: Curves, Loss scale, Profile, Communication.
+    /// The per-run views, one tab each in this order: Curves, Loss scale, Profile, Communication,
+    /// Log.
     const std::vector<widgets::RunView*>& runViews() const { return m_runViews; }
     /// The per-run view of class View (runView<widgets::CommView>()), or null.
     template <class View>
@@ -57,9 +59,11 @@ public:
     /// Re-reads the runs list every few seconds (a test stops it to count reads).
     QTimer* refreshTimer() const { return m_refreshTimer; }
     TrainingSession* session() const { return m_session.get(); }
-    /// "Runs" (form, runs table, per-run views) and "Models" (registry and deployments).
+    /// "Runs" (form, runs table, per-run views), "Models" (registry and deployments) and "Hosts"
+    /// (the workspace's SSH hosts).
     QTabWidget* pageTabs() const { return m_pages; }
     widgets::ModelsView* modelsView() const { return m_models; }
+    widgets::HostsView* hostsView() const { return m_hosts; }
     DeploySession* deploySession() const { return m_deploy.get(); }
     /// The workspace's model registry (same file as the store); null when it could not be opened.
     core::Registry* registry() const { return m_registry.get(); }
@@ -128,6 +132,7 @@ private:
     std::unique_ptr<DeploySession> m_deploy;
     QTabWidget* m_pages = nullptr;
     widgets::ModelsView* m_models = nullptr;
+    widgets::HostsView* m_hosts = nullptr;
     widgets::RunForm* m_form = nullptr;
     widgets::Dashboard* m_dashboard = nullptr;  // also in m_runViews; File → Export charts
     std::vector<widgets::RunView*> m_runViews;  // owned by m_tabs

@@ -1,12 +1,72 @@
 #include "training_session.h"
 
 #include <QMetaObject>
+#include <QStringList>
 
 #include <exception>
+#include <memory>
 
 #include "lathe/core/error.h"
+#include "lathe/remote/launcher.h"
+#include "lathe/widgets/host_probe.h"
 
 namespace lathe::app {
+
+namespace {
+
+// A launch across hosts as `lathectl train --hosts` builds it (app/lathectl/cmd_train.cpp): the
+// inventory's records in the target's order, nproc the total of the slots.
+struct RemotePlan {
+    remote::RemoteLaunchOptions options;
+    std::string placement;
+};
+
+RemotePlan planRemote(const core::Store& store, core::RunSpec& spec, const widgets::RunTarget& target,
+                      const std::string& program) {
+    RemotePlan plan;
+    for (const auto& want : target.hosts) {
+        const auto rec = store.host(want.name);
+        if (!rec)
+            throw core::ConfigError("no host '" + want.name +
+                                    "' in this workspace any more (see the Hosts page)");
+        if (want.slots < 1) throw core::ConfigError("host " + want.name + ": slots must be at least 1");
+        if (want.slots > rec->slots)
+            throw core::ConfigError(std::to_string(want.slots) + " slots asked of host " + want.name +
+                                    ", which has " + std::to_string(rec->slots));
+        for (const auto& other : plan.options.hosts)
+            if (other.name == want.name) throw core::ConfigError("host " + want.name + " is named twice");
+        remote::RemoteHost h;
+        h.name = rec->name;
+        h.spec = widgets::hostSpecFor(*rec);
+        h.slots = want.slots;
+        h.lathectl = rec->lathectl;
+        plan.options.hosts.push_back(std::move(h));
+    }
+    const int total = target.totalSlots();
+    if (total < 2) throw core::ConfigError("a run across hosts needs at least 2 slots in all");
+    plan.placement = target.placement();
+    spec.nproc = total;
+    if (spec.strategy == "hierarchical")
+        for (const auto& h : plan.options.hosts)
+            if (h.slots != plan.options.hosts.front().slots)
+                throw core::ConfigError(
+                    "strategy = \"hierarchical\" groups ranks by host and needs the same slots on every host "
+                    "(got " +
+                    plan.placement + ")");
+    if (const auto problems = core::validate(spec); !problems.empty()) {
+        std::string all;
+        for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
+        throw core::ConfigError(all);
+    }
+    plan.options.masterAddr = target.masterAddr;
+    plan.options.stage = target.stage;
+    plan.options.localProgram = program;
+    // What `lathectl --version` must print on every host: this build's.
+    plan.options.expectedVersion = widgets::lathectlVersion(program);
+    return plan;
+}
+
+}  // namespace
 
 TrainingSession::TrainingSession(core::Store& store, QObject* parent) : QObject(parent), m_store(store) {}
 
@@ -17,7 +77,7 @@ int64_t TrainingSession::runId() const {
     return m_runId;
 }
 
-bool TrainingSession::start(const core::RunSpec& spec) {
+bool TrainingSession::start(const core::RunSpec& spec, const widgets::RunTarget& target) {
     if (m_running || m_thread.joinable()) return false;
     m_running = true;
     m_startedEmitted = false;
@@ -30,7 +90,8 @@ bool TrainingSession::start(const core::RunSpec& spec) {
         m_status = core::RunStatus::Failed;
         m_error.clear();
     }
-    m_thread = std::thread([this, spec, workerProgram = m_workerProgram] {
+    m_thread = std::thread([this, spec, target, workerProgram = m_workerProgram] {
+        core::RunSpec runSpec = spec;
         core::RecordOptions options;
         options.stop = &m_stop;
         options.workerProgram = workerProgram;
@@ -42,11 +103,41 @@ bool TrainingSession::start(const core::RunSpec& spec) {
         std::string error;
         int64_t id = 0;
         try {
-            core::RecordedRun rec =
-                core::trainAndRecord(m_store, spec, options, [this](const core::Event& e) { observe(e); });
-            id = rec.runId;
-            status = rec.result.status;
-            error = rec.result.error;
+            bool launch = true;
+            if (!target.isLocal()) {
+                // Every host is checked before the run exists: a failing one leaves no run behind.
+                QStringList names;
+                for (const auto& h : target.hosts) names << QString::fromStdString(h.name);
+                post(tr("Checking hosts %1…").arg(names.join(QStringLiteral(", "))));
+                RemotePlan plan = planRemote(m_store, runSpec, target, workerProgram);
+                std::string problems;
+                for (const auto& r : remote::checkHosts(plan.options))
+                    if (!r.ok) problems += "\n  " + r.problem;
+                if (!problems.empty())
+                    throw core::ConfigError("not launched (nothing was started):" + problems);
+                if (m_stop.load()) {
+                    launch = false;
+                    status = core::RunStatus::Stopped;
+                    error = "stopped before the run was started";
+                } else {
+                    post(tr("Hosts ready; starting %1 ranks on %2…")
+                             .arg(QString::number(runSpec.nproc), QString::fromStdString(plan.placement)));
+                    options.placement = plan.placement;
+                    auto remoteOptions =
+                        std::make_shared<const remote::RemoteLaunchOptions>(std::move(plan.options));
+                    options.launch = [remoteOptions](const core::LaunchOptions& lo,
+                                                     const core::EventSink& sink) {
+                        return remote::launchRemote(lo, *remoteOptions, sink);
+                    };
+                }
+            }
+            if (launch) {
+                core::RecordedRun rec = core::trainAndRecord(m_store, runSpec, options,
+                                                             [this](const core::Event& e) { observe(e); });
+                id = rec.runId;
+                status = rec.result.status;
+                error = rec.result.error;
+            }
         } catch (const core::Error& e) {
             status = core::RunStatus::Failed;
             error = e.what();
@@ -69,6 +160,11 @@ bool TrainingSession::start(const core::RunSpec& spec) {
 }
 
 void TrainingSession::requestStop() { m_stop.store(true); }
+
+void TrainingSession::post(const QString& text) {
+    QMetaObject::invokeMethod(
+        this, [this, text] { Q_EMIT progress(text); }, Qt::QueuedConnection);
+}
 
 void TrainingSession::stopAndWait() {
     m_stop.store(true);

@@ -1,8 +1,15 @@
 // lathectl serve / deploy / rollback / undeploy / deployments.
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -32,6 +39,7 @@ struct ServeState {
     core::ServeOptions options;
     bool watch = false;
     std::string alertRules;
+    std::string tokenFile;
 };
 
 struct DeployState {
@@ -56,7 +64,58 @@ std::unique_ptr<core::Registry> openRegistry(const CommonOptions& c) {
     }
 }
 
+// The control token (ServeOptions::controlToken) of `lathectl serve`: from $LATHE_SERVER_TOKEN,
+// taken once and wiped from this process's environment (its bytes too, which
+// /proc/PID/environ would still show), so that nothing the server starts inherits it; or from
+// --token-file, which no other user may read. Never a command-line value: `ps` shows those to
+// every user. Messages name the file, never its contents.
+std::string takeControlToken(const std::string& tokenFile) {
+    std::string fromEnv;
+    if (char* v = std::getenv("LATHE_SERVER_TOKEN")) {
+        fromEnv = v;
+        std::memset(v, 0, std::strlen(v));
+        ::unsetenv("LATHE_SERVER_TOKEN");
+    }
+    if (tokenFile.empty()) return fromEnv;
+    if (!fromEnv.empty())
+        throw UsageError("give the control token through LATHE_SERVER_TOKEN or --token-file, not both");
+    const int fd = ::open(tokenFile.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw UsageError("--token-file " + tokenFile + ": " + std::strerror(errno));
+    struct FdCloser {
+        int fd;
+        ~FdCloser() { ::close(fd); }
+    } closer{fd};
+    struct stat info {};
+    if (::fstat(fd, &info) != 0) throw UsageError("--token-file " + tokenFile + ": " + std::strerror(errno));
+    if (!S_ISREG(info.st_mode)) throw UsageError("--token-file " + tokenFile + " is not a regular file");
+    if (info.st_mode & (S_IROTH | S_IWOTH)) {
+        char mode[8];
+        std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(info.st_mode & 07777));
+        throw UsageError("--token-file " + tokenFile + " is open to every user (mode " + mode +
+                         "); a token file must be private: chmod 600 " + tokenFile);
+    }
+    constexpr size_t kMax = 4096 + 2;  // the longest token and a line end
+    std::string token(kMax + 1, '\0');
+    size_t got = 0;
+    for (ssize_t n; got < token.size() && (n = ::read(fd, token.data() + got, token.size() - got)) != 0;) {
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            throw UsageError("--token-file " + tokenFile + ": " + std::strerror(errno));
+        }
+        got += static_cast<size_t>(n);
+    }
+    if (got > kMax)
+        throw UsageError("--token-file " + tokenFile + " is longer than a token (4096 characters)");
+    token.resize(got);
+    while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
+    if (token.empty()) throw UsageError("--token-file " + tokenFile + " is empty");
+    return token;
+}
+
 void runServe(ServeState& st, int& exitCode) {
+    // First, before anything can start a process that would inherit it.
+    st.options.controlToken = takeControlToken(st.tokenFile);
+    const bool hasToken = !st.options.controlToken.empty();
     if (st.model.empty() == st.file.empty())
         throw UsageError("give exactly one of --model NAME[:V|@ALIAS] and --file MODEL.pt");
     std::string privateCopyDir;  // a --file's copy with metadata: removed however serving ends
@@ -95,7 +154,9 @@ void runServe(ServeState& st, int& exitCode) {
             served.path = tmp;
         }
     }
-    core::InferenceServer server(st.options);
+    core::InferenceServer server(st.options);  // keeps only the token's digest
+    std::fill(st.options.controlToken.begin(), st.options.controlToken.end(), '\0');
+    st.options.controlToken.clear();
     std::fprintf(stderr, "loading %s v%lld from %s\n", served.name.c_str(),
                  static_cast<long long>(served.version), served.path.c_str());
     server.load(served);  // says on stderr which graph it runs (--optimize)
@@ -110,6 +171,12 @@ void runServe(ServeState& st, int& exitCode) {
         st.options.instances == 1 ? "" : "s");
     std::printf("  POST %s/v2/models/%s/infer   GET %s/metrics\n", url.c_str(), served.name.c_str(),
                 url.c_str());
+    std::printf("  control API (/v2/repository: load, hot swap): %s\n",
+                hasToken ? "needs the bearer token"
+                : core::isLoopbackHost(st.options.host)
+                    ? "open to this machine (loopback only, no token)"
+                    : "refused: listening beyond loopback without a token "
+                      "(LATHE_SERVER_TOKEN or --token-file)");
     std::fflush(stdout);
     std::unique_ptr<core::Scraper> scraper;
     if (st.watch) {
@@ -182,7 +249,9 @@ core::DeployOptions deployOptions(const DeployState& st) {
 void addDeployFlags(CLI::App* c, DeployState& st) {
     c->add_option("--port", st.port,
                   "port of a new server (default: the model's last port, else 8500 or the next free)");
-    c->add_option("--host", st.host, "address a new server listens on (default 127.0.0.1)");
+    c->add_option("--host", st.host,
+                  "address a new server listens on (default 127.0.0.1); its control API needs the "
+                  "deployment's own token, which the workspace keeps and deploy/rollback send");
     c->add_option("--reason", st.reason, "why (recorded in the deployment history)");
     c->add_option("--max-batch", st.maxBatch, "a new server's --max-batch");
     c->add_option("--max-delay-ms", st.maxDelayMs, "a new server's --max-delay-ms");
@@ -286,6 +355,13 @@ void registerServe(CLI::App& app, int& exitCode) {
         ->capture_default_str();
     s->add_option("--instance-id", st->options.instance,
                   "an identifier echoed by GET /v2 (set by lathectl deploy)");
+    s->add_option("--token-file", st->tokenFile,
+                  "file holding the control token that /v2/repository requests (load, hot swap, unload) "
+                  "must send as `Authorization: Bearer TOKEN`; it must not be open to other users (chmod "
+                  "600). Or set LATHE_SERVER_TOKEN (read once, then removed from the environment); never "
+                  "on the command line. Without a token the control API answers only on a loopback "
+                  "--host (127.0.0.1, ::1) and is refused (403) beyond it; inference, health and /metrics "
+                  "never need one. lathectl deploy gives each server a token of its own");
     s->add_flag("--watch", st->watch,
                 "scrape this server's metrics into the workspace every second and run alert rules");
     s->add_option("--alert-rules", st->alertRules, "TOML file of alert thresholds (with --watch)");

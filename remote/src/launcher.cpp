@@ -235,6 +235,10 @@ public:
     void terminate() override { m_interrupt = true; }
     void kill() override { m_cancel = true; }
     std::string where() const override { return "on " + m_name; }
+    // When its first output arrived (steady clock; zero before): the worker runs by then.
+    std::chrono::steady_clock::time_point firstOutput() const {
+        return std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(m_firstOutput.load()));
+    }
 
 private:
     static void writeAll(int fd, std::string_view data) {
@@ -256,8 +260,13 @@ private:
             eo.interrupt = &m_interrupt;
             eo.keepStdinOpen = true;
             const auto res = session.exec(
-                command, [wo](std::string_view c) { writeAll(wo, c); }, [we](std::string_view c) { writeAll(we, c); },
-                eo);
+                command,
+                [this, wo](std::string_view c) {
+                    if (m_firstOutput.load() == 0)
+                        m_firstOutput.store(std::chrono::steady_clock::now().time_since_epoch().count());
+                    writeAll(wo, c);
+                },
+                [we](std::string_view c) { writeAll(we, c); }, eo);
             if (res.cancelled) {
                 exit.description = "was stopped (its SSH channel was closed; the lifeline ends it there)";
             } else if (!res.exitSignal.empty()) {
@@ -280,6 +289,7 @@ private:
     std::string m_name;
     int m_out = -1, m_err = -1;
     std::atomic<bool> m_cancel{false}, m_interrupt{false}, m_done{false};
+    std::atomic<std::chrono::steady_clock::rep> m_firstOutput{0};
     core::RankExit m_exit;
     std::thread m_thread;
 };
@@ -344,6 +354,9 @@ namespace {
 
 core::LaunchResult launchChecked(const core::LaunchOptions& base, const RemoteLaunchOptions& options,
                                  const core::EventSink& sink) {
+    using Clock = std::chrono::steady_clock;
+    const auto t0 = Clock::now();
+    const auto ms = [](Clock::duration d) { return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()); };
     int total = 0;
     for (const auto& h : options.hosts) total += h.slots;
     if (total != base.nproc)
@@ -357,6 +370,7 @@ core::LaunchResult launchChecked(const core::LaunchOptions& base, const RemoteLa
     for (const auto& h : hosts)
         if (!h->report.ok) problems += (problems.empty() ? "" : "; ") + h->report.problem;
     if (!problems.empty()) throw core::ConfigError("not launched, nothing was started: " + problems);
+    const auto tChecked = Clock::now();
     for (const auto& h : hosts)
         log("info", "host " + h->host.name + " (" + h->report.address + "): " + h->report.os + " " + h->report.arch + ", " +
                         std::to_string(h->report.cores) + " cores, " + h->report.lathectlVersion + " at " +
@@ -392,14 +406,30 @@ core::LaunchResult launchChecked(const core::LaunchOptions& base, const RemoteLa
     } cleanAll{hosts, runDir, sink};
 
     const std::string resumeName = base.resumeFrom.empty() ? "" : fs::path(base.resumeFrom).filename().string();
-    for (auto& h : hosts) {
-        upload(*h->control, base.configPath, runDir + "/config.toml");
-        if (!base.resumeFrom.empty()) upload(*h->control, base.resumeFrom, runDir + "/resume/" + resumeName);
+    {
+        // One thread per host: each uses only its own session.
+        std::vector<std::string> errors(hosts.size());
+        std::vector<std::thread> threads;
+        for (size_t i = 0; i < hosts.size(); ++i)
+            threads.emplace_back([&, i] {
+                try {
+                    upload(*hosts[i]->control, base.configPath, runDir + "/config.toml");
+                    if (!base.resumeFrom.empty())
+                        upload(*hosts[i]->control, base.resumeFrom, runDir + "/resume/" + resumeName);
+                } catch (const std::exception& ex) {
+                    errors[i] = ex.what();
+                }
+            });
+        for (auto& t : threads) t.join();
+        for (const auto& e : errors)
+            if (!e.empty()) throw core::Error("uploading the run's files failed: " + e);
     }
     log("info", "run files uploaded to ~/" + runDir + " on " + std::to_string(hosts.size()) + " host(s); rendezvous at " +
                     master + ":" + std::to_string(port));
 
+    const auto tStaged = Clock::now();
     std::vector<std::unique_ptr<core::RankProcess>> ranks;
+    std::vector<RemoteRank*> remoteRanks;
     for (auto& h : hosts) {
         const int threads = std::max(1, h->report.cores / h->host.slots);
         for (int local = 0; local < h->host.slots; ++local) {
@@ -419,7 +449,9 @@ core::LaunchResult launchChecked(const core::LaunchOptions& base, const RemoteLa
             if (!resumeName.empty()) cmd += " --resume " + shellQuote(runDir + "/resume/" + resumeName);
             if (!base.owner.workspaceId.empty())
                 cmd += " --owner " + shellQuote(base.owner.workspaceId + ":" + std::to_string(base.owner.runId));
-            ranks.push_back(std::make_unique<RemoteRank>(h->host.name, h->host.spec, cmd));
+            auto r = std::make_unique<RemoteRank>(h->host.name, h->host.spec, cmd);
+            remoteRanks.push_back(r.get());
+            ranks.push_back(std::move(r));
         }
     }
 
@@ -427,7 +459,22 @@ core::LaunchResult launchChecked(const core::LaunchOptions& base, const RemoteLa
     // model registration work as for a local run.
     std::error_code ec;
     if (!base.checkpointDir.empty()) fs::create_directories(base.checkpointDir, ec);
+    // How long the launch took, once every rank has spoken (bench_remote_launch reads this line).
+    bool timed = false;
+    const auto noteLaunchTime = [&] {
+        if (timed) return;
+        Clock::time_point last{};
+        for (const auto* r : remoteRanks) {
+            if (r->firstOutput() == Clock::time_point{}) return;
+            last = std::max(last, r->firstOutput());
+        }
+        timed = true;
+        log("info", "launch timing: hosts checked in " + ms(tChecked - t0) + " ms, run files staged in " +
+                        ms(tStaged - tChecked) + " ms, all " + std::to_string(remoteRanks.size()) +
+                        " ranks running " + ms(last - tStaged) + " ms later; " + ms(last - t0) + " ms in all");
+    };
     const core::EventSink fetching = [&](const core::Event& e) {
+        noteLaunchTime();
         if (e.type != core::Event::Type::Checkpoint || base.checkpointDir.empty()) {
             if (sink) sink(e);
             return;

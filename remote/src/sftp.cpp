@@ -7,7 +7,9 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <cstdio>
+#include <random>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -89,6 +91,12 @@ void makeParents(SshSession& s, sftp_session sftp, const std::string& path) {
     }
 }
 
+std::string partSuffix() {
+    static std::atomic<unsigned> counter{0};
+    std::random_device rd;
+    return std::to_string(rd() % 1000000) + "-" + std::to_string(counter.fetch_add(1));
+}
+
 std::string firstWord(const std::string& text) {
     const auto end = text.find_first_of(" \t\n");
     return text.substr(0, end);
@@ -120,7 +128,8 @@ TransferResult upload(SshSession& session, const std::string& localPath, const s
     if (!in) fail(session, "cannot read " + localPath);
     auto sftp = openSftp(session);
     makeParents(session, sftp.get(), remotePath);
-    const std::string part = remotePath + ".part";
+    // A name of its own: two hosts sharing a home directory (NFS) upload the same file at once.
+    const std::string part = remotePath + ".part-" + partSuffix();
     TransferResult result;
     {
         FilePtr file(sftp_open(sftp.get(), part.c_str(), O_WRONLY | O_CREAT | O_TRUNC, static_cast<mode_t>(mode)));

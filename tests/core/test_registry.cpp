@@ -128,6 +128,32 @@ TEST_CASE("deployment history: a new deployment replaces the live one", "[regist
     CHECK(r.deployments("digits")[0].endReason == "undeployed");
 }
 
+TEST_CASE("a deployment's token is kept by its server's instance across hot swaps and forgotten when it ends",
+          "[registry][deploy]") {
+    TempDir dir;
+    Registry r(dir.file("ws.db"));
+    CHECK(r.deploymentToken("").empty());
+    CHECK(r.deploymentToken("nonce-a").empty());  // none stored: a deployment from before tokens
+    CHECK_THROWS_AS(r.storeDeploymentToken("", "t"), ConfigError);
+    r.storeDeploymentToken("nonce-a", "token-a");
+    r.storeDeploymentToken("nonce-b", "token-b");
+    CHECK(r.deploymentToken("nonce-a") == "token-a");
+    Deployment d;
+    d.model = "digits";
+    d.version = 1;
+    d.url = "http://127.0.0.1:8500";
+    d.instance = "nonce-a";
+    r.recordDeployment(d);
+    d.version = 2;  // a hot swap: the same server, a new record
+    const auto swapped = r.recordDeployment(d);
+    CHECK(r.deploymentToken("nonce-a") == "token-a");
+    r.endDeployment(swapped, "undeployed");
+    CHECK(r.deploymentToken("nonce-a").empty());
+    CHECK(r.deploymentToken("nonce-b") == "token-b");  // another server's stays
+    r.forgetDeploymentToken("nonce-b");
+    CHECK(r.deploymentToken("nonce-b").empty());
+}
+
 TEST_CASE("serving metrics and alerts are stored per model", "[registry]") {
     TempDir dir;
     Registry r(dir.file("ws.db"));

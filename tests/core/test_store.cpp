@@ -212,7 +212,7 @@ TEST_CASE("a schema-1 workspace is migrated forward and keeps its runs", "[store
         path,
         "DROP TABLE profile_spans; DROP TABLE models; DROP TABLE model_versions; DROP TABLE model_aliases; "
         "DROP TABLE deployments; DROP TABLE serving_metrics; DROP TABLE alerts; DROP TABLE workspace; "
-        "DROP TABLE hosts; PRAGMA user_version = 1;");
+        "DROP TABLE hosts; DROP TABLE deployment_tokens; PRAGMA user_version = 1;");
     Store s(path);
     CHECK(s.schemaVersion() == Store::kSchemaVersion);
     CHECK(s.run(id)->name == "from-v1");
@@ -394,7 +394,7 @@ TEST_CASE("bad host names and fields are refused before anything is written", "[
     CHECK_NOTHROW(s.addHost({"h", "10.0.0.1", 65535, "", "", "", 4096}));
 }
 
-TEST_CASE("a schema-5 workspace is migrated to 6 and gets an empty hosts table", "[store][hosts]") {
+TEST_CASE("a schema-5 workspace is migrated forward and gets an empty hosts table", "[store][hosts]") {
     TempDir dir;
     const auto path = dir.file("v5.db");
     int64_t id = 0;
@@ -405,14 +405,50 @@ TEST_CASE("a schema-5 workspace is migrated to 6 and gets an empty hosts table",
         workspaceId = s.workspaceId();
         s.addHost({"gone", "10.0.0.1"});
     }
-    // What Lathe wrote with schema 5: everything but the hosts table.
-    sqlExec(path, "DROP TABLE hosts; PRAGMA user_version = 5;");
+    // What Lathe wrote with schema 5: everything but the hosts table (and later ones).
+    sqlExec(path, "DROP TABLE hosts; DROP TABLE deployment_tokens; PRAGMA user_version = 5;");
     Store s(path);
-    CHECK(s.schemaVersion() == 6);
     CHECK(s.schemaVersion() == Store::kSchemaVersion);
     CHECK(s.run(id)->name == "from-v5");
     CHECK(s.workspaceId() == workspaceId);  // a migration keeps the id
     CHECK(s.hosts().empty());
     s.addHost({"gpu-1", "10.0.0.1"});
     CHECK(s.hosts().size() == 1);
+}
+
+TEST_CASE("a schema-6 workspace is migrated to 7, keeps its deployments and gets an empty token table",
+          "[store][deploy]") {
+    TempDir dir;
+    const auto path = dir.file("v6.db");
+    int64_t id = 0;
+    {
+        Store s(path);
+        id = newRun(s, "from-v6");
+        s.addHost({"gpu-1", "10.0.0.1"});
+    }
+    // What Lathe wrote with schema 6: a deployment recorded before tokens existed.
+    sqlExec(path,
+            "DROP TABLE deployment_tokens; INSERT INTO deployments(model, version, target, url, pid, actor, "
+            "action, started_at, instance) VALUES('digits', 1, 'local', 'http://127.0.0.1:8500', 42, 'user', "
+            "'deploy', 1.0, 'nonce'); PRAGMA user_version = 6;");
+    {
+        Store s(path);
+        CHECK(s.schemaVersion() == 7);
+        CHECK(s.schemaVersion() == Store::kSchemaVersion);
+        CHECK(s.run(id)->name == "from-v6");
+        CHECK(s.hosts().size() == 1);
+    }
+    sqlite3* db = nullptr;
+    REQUIRE(sqlite3_open(path.c_str(), &db) == SQLITE_OK);
+    auto count = [&](const char* sql) {
+        sqlite3_stmt* st = nullptr;
+        REQUIRE(sqlite3_prepare_v2(db, sql, -1, &st, nullptr) == SQLITE_OK);
+        REQUIRE(sqlite3_step(st) == SQLITE_ROW);
+        const auto n = sqlite3_column_int64(st, 0);
+        sqlite3_finalize(st);
+        return n;
+    };
+    CHECK(count("SELECT COUNT(*) FROM deployments WHERE instance = 'nonce' AND ended_at IS NULL") == 1);
+    CHECK(count("SELECT COUNT(*) FROM deployment_tokens") == 0);  // the old server takes control without one
+    sqlite3_close(db);
 }

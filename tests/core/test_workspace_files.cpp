@@ -126,7 +126,8 @@ TEST_CASE("files of the old shared layout are adopted into the workspace's own d
     fs::rename(ownCkpt, legacy);
     fs::remove_all(dir.file("old.db-files"));
     sqlExec(path, "UPDATE artifacts SET path = '" + legacy +
-                      "'; DROP TABLE workspace; DROP TABLE hosts; PRAGMA user_version = 4;");
+                      "'; DROP TABLE workspace; DROP TABLE hosts; DROP TABLE deployment_tokens; "
+                      "PRAGMA user_version = 4;");
 
     SECTION("a file that is still the recorded one is linked in and the record repointed") {
         Store s(path);

@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1060,4 +1061,298 @@ TEST_CASE("undeploy signals only the deployment's own lathectl serve, never a pr
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(12));
     CHECK_FALSE(running(server));
     CHECK(endReason() == "undeployed");
+}
+
+// ---- the control API's token -----------------------------------------------------------------
+
+namespace {
+
+// v1's artifact registered again as digits v2: a second version to load that costs no training.
+int64_t registerAgain(const test::ServingWorkspace& ws) {
+    core::Registry registry(ws.db());
+    return registry.addVersion(registry.resolve({"digits", 1, {}})).version;
+}
+
+const std::string kLoad = "/v2/repository/models/digits/load";
+const std::string kLoadV2 = R"({"parameters":{"version":"2"}})";
+
+test::HttpHeaders bearer(const std::string& token) { return {{"Authorization", "Bearer " + token}}; }
+
+// /proc/PID/cmdline or environ ("" when unreadable).
+std::string procFile(int64_t pid, const std::string& name) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/" + name, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+std::string servedVersionOf(uint16_t port) {
+    const auto a = httpGet(port, "/v2/models/digits");
+    return a.status == 200 ? json::parse(a.body)["versions"][0].get<std::string>() : "";
+}
+
+// Inference, health, metadata and metrics: never gated.
+void checkOpenEndpoints(uint16_t port) {
+    CHECK(httpGet(port, "/v2/health/live").status == 200);
+    CHECK(httpGet(port, "/v2/health/ready").status == 200);
+    CHECK(httpGet(port, "/v2").status == 200);
+    CHECK(httpGet(port, "/v2/models/digits").status == 200);
+    CHECK(httpGet(port, "/v2/models/digits/ready").status == 200);
+    CHECK(httpRequest(port, "POST", "/v2/models/digits/infer", inferBody(1)).status == 200);
+    CHECK(httpGet(port, "/metrics").status == 200);
+}
+
+}  // namespace
+
+TEST_CASE("with a control token the repository API answers 401 without it, 403 with another, 200 with it",
+          "[serving][auth]") {
+    test::ServingWorkspace ws;
+    REQUIRE(registerAgain(ws) == 2);
+    const std::string token = "0123456789abcdef-the-control-token";
+    // On loopback and beyond it alike: with a token, the token decides.
+    for (const std::string host : {"127.0.0.1", "0.0.0.0"}) {
+        INFO("host " << host);
+        core::ServeOptions o;
+        o.host = host;
+        o.controlToken = token;
+        const auto server = ws.serve(o);
+        const auto port = server->port();
+
+        auto a = httpRequest(port, "POST", kLoad, kLoadV2, 60);
+        CHECK(a.status == 401);
+        CHECK(a.headers["www-authenticate"].rfind("Bearer", 0) == 0);
+        REQUIRE_FALSE(json::parse(a.body, nullptr, false).is_discarded());
+        CHECK(json::parse(a.body)["error"].get<std::string>().find("Authorization: Bearer") !=
+              std::string::npos);
+        // Everything under /v2/repository, the index and what may come (unload) included.
+        CHECK(httpRequest(port, "POST", "/v2/repository/index", "{}").status == 401);
+        CHECK(httpRequest(port, "POST", "/v2/repository/models/digits/unload", "{}").status == 401);
+        CHECK(httpRequest(port, "POST", kLoad, kLoadV2, 60, {{"Authorization", "Basic " + token}}).status ==
+              401);
+        CHECK(httpRequest(port, "POST", kLoad, kLoadV2, 60, {{"Authorization", "Bearer"}}).status == 401);
+        for (const std::string wrong :
+             {std::string("wrong-token-0123456789abcdef"), token.substr(0, token.size() - 1), token + "0"}) {
+            a = httpRequest(port, "POST", kLoad, kLoadV2, 60, bearer(wrong));
+            CHECK(a.status == 403);
+            CHECK(a.body.find("not this server's control token") != std::string::npos);
+            CHECK(a.body.find(token.substr(0, 16)) == std::string::npos);  // neither token is echoed
+        }
+        CHECK(server->servedVersion("digits") == 1);  // nothing refused was loaded
+
+        a = httpRequest(port, "POST", kLoad, kLoadV2, 60, bearer(token));
+        CHECK(a.status == 200);
+        CHECK(server->servedVersion("digits") == 2);
+        CHECK(servedVersionOf(port) == "2");
+        // The scheme in any case, spaces around the token.
+        a = httpRequest(port, "POST", "/v2/repository/index", "{}", 5,
+                        {{"Authorization", "bearer  " + token}});
+        CHECK(a.status == 200);
+        CHECK(a.body.find("\"2\"") != std::string::npos);
+        checkOpenEndpoints(port);
+    }
+    // A weak or malformed token is refused, and not quoted back.
+    core::ServeOptions o;
+    o.controlToken = "short-secret";
+    CHECK_THROWS_WITH(core::InferenceServer(o),
+                      Catch::Contains("16 to 4096") && !Catch::Contains("short-secret"));
+    o.controlToken = "a token with spaces in it";
+    CHECK_THROWS_AS(core::InferenceServer(o), core::ConfigError);
+}
+
+TEST_CASE("without a token the repository API is refused beyond loopback and open on loopback",
+          "[serving][auth]") {
+    test::ServingWorkspace ws;
+    REQUIRE(registerAgain(ws) == 2);
+    {
+        core::ServeOptions o;
+        o.host = "0.0.0.0";
+        const auto server = ws.serve(o);
+        const auto port = server->port();
+        const auto a = httpRequest(port, "POST", kLoad, kLoadV2, 60);
+        CHECK(a.status == 403);
+        REQUIRE_FALSE(json::parse(a.body, nullptr, false).is_discarded());
+        const auto error = json::parse(a.body)["error"].get<std::string>();
+        CHECK(error.find("needs a token") != std::string::npos);
+        CHECK(error.find("0.0.0.0") != std::string::npos);
+        CHECK(httpRequest(port, "POST", "/v2/repository/index", "{}").status == 403);
+        // A token the server does not have opens nothing either.
+        CHECK(httpRequest(port, "POST", kLoad, kLoadV2, 60, bearer("0123456789abcdef0123")).status == 403);
+        CHECK(server->servedVersion("digits") == 1);
+        checkOpenEndpoints(port);
+    }
+    {
+        // 127.0.0.1, as every local deployment before tokens: control stays open to this machine.
+        const auto server = ws.serve();
+        const auto port = server->port();
+        CHECK(httpRequest(port, "POST", "/v2/repository/index", "{}").status == 200);
+        CHECK(httpRequest(port, "POST", kLoad, kLoadV2, 60).status == 200);
+        CHECK(server->servedVersion("digits") == 2);
+    }
+    for (const char* host : {"127.0.0.1", "127.8.9.10", "::1", "localhost", "::ffff:127.0.0.1"}) {
+        INFO(host);
+        CHECK(core::isLoopbackHost(host));
+    }
+    for (const char* host :
+         {"0.0.0.0", "::", "192.168.1.20", "10.0.0.1", "::ffff:10.0.0.1", "fe80::1", "", "lan-host"}) {
+        INFO(host);
+        CHECK_FALSE(core::isLoopbackHost(host));
+    }
+}
+
+TEST_CASE(
+    "lathectl deploy gives its server a token of its own that hot swap and rollback use and nothing shows",
+    "[serving][cli][auth]") {
+    test::ServingWorkspace ws;
+    REQUIRE(registerAgain(ws) == 2);
+    const std::string db = " --db " + ws.db();
+    std::string shown;  // everything lathectl printed
+    auto lathectl = [&](const std::string& args) {
+        auto r = test::runShell(test::binPath("lathectl") + " " + args + db);
+        shown += r.out + r.err;
+        return r;
+    };
+    auto r = lathectl("deploy digits:1 --port 0 --json");
+    REQUIRE(r.exitCode == 0);
+    const auto dep = json::parse(r.out);
+    const auto url = dep["url"].get<std::string>();
+    const auto port = static_cast<uint16_t>(std::stoi(url.substr(url.rfind(':') + 1)));
+    const auto pid = dep["pid"].get<int64_t>();
+    const auto log = dep["log"].get<std::string>();
+    core::Registry registry(ws.db());
+    const auto live = registry.liveDeployment("digits");
+    REQUIRE(live);
+    const auto token = registry.deploymentToken(live->instance);
+    REQUIRE(token.size() == 64);  // 32 random bytes in hex
+    CHECK(token.find_first_not_of("0123456789abcdef") == std::string::npos);
+
+    // The server demands it, on loopback too; inference and metrics do not.
+    CHECK(httpRequest(port, "POST", kLoad, kLoadV2, 60).status == 401);
+    CHECK(httpRequest(port, "POST", kLoad, kLoadV2, 60, bearer(std::string(64, '0'))).status == 403);
+    CHECK(servedVersionOf(port) == "1");
+    CHECK(httpRequest(port, "POST", "/v2/repository/index", "{}", 5, bearer(token)).status == 200);
+    checkOpenEndpoints(port);
+
+    // Hot swap and rollback through lathectl, which sends the stored token.
+    r = lathectl("deploy digits:2 --json");
+    INFO(r.err);
+    REQUIRE(r.exitCode == 0);
+    CHECK(json::parse(r.out)["started_server"] == false);
+    CHECK(servedVersionOf(port) == "2");
+    // The same server keeps its token across the swap.
+    CHECK(registry.deploymentToken(registry.liveDeployment("digits")->instance) == token);
+    r = lathectl("rollback digits --json");
+    REQUIRE(r.exitCode == 0);
+    CHECK(json::parse(r.out)["version"] == 1);
+    CHECK(servedVersionOf(port) == "1");
+    r = lathectl("deployments digits --json");
+    REQUIRE(r.exitCode == 0);
+    CHECK(json::parse(r.out).size() == 3);
+    CHECK(lathectl("deployments").exitCode == 0);
+    CHECK(lathectl("models list --json").exitCode == 0);
+    CHECK(lathectl("models show digits").exitCode == 0);
+
+    // Never shown: not by lathectl, not in the server's log, command line or environment (taken
+    // from LATHE_SERVER_TOKEN and wiped at start).
+    CHECK(shown.find(token) == std::string::npos);
+    const auto logText = test::readFile(log);
+    CHECK(logText.find("control API (/v2/repository: load, hot swap): needs the bearer token") !=
+          std::string::npos);
+    CHECK(logText.find(token) == std::string::npos);
+    CHECK(procFile(pid, "cmdline").find(token) == std::string::npos);
+    CHECK(procFile(pid, "environ").find(token) == std::string::npos);
+
+    // Undeployed: the server stops and the workspace forgets its token.
+    const auto instance = live->instance;
+    CHECK(lathectl("undeploy digits").exitCode == 0);
+    CHECK_FALSE(running(pid));
+    CHECK(registry.deploymentToken(instance).empty());
+    CHECK(shown.find(token) == std::string::npos);
+}
+
+TEST_CASE("a server deployed before tokens, with none stored, is still hot-swapped",
+          "[serving][deploy][auth]") {
+    test::ServingWorkspace ws;
+    REQUIRE(registerAgain(ws) == 2);
+    const auto port = unusedPort();
+    const pid_t server =
+        spawnQuiet(test::binPath("lathectl"),
+                   {test::binPath("lathectl"), "serve", "--db", ws.db(), "--model", "digits:1", "--port",
+                    std::to_string(port), "--instance-id", "before-tokens"},
+                   ws.dir().path());
+    REQUIRE(server > 0);
+    const GroupKiller killer{server};
+    auto ready = [&] { return httpGet(port, "/v2/health/ready").status == 200; };
+    for (int i = 0; i < 300 && running(server) && !ready(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    REQUIRE(ready());
+    core::Registry registry(ws.db());
+    core::Deployment d;
+    d.model = "digits";
+    d.version = 1;
+    d.url = test::localUrl(port);
+    d.target = "local";
+    d.instance = "before-tokens";
+    d.pid = server;
+    registry.recordDeployment(d);
+    REQUIRE(registry.deploymentToken("before-tokens").empty());
+    const auto result = core::deploy(registry, {"digits", 2, {}}, core::DeployOptions{});
+    CHECK_FALSE(result.started);
+    CHECK(result.deployment.version == 2);
+    CHECK(servedVersionOf(port) == "2");
+    core::undeploy(registry, "digits");
+    CHECK_FALSE(running(server));
+}
+
+TEST_CASE(
+    "lathectl serve takes its token from LATHE_SERVER_TOKEN or a private --token-file and never shows it",
+    "[serving][cli][auth]") {
+    test::ServingWorkspace ws;
+    const std::string token = "serve-token-0123456789abcdef0123";
+    const auto lathectl = test::binPath("lathectl");
+    const auto file = ws.file("token");
+    test::writeFile(file, token + "\n");
+    REQUIRE(::chmod(file.c_str(), 0644) == 0);
+    const std::string serve =
+        lathectl + " serve --model digits:1 --port " + std::to_string(unusedPort()) + " --db " + ws.db();
+    auto r = test::runShell(serve + " --token-file " + file);
+    CHECK(r.exitCode == 2);
+    CHECK(r.err.find("chmod 600") != std::string::npos);
+    CHECK((r.out + r.err).find(token) == std::string::npos);
+    REQUIRE(::chmod(file.c_str(), 0600) == 0);
+    r = test::runShell("LATHE_SERVER_TOKEN=other-token-0123456789abcdef " + serve + " --token-file " + file);
+    CHECK(r.exitCode == 2);
+    CHECK(r.err.find("not both") != std::string::npos);
+    r = test::runShell(serve + " --token-file " + ws.file("missing"));
+    CHECK(r.exitCode == 2);
+    test::writeFile(ws.file("empty"), "\n");
+    REQUIRE(::chmod(ws.file("empty").c_str(), 0600) == 0);
+    r = test::runShell(serve + " --token-file " + ws.file("empty"));
+    CHECK(r.exitCode == 2);
+    CHECK(r.err.find("is empty") != std::string::npos);
+    CHECK(test::runShell(lathectl + " serve --help").out.find("LATHE_SERVER_TOKEN") != std::string::npos);
+
+    for (const bool fromFile : {true, false}) {
+        INFO((fromFile ? "--token-file" : "LATHE_SERVER_TOKEN"));
+        const auto port = unusedPort();
+        const auto log = ws.file(std::string("serve-") + (fromFile ? "file" : "env") + ".log");
+        // exec: the shell's pid becomes the server's.
+        const std::string command =
+            std::string("exec ") + (fromFile ? "" : "env LATHE_SERVER_TOKEN=" + token + " ") + lathectl +
+            " serve --model digits:1 --port " + std::to_string(port) + " --db " + ws.db() +
+            (fromFile ? " --token-file " + file : "") + " >" + log + " 2>&1";
+        const pid_t server = spawnQuiet("/bin/sh", {"sh", "-c", command}, ws.dir().path());
+        REQUIRE(server > 0);
+        const GroupKiller killer{server};
+        auto ready = [&] { return httpGet(port, "/v2/health/ready").status == 200; };
+        for (int i = 0; i < 300 && running(server) && !ready(); ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        if (!ready()) FAIL("the server did not become ready; its log:\n" << test::readFile(log));
+        CHECK(httpRequest(port, "POST", "/v2/repository/index", "{}").status == 401);
+        CHECK(httpRequest(port, "POST", "/v2/repository/index", "{}", 5, bearer(token + "x")).status == 403);
+        CHECK(httpRequest(port, "POST", "/v2/repository/index", "{}", 5, bearer(token)).status == 200);
+        checkOpenEndpoints(port);
+        CHECK(procFile(server, "cmdline").find(token) == std::string::npos);
+        CHECK(procFile(server, "environ").find(token) == std::string::npos);
+        const auto logText = test::readFile(log);
+        CHECK(logText.find("needs the bearer token") != std::string::npos);
+        CHECK(logText.find(token) == std::string::npos);
+    }
 }

@@ -48,11 +48,12 @@ TEST_CASE("End to end: a bf16 run with injected overflows and the profiler, seen
     window->show();
     auto* form = window->runForm();
     auto* tabs = window->viewTabs();
-    REQUIRE(tabs->count() == 4);
+    REQUIRE(tabs->count() == 5);
     CHECK(tabs->tabText(0) == "Curves");
     CHECK(tabs->tabText(1) == "Loss scale");
     CHECK(tabs->tabText(2) == "Profile");
     CHECK(tabs->tabText(3) == "Communication");
+    CHECK(tabs->tabText(4) == "Log");
 
     form->setFieldText("name", "amp-profile");
     form->setFieldText("epochs", "2");

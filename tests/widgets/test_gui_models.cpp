@@ -43,9 +43,10 @@ TEST_CASE("The window's Models page shows the workspace registry and asks before
     auto window = openWindow(fx);
 
     QTabWidget* pages = window->pageTabs();
-    REQUIRE(pages->count() == 2);
+    REQUIRE(pages->count() == 3);
     CHECK(pages->tabText(0) == "Runs");
     CHECK(pages->tabText(1) == "Models");
+    CHECK(pages->tabText(2) == "Hosts");
     CHECK(pages->widget(1) == window->modelsView());
     REQUIRE(window->registry());
     REQUIRE(window->deploySession());

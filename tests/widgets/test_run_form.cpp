@@ -4,7 +4,9 @@
 #include <QGroupBox>
 #include <QLineEdit>
 #include <QPushButton>
+#include <QRadioButton>
 #include <QSignalSpy>
+#include <QSpinBox>
 #include <QTest>
 
 #include "lathe/widgets/run_form.h"
@@ -272,4 +274,125 @@ TEST_CASE("RunForm Distributed group: processes, buckets and compression", "[wid
     form.setSpec(other);
     CHECK(form.fieldText("nproc") == "4");
     CHECK_FALSE(form.isFieldActive("stochastic_rounding"));
+}
+
+TEST_CASE("RunForm's Target offers the inventory's hosts and builds the placement",
+          "[widgets][form][hosts]") {
+    using lathe::core::HostRecord;
+    RunForm form;
+    form.resize(380, 1000);
+    form.show();
+    REQUIRE(form.targetGroup() != nullptr);
+
+    // This machine by default: today's behaviour, nproc from the form.
+    CHECK_FALSE(form.isTargetHosts());
+    CHECK(form.target().isLocal());
+    CHECK(form.isFieldActive("nproc"));
+    form.setFieldText("nproc", "2");
+    REQUIRE(form.isValid());
+    CHECK(form.spec().nproc == 2);
+
+    auto host = [](const char* name, const char* address, int slots) {
+        HostRecord h;
+        h.name = name;
+        h.address = address;
+        h.slots = slots;
+        return h;
+    };
+    form.setHosts({host("gpu-a", "10.0.0.2", 2), host("gpu-b", "10.0.0.3", 4), host("gpu-c", "10.0.0.4", 1)});
+    CHECK(form.targetHostNames() == QStringList({"gpu-a", "gpu-b", "gpu-c"}));
+    CHECK(form.target().isLocal());  // offering hosts changes nothing until Hosts is chosen
+    REQUIRE(form.hostSlotsBox("gpu-a") != nullptr);
+    CHECK(form.hostSlotsBox("gpu-a")->maximum() == 2);
+    CHECK(form.hostSlotsBox("gpu-b")->maximum() == 4);
+    CHECK(form.hostSlotsBox("gpu-a")->minimum() == 0);  // 0: not used
+    CHECK(form.hostSlotsBox("nope") == nullptr);
+    CHECK_FALSE(form.setHostSlots("nope", 1));
+
+    // Hosts, nothing chosen yet: not startable, and the processes field is the hosts' business.
+    auto* hostsRadio = form.findChild<QRadioButton*>("targetHosts");
+    REQUIRE(hostsRadio != nullptr);
+    QTest::mouseClick(hostsRadio, Qt::LeftButton, {}, QPoint(8, hostsRadio->height() / 2));
+    REQUIRE(form.isTargetHosts());
+    CHECK_FALSE(form.isFieldActive("nproc"));
+    CHECK_FALSE(form.fieldWidget("nproc")->isEnabled());
+    CHECK_FALSE(form.isValid());
+    CHECK_FALSE(form.startButton()->isEnabled());
+    CHECK(form.errorText().contains("at least 2 slots"));
+
+    REQUIRE(form.setHostSlots("gpu-a", 2));
+    REQUIRE(form.setHostSlots("gpu-b", 1));
+    CHECK(form.hostSlots("gpu-c") == 0);
+    auto target = form.target();
+    CHECK(target.placement() == "gpu-a:2,gpu-b:1");
+    CHECK(target.totalSlots() == 3);
+    REQUIRE(target.hosts.size() == 2);
+    CHECK(target.hosts[0].name == "gpu-a");
+    CHECK(target.masterAddr.empty());
+    CHECK_FALSE(target.stage);
+    REQUIRE(form.isValid());
+    CHECK(form.spec().nproc == 3);
+    CHECK(form.targetSummary() == "3 ranks on gpu-a:2,gpu-b:1");
+
+    // A host's slots cap what can be asked of it.
+    form.setHostSlots("gpu-a", 5);
+    CHECK(form.hostSlots("gpu-a") == 2);
+
+    // hierarchical groups by host: the same slots everywhere.
+    form.setFieldText("strategy", "hierarchical");
+    CHECK_FALSE(form.isValid());
+    CHECK(form.errorText().contains("same slots on every host"));
+    form.setHostSlots("gpu-b", 2);
+    CHECK(form.isValid());
+    CHECK(form.target().placement() == "gpu-a:2,gpu-b:2");
+    form.setFieldText("strategy", "ring");
+
+    form.setMasterAddr("10.0.0 .2");
+    CHECK_FALSE(form.isValid());
+    CHECK(form.errorText().contains("master address"));
+    form.setMasterAddr("10.0.0.2");
+    form.setStageLathectl(true);
+    REQUIRE(form.isValid());
+    target = form.target();
+    CHECK(target.masterAddr == "10.0.0.2");
+    CHECK(target.stage);
+    form.grab().save(lathe::test::outputPath("run_form_target_hosts.png"));
+
+    // The inventory re-read without gpu-b: the slots chosen on the others stay.
+    form.setHosts({host("gpu-a", "10.0.0.2", 2), host("gpu-c", "10.0.0.4", 1)});
+    CHECK(form.targetHostNames() == QStringList({"gpu-a", "gpu-c"}));
+    CHECK(form.hostSlots("gpu-a") == 2);
+    CHECK(form.target().placement() == "gpu-a:2");
+    CHECK(form.isValid());  // 2 slots in all
+    form.setHostSlots("gpu-c", 1);
+    CHECK(form.target().placement() == "gpu-a:2,gpu-c:1");
+
+    // While a run runs the target is fixed.
+    form.setRunning(true);
+    CHECK_FALSE(form.targetGroup()->isEnabled());
+    form.setRunning(false);
+    CHECK(form.targetGroup()->isEnabled());
+
+    // Back to this machine: nproc from the form again.
+    form.setTargetHosts(false);
+    CHECK(form.target().isLocal());
+    CHECK(form.isFieldActive("nproc"));
+    CHECK(form.spec().nproc == 2);
+
+    // No hosts at all: Hosts says where to add them.
+    form.setHosts({});
+    form.setTargetHosts(true);
+    CHECK_FALSE(form.isValid());
+    CHECK(form.errorText().contains("Hosts page"));
+}
+
+TEST_CASE("RunTarget names its placement like lathectl train --hosts", "[widgets][form][hosts]") {
+    lathe::widgets::RunTarget t;
+    CHECK(t.isLocal());
+    CHECK(t.totalSlots() == 0);
+    CHECK(t.placement().empty());
+    t.hosts = {{"gpu-a", 2}, {"gpu-b", 1}};
+    CHECK_FALSE(t.isLocal());
+    CHECK(t.totalSlots() == 3);
+    CHECK(t.placement() == "gpu-a:2,gpu-b:1");
 }

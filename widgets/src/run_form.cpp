@@ -9,11 +9,15 @@
 #include <QLabel>
 #include <QLineEdit>
 #include <QPushButton>
+#include <QRadioButton>
+#include <QRegularExpression>
+#include <QSpinBox>
 #include <QToolButton>
 #include <QVBoxLayout>
 
 #include <algorithm>
 #include <exception>
+#include <map>
 
 namespace lathe::widgets {
 
@@ -124,6 +128,8 @@ RunForm::RunForm(QWidget* parent) : QWidget(parent) {
         outer->addWidget(precisionBox);
     else
         precisionBox->hide();
+
+    buildTarget(outer);
 
     auto* distributedBox = new QGroupBox(tr("Distributed"), this);
     distributedBox->setObjectName(QStringLiteral("distributedGroup"));
@@ -279,13 +285,20 @@ core::RunSpec RunForm::spec() const {
         const QString text = textOf(f);
         if (f.key.name == "name" && text.isEmpty()) continue;  // empty name = core generates one
         // A greyed quantizer field has no effect and is not validated: keep the default so a
-        // half-typed chunk never fails the cross-field checks of an uncompressed run.
-        if (f.inactive && (isQuantizerKey(f.key.name) || isStrategyParam(f.key.name))) continue;
+        // half-typed chunk never fails the cross-field checks of an uncompressed run. The same
+        // for processes when the hosts' slots decide them.
+        if (f.inactive &&
+            (isQuantizerKey(f.key.name) || isStrategyParam(f.key.name) || f.key.name == "nproc"))
+            continue;
         try {
             core::setSpecValue(s, f.key.name, text.toStdString());
         } catch (const std::exception&) {
             // isValid() is false in this case; the caller must not start such a spec.
         }
+    }
+    if (isTargetHosts()) {
+        const int total = target().totalSlots();
+        if (total > 0) s.nproc = total;
     }
     return s;
 }
@@ -380,6 +393,8 @@ void RunForm::updateDependentFields() {
         // Each exchange strategy's own parameter.
         if (f.key.name == "ranks_per_host") inactive = strategy != QLatin1String("hierarchical");
         if (f.key.name == "ps_ranks") inactive = strategy != QLatin1String("ps");
+        // Across hosts the ranks are the slots chosen under Target.
+        if (f.key.name == "nproc") inactive = isTargetHosts();
         if (startsWith(f.key.name, "loss_scale_")) inactive = !dynamicScale;
         if (inactive != f.inactive) {
             f.inactive = inactive;
@@ -415,6 +430,7 @@ void RunForm::revalidate() {
         }
         if (!error.isEmpty()) messages << error;
     }
+    messages << targetMessages();
     // Cross-field rules (e.g. warm-up longer than the run) only make sense once every field
     // parses on its own.
     if (messages.isEmpty()) {
@@ -439,6 +455,7 @@ void RunForm::setRunning(bool running) {
     m_running = running;
     // The spec of a running run is fixed; greying the fields says so.
     for (auto& f : m_fields) applyEnabled(f);
+    m_targetBox->setEnabled(!running);
     m_start->setEnabled(m_valid && !running);
     m_stop->setEnabled(running);
 }
@@ -447,6 +464,207 @@ void RunForm::onStartClicked() {
     revalidate();
     if (!m_valid || m_running) return;
     Q_EMIT startRequested(spec());
+}
+
+// ---- Target ------------------------------------------------------------------------------
+
+void RunForm::buildTarget(QVBoxLayout* outer) {
+    m_targetBox = new QGroupBox(tr("Target"), this);
+    m_targetBox->setObjectName(QStringLiteral("targetGroup"));
+    m_targetBox->setToolTip(
+        tr("Where the ranks run: here, or on hosts of this workspace over SSH (Hosts page)"));
+    auto* layout = new QVBoxLayout(m_targetBox);
+    auto* choice = new QHBoxLayout;
+    m_targetLocal = new QRadioButton(tr("This machine"), m_targetBox);
+    m_targetLocal->setObjectName(QStringLiteral("targetLocal"));
+    m_targetLocal->setChecked(true);
+    m_targetHosts = new QRadioButton(tr("Hosts"), m_targetBox);
+    m_targetHosts->setObjectName(QStringLiteral("targetHosts"));
+    m_targetHosts->setToolTip(
+        tr("One rank per slot on the chosen hosts, started over SSH "
+           "(lathectl train --hosts NAME:SLOTS,…)"));
+    choice->addWidget(m_targetLocal);
+    choice->addWidget(m_targetHosts);
+    choice->addStretch(1);
+    layout->addLayout(choice);
+
+    m_hostsPanel = new QWidget(m_targetBox);
+    m_hostsPanelLayout = new QVBoxLayout(m_hostsPanel);
+    m_hostsPanelLayout->setContentsMargins(0, 0, 0, 0);
+    m_hostRowsWidget = new QWidget(m_hostsPanel);
+    m_hostsPanelLayout->addWidget(m_hostRowsWidget);
+    m_noHosts = new QLabel(tr("No hosts in this workspace: add them on the Hosts page."), m_hostsPanel);
+    m_noHosts->setWordWrap(true);
+    m_hostsPanelLayout->addWidget(m_noHosts);
+    auto* extra = new QFormLayout;
+    extra->setFieldGrowthPolicy(QFormLayout::AllNonFixedFieldsGrow);
+    m_masterAddr = new QLineEdit(m_hostsPanel);
+    m_masterAddr->setObjectName(QStringLiteral("masterAddr"));
+    m_masterAddr->setPlaceholderText(tr("the first host's address"));
+    m_masterAddr->setToolTip(
+        tr("The address of the first host that the other hosts reach (rank 0's "
+           "rendezvous); empty: the address this machine reaches it at"));
+    extra->addRow(tr("master address"), m_masterAddr);
+    m_stage = new QCheckBox(tr("stage lathectl"), m_hostsPanel);
+    m_stage->setObjectName(QStringLiteral("stageLathectl"));
+    m_stage->setToolTip(
+        tr("Upload this lathectl to hosts of the same OS and architecture that lack it or have "
+           "another version"));
+    extra->addRow(QString(), m_stage);
+    m_hostsPanelLayout->addLayout(extra);
+    m_targetSummary = new QLabel(m_hostsPanel);
+    m_targetSummary->setObjectName(QStringLiteral("targetSummary"));
+    m_targetSummary->setWordWrap(true);
+    m_hostsPanelLayout->addWidget(m_targetSummary);
+    layout->addWidget(m_hostsPanel);
+    outer->addWidget(m_targetBox);
+
+    connect(m_targetHosts, &QRadioButton::toggled, this, [this] {
+        updateTarget();
+        revalidate();
+    });
+    connect(m_masterAddr, &QLineEdit::textChanged, this, &RunForm::revalidate);
+    rebuildHostRows();
+    updateTarget();
+}
+
+void RunForm::setHosts(const std::vector<core::HostRecord>& hosts) {
+    std::map<std::string, int> chosen;
+    for (const auto& row : m_hostRows) chosen[row.name] = row.slots->value();
+    m_inventory = hosts;
+    rebuildHostRows();
+    for (auto& row : m_hostRows)
+        if (auto it = chosen.find(row.name); it != chosen.end())
+            row.slots->setValue(std::min(it->second, row.maxSlots));
+    updateTarget();
+    revalidate();
+}
+
+void RunForm::rebuildHostRows() {
+    // A fresh container: the rows of the previous inventory go with the old one.
+    auto* rows = new QWidget(m_hostsPanel);
+    auto* form = new QFormLayout(rows);
+    form->setContentsMargins(0, 0, 0, 0);
+    form->setFieldGrowthPolicy(QFormLayout::AllNonFixedFieldsGrow);
+    m_hostRows.clear();
+    for (const auto& h : m_inventory) {
+        HostRow row;
+        row.name = h.name;
+        row.maxSlots = std::max(1, h.slots);
+        row.slots = new QSpinBox(rows);
+        row.slots->setObjectName(QStringLiteral("slots:") + QString::fromStdString(h.name));
+        row.slots->setRange(0, row.maxSlots);
+        row.slots->setSpecialValueText(tr("not used"));
+        row.slots->setSuffix(tr(" of %1").arg(row.maxSlots));
+        row.slots->setToolTip(tr("Ranks to start on %1 (%2), at most its slots (%3)")
+                                  .arg(QString::fromStdString(h.name), QString::fromStdString(h.address),
+                                       QString::number(row.maxSlots)));
+        connect(row.slots, &QSpinBox::valueChanged, this, [this] {
+            updateTarget();
+            revalidate();
+        });
+        auto* label = new QLabel(QString::fromStdString(h.name), rows);
+        label->setToolTip(row.slots->toolTip());
+        label->setBuddy(row.slots);
+        form->addRow(label, row.slots);
+        m_hostRows.push_back(row);
+    }
+    m_hostsPanelLayout->replaceWidget(m_hostRowsWidget, rows);
+    delete m_hostRowsWidget;
+    m_hostRowsWidget = rows;
+    m_noHosts->setVisible(m_inventory.empty());
+}
+
+void RunForm::updateTarget() {
+    m_hostsPanel->setVisible(isTargetHosts());
+    const RunTarget t = target();
+    if (!isTargetHosts())
+        m_targetSummary->clear();
+    else if (t.totalSlots() == 0)
+        m_targetSummary->setText(tr("Choose the slots to use on one or more hosts."));
+    else
+        m_targetSummary->setText(tr("%1 %2 on %3")
+                                     .arg(QString::number(t.totalSlots()),
+                                          t.totalSlots() == 1 ? tr("rank") : tr("ranks"),
+                                          QString::fromStdString(t.placement())));
+}
+
+void RunForm::setTargetHosts(bool hosts) {
+    if (hosts)
+        m_targetHosts->setChecked(true);
+    else
+        m_targetLocal->setChecked(true);
+}
+
+bool RunForm::isTargetHosts() const { return m_targetHosts && m_targetHosts->isChecked(); }
+
+QStringList RunForm::targetHostNames() const {
+    QStringList names;
+    for (const auto& row : m_hostRows) names << QString::fromStdString(row.name);
+    return names;
+}
+
+bool RunForm::setHostSlots(const QString& host, int slots) {
+    QSpinBox* box = hostSlotsBox(host);
+    if (!box) return false;
+    box->setValue(slots);
+    return true;
+}
+
+int RunForm::hostSlots(const QString& host) const {
+    QSpinBox* box = hostSlotsBox(host);
+    return box ? box->value() : 0;
+}
+
+QSpinBox* RunForm::hostSlotsBox(const QString& host) const {
+    const std::string name = host.toStdString();
+    for (const auto& row : m_hostRows)
+        if (row.name == name) return row.slots;
+    return nullptr;
+}
+
+void RunForm::setMasterAddr(const QString& address) { m_masterAddr->setText(address); }
+
+void RunForm::setStageLathectl(bool stage) { m_stage->setChecked(stage); }
+
+RunTarget RunForm::target() const {
+    RunTarget t;
+    if (!isTargetHosts()) return t;
+    for (const auto& row : m_hostRows)
+        if (row.slots->value() > 0) t.hosts.push_back({row.name, row.slots->value()});
+    t.masterAddr = m_masterAddr->text().trimmed().toStdString();
+    t.stage = m_stage->isChecked();
+    return t;
+}
+
+QString RunForm::targetSummary() const { return m_targetSummary->text(); }
+
+QStringList RunForm::targetMessages() const {
+    QStringList out;
+    if (!isTargetHosts()) return out;
+    const RunTarget t = target();
+    if (m_inventory.empty()) {
+        out << tr("Target: no hosts in this workspace; add them on the Hosts page, or choose This machine");
+        return out;
+    }
+    if (t.totalSlots() < 2)
+        out << tr("Target: a run across hosts needs at least 2 slots in all (one rank per slot)");
+    if (fieldText(QStringLiteral("strategy")) == QLatin1String("hierarchical")) {
+        for (const auto& h : t.hosts)
+            if (h.slots != t.hosts.front().slots) {
+                out << tr("Target: strategy \"hierarchical\" groups ranks by host and needs the same slots "
+                          "on "
+                          "every host (got %1)")
+                           .arg(QString::fromStdString(t.placement()));
+                break;
+            }
+    }
+    const QString master = m_masterAddr->text().trimmed();
+    if (master.startsWith(QLatin1Char('-')) || master.contains(QRegularExpression(QStringLiteral("\\s"))))
+        out << tr(
+            "Target: the master address must be a host name or an address (no spaces, not starting with "
+            "'-')");
+    return out;
 }
 
 }  // namespace lathe::widgets

@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <arpa/inet.h>
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -19,9 +21,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
+#include <string_view>
 #include <thread>
 
 #include "lathe/core/events.h"
@@ -164,10 +168,25 @@ std::string logTail(const std::string& path, size_t lines = 8) {
 
 // Double fork: the server is re-parented to init, so it outlives this process (a command or the
 // GUI) and never lingers as our zombie; setsid keeps a Ctrl+C in our terminal away from it.
-int64_t spawnDetached(const std::vector<std::string>& args, const std::string& logPath) {
+// `env`: NAME=VALUE entries the server gets on top of ours (replacing ours of the same name) —
+// in its environment only, never on its command line, which every user can read.
+int64_t spawnDetached(const std::vector<std::string>& args, const std::string& logPath,
+                      const std::vector<std::string>& env = {}) {
     std::vector<char*> argv;
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
+    // Built before the fork: nothing may allocate between fork and exec.
+    std::vector<char*> envp;
+    for (char** e = environ; e && *e; ++e) {
+        const std::string_view entry(*e);
+        const bool replaced = std::any_of(env.begin(), env.end(), [&](const std::string& mine) {
+            const auto name = mine.substr(0, mine.find('=') + 1);
+            return entry.substr(0, name.size()) == name;
+        });
+        if (!replaced) envp.push_back(*e);
+    }
+    for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+    envp.push_back(nullptr);
     int pipeFd[2];
     if (::pipe2(pipeFd, O_CLOEXEC) != 0) throw Error(std::string("pipe: ") + std::strerror(errno));
     const int logFd = ::open(logPath.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -196,7 +215,7 @@ int64_t spawnDetached(const std::vector<std::string>& args, const std::string& l
         ::dup2(nullFd, 0);
         ::dup2(logFd, 1);
         ::dup2(logFd, 2);
-        ::execv(argv[0], argv.data());
+        ::execve(argv[0], argv.data(), envp.data());
         // Only async-signal-safe calls between fork and exit: the parent may be the multithreaded
         // GUI, and an allocation here could wait forever on a malloc lock held by another thread.
         static const char kPrefix[] = "cannot start ", kSuffix[] = ": exec failed\n";
@@ -224,6 +243,31 @@ std::string instanceToken() {
     char buf[33];
     std::snprintf(buf, sizeof buf, "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
     return buf;
+}
+
+// A deployment's control token: 32 bytes from OpenSSL's CSPRNG, in hex. The server demands it
+// as `Authorization: Bearer` on its /v2/repository API (load, hot swap, unload). A secret: kept in
+// the workspace and the server's environment only, never printed, logged or put on a command line.
+std::string controlToken() {
+    unsigned char bytes[32];
+    if (RAND_bytes(bytes, sizeof bytes) != 1)
+        throw Error("cannot make a deployment token: the system's random source failed");
+    static const char kHex[] = "0123456789abcdef";
+    std::string out;
+    out.reserve(2 * sizeof bytes);
+    for (unsigned char b : bytes) {
+        out.push_back(kHex[b >> 4]);
+        out.push_back(kHex[b & 15]);
+    }
+    OPENSSL_cleanse(bytes, sizeof bytes);
+    return out;
+}
+
+// The headers a control request to a deployment's server carries: its token, when it has one
+// (servers deployed before tokens existed listen on loopback and take control requests without).
+std::map<std::string, std::string> controlHeaders(const std::string& token) {
+    if (token.empty()) return {};
+    return {{"Authorization", "Bearer " + token}};
 }
 
 std::string serverInstance(const std::string& url) {
@@ -259,13 +303,15 @@ std::string hostOf(const std::string& url) {
 // The load of `v` into the live server at `live.url`. The answer to the load request may be lost
 // (a timeout, a dropped connection) while the server goes on and switches anyway, so what the
 // server serves afterwards decides, never the request alone.
-void hotSwap(const Deployment& live, const ModelVersion& v, const DeployOptions& o) {
+// `token`: the server's control token ("" for a server deployed before tokens existed).
+void hotSwap(const Deployment& live, const ModelVersion& v, const DeployOptions& o,
+             const std::string& token) {
     const json body{{"parameters", {{"version", std::to_string(v.version)}}}};
     std::string lost;
     std::optional<HttpResult> r;
     try {
         r = httpRequest("POST", live.url + "/v2/repository/models/" + v.name + "/load", body.dump(),
-                        o.readyTimeoutS);
+                        o.readyTimeoutS, "application/json", controlHeaders(token));
     } catch (const Error& ex) {
         lost = ex.what();
     }
@@ -336,7 +382,7 @@ DeployResult deployLocked(Registry& registry, const ModelVersion& v, const Model
             throw ConfigError(v.name + " v" + std::to_string(v.version) + " is already live at " + live->url);
         say(o, "hot-swapping " + v.name + " v" + std::to_string(live->version) + " -> v" +
                    std::to_string(v.version) + " at " + live->url);
-        hotSwap(*live, v, o);
+        hotSwap(*live, v, o, registry.deploymentToken(live->instance));
         Deployment d = *live;
         d.id = 0;
         d.version = v.version;
@@ -405,6 +451,22 @@ DeployResult deployLocked(Registry& registry, const ModelVersion& v, const Model
     d.reason = o.reason;
     const std::string token = instanceToken();
     d.instance = token;
+    // The server's control token is in the workspace before the server exists (a hot swap must
+    // find it), and forgotten again unless the deployment is recorded.
+    const std::string secret = controlToken();
+    registry.storeDeploymentToken(token, secret);
+    struct ForgetUnlessRecorded {
+        Registry& registry;
+        const std::string& instance;
+        bool recorded = false;
+        ~ForgetUnlessRecorded() {
+            if (recorded) return;
+            try {
+                registry.forgetDeploymentToken(instance);
+            } catch (...) {  // its server was stopped: the token opens nothing
+            }
+        }
+    } forget{registry, token};
     // Another program (or another deploy) may take a free port between our check and the
     // server's bind: then the server exits saying so, and a picked port moves on.
     for (int attempt = 0;; ++attempt) {
@@ -420,7 +482,7 @@ DeployResult deployLocked(Registry& registry, const ModelVersion& v, const Model
                                       "--watch"};
         args.insert(args.end(), o.serverArgs.begin(), o.serverArgs.end());
         say(o, "starting a server on " + host + ":" + std::to_string(port) + " (log " + logPath + ")");
-        const int64_t pid = spawnDetached(args, logPath);
+        const int64_t pid = spawnDetached(args, logPath, {"LATHE_SERVER_TOKEN=" + secret});
         d.url = "http://" + host + ":" + std::to_string(port);
         d.pid = pid;
         d.logPath = logPath;
@@ -458,6 +520,7 @@ DeployResult deployLocked(Registry& registry, const ModelVersion& v, const Model
         }
         if (!retry) break;
     }
+    forget.recorded = true;
     result.deployment = d;
     result.started = true;
     say(o, v.name + " v" + std::to_string(v.version) + " is live at " + d.url + " (pid " +

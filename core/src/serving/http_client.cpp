@@ -80,7 +80,8 @@ HttpUrl parseHttpUrl(const std::string& url) {
 }
 
 HttpExchange httpExchange(const std::string& method, const HttpUrl& u, const std::string& body,
-                          double timeoutS, const std::string& contentType, const std::string& userAgent) {
+                          double timeoutS, const std::string& contentType, const std::string& userAgent,
+                          const std::map<std::string, std::string>& headers) {
     const std::string where =
         (u.host.find(':') != std::string::npos ? "[" + u.host + "]" : u.host) + ":" + u.port;
     if (!(timeoutS > 0)) timeoutS = 5.0;
@@ -147,6 +148,7 @@ HttpExchange httpExchange(const std::string& method, const HttpUrl& u, const std
         req.set(http::field::content_type, contentType);
         req.body() = body;
     }
+    for (const auto& [name, value] : headers) req.set(name, value);
     req.prepare_payload();
     const std::string request = method + " http://" + where + u.target;
 
@@ -186,14 +188,15 @@ HttpExchange httpExchange(const std::string& method, const HttpUrl& u, const std
 }
 
 HttpResult httpRequest(const std::string& method, const std::string& url, const std::string& body,
-                       double timeoutS, const std::string& contentType) {
+                       double timeoutS, const std::string& contentType,
+                       const std::map<std::string, std::string>& headers) {
     HttpUrl u;
     try {
         u = parseHttpUrl(url);
     } catch (const ConfigError& ex) {
         throw Error("cannot fetch '" + url + "': " + ex.what());
     }
-    auto x = httpExchange(method, u, body, timeoutS, contentType);
+    auto x = httpExchange(method, u, body, timeoutS, contentType, "lathe", headers);
     if (!x.error.empty()) throw Error(x.error);
     return std::move(x.response);
 }

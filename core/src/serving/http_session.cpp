@@ -2,17 +2,22 @@
 // endpoints in one route table (routes()) and their handlers.
 #include "http_session.h"
 
+#include <openssl/crypto.h>
 #include <prometheus/text_serializer.h>
 
+#include <algorithm>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
+#include <cctype>
 #include <chrono>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <shared_mutex>
+#include <string_view>
 
 #include "infer_protocol.h"
 #include "lathe/core/error.h"
+#include "lathe/core/sha256.h"
 #include "server_impl.h"
 
 namespace beast = boost::beast;
@@ -43,6 +48,10 @@ const RouteTable<Session>& Session::routes() {
         // in the path must be the one served (404 otherwise, whatever the rest of the path).
         t.guard("/v2/models/{model}", &Session::resolveModel);
         t.guard("/v2/models/{model}/versions/{version}", &Session::checkVersion);
+        // The control API: whatever changes (or lists) what is served is behind the server's
+        // token, or open on a loopback-only server without one. Anything added under
+        // /v2/repository (unload, rollout control) is gated by this one line.
+        t.guard("/v2/repository", &Session::authorizeControl);
 
         t.add(http::verb::get, "/metrics", &Session::serveMetrics);
         t.add(http::verb::get, "/v2", &Session::serveServerMetadata);
@@ -133,6 +142,51 @@ bool Session::checkVersion(const RouteParams& p) {
     sendError(404, "model '" + p.get("model") + "' version " + version + " is not served (serving version " +
                        std::to_string(m_model->version()) + ")");
     return false;
+}
+
+bool Session::authorizeControl(const RouteParams&) {
+    if (m_server->controlTokenSha256.empty()) {
+        if (m_server->loopbackOnly) return true;  // local deployments, as before tokens existed
+        sendError(403,
+                  "the control API (/v2/repository: load, hot swap, unload) needs a token on a server "
+                  "that listens beyond loopback (" +
+                      m_server->options.host +
+                      "), and this one was started without one (lathectl serve: LATHE_SERVER_TOKEN "
+                      "or --token-file)");
+        return false;
+    }
+    // `Authorization: Bearer <token>`, the scheme in any case (RFC 9110); the token itself is
+    // compared by its SHA-256 in constant time, and never quoted in an answer or a log.
+    std::string_view given;
+    bool bearer = false;
+    if (const auto it = m_request.find(http::field::authorization); it != m_request.end()) {
+        given = std::string_view(it->value().data(), it->value().size());
+        constexpr std::string_view kScheme = "bearer ";
+        bearer = given.size() > kScheme.size() &&
+                 std::equal(kScheme.begin(), kScheme.end(), given.begin(),
+                            [](char a, char b) { return a == std::tolower(static_cast<unsigned char>(b)); });
+        if (bearer) given.remove_prefix(kScheme.size());
+        while (!given.empty() && (given.front() == ' ' || given.front() == '\t')) given.remove_prefix(1);
+        while (!given.empty() && (given.back() == ' ' || given.back() == '\t')) given.remove_suffix(1);
+    }
+    if (!bearer || given.empty()) {
+        Response res{http::status::unauthorized, m_request.version()};
+        res.set(http::field::server, "lathe");
+        res.set(http::field::content_type, "application/json");
+        res.set(http::field::www_authenticate, "Bearer realm=\"lathe control\"");
+        res.body() = errorBody(
+            "the control API (/v2/repository) needs this server's token: send `Authorization: Bearer "
+            "<token>`");
+        write(std::move(res));
+        return false;
+    }
+    const std::string digest = sha256Hex(given.data(), given.size());
+    const auto& want = m_server->controlTokenSha256;
+    if (digest.size() != want.size() || CRYPTO_memcmp(digest.data(), want.data(), want.size()) != 0) {
+        sendError(403, "the bearer token is not this server's control token");
+        return false;
+    }
+    return true;
 }
 
 void Session::serveMetrics(const RouteParams&) {

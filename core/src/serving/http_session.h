@@ -40,6 +40,7 @@ private:
     // Guards and handlers of the route table.
     bool resolveModel(const RouteParams& p);
     bool checkVersion(const RouteParams& p);
+    bool authorizeControl(const RouteParams& p);
     void serveMetrics(const RouteParams& p);
     void serveServerMetadata(const RouteParams& p);
     void serveLive(const RouteParams& p);

@@ -17,6 +17,7 @@
 #include "http_session.h"
 #include "lathe/core/error.h"
 #include "lathe/core/server.h"
+#include "lathe/core/sha256.h"
 #include "server_impl.h"
 #include "threads.h"
 
@@ -121,6 +122,17 @@ InferenceServer::InferenceServer(ServeOptions options) : d(std::make_unique<Impl
     if (options.optimize != "auto" && options.optimize != "on" && options.optimize != "off")
         throw ConfigError("--optimize '" + options.optimize + "': use auto, on or off");
     if (options.maxBodyBytes < 1024) throw ConfigError("the body limit must be at least 1 KiB");
+    if (!options.controlToken.empty()) {
+        // Never quoted back: the message names the rule only.
+        const auto& t = options.controlToken;
+        const bool visible = std::all_of(t.begin(), t.end(), [](char c) { return c > 0x20 && c < 0x7f; });
+        if (t.size() < 16 || t.size() > 4096 || !visible)
+            throw ConfigError("the control token must be 16 to 4096 visible ASCII characters (no spaces)");
+        d->controlTokenSha256 = sha256Hex(t.data(), t.size());
+        std::fill(options.controlToken.begin(), options.controlToken.end(), '\0');
+        options.controlToken.clear();
+    }
+    d->loopbackOnly = isLoopbackHost(options.host);
     d->options = std::move(options);
     // The batcher runs one batch at a time beside the I/O threads: by default its BLAS and
     // intra-op threads take the cores the I/O threads leave (OpenBLAS's own pool would otherwise
@@ -133,6 +145,17 @@ InferenceServer::InferenceServer(ServeOptions options) : d(std::make_unique<Impl
 }
 
 InferenceServer::~InferenceServer() { stop(); }
+
+bool isLoopbackHost(const std::string& host) {
+    if (host == "localhost") return true;
+    beast::error_code ec;
+    const auto a = net::ip::make_address(host, ec);
+    if (ec) return false;
+    if (a.is_v4()) return a.to_v4().is_loopback();
+    const auto v6 = a.to_v6();
+    if (v6.is_v4_mapped()) return net::ip::make_address_v4(net::ip::v4_mapped, v6).is_loopback();
+    return v6.is_loopback();
+}
 
 void InferenceServer::load(const ServedModel& model) {
     checkModelName(model.name);

@@ -37,7 +37,11 @@ struct ModelSlot {
 }  // namespace serving
 
 struct InferenceServer::Impl {
-    ServeOptions options;
+    ServeOptions options;  // its controlToken cleared once its digest below is taken
+    // The control API's gate (Session::authorizeControl): the SHA-256 (hex) of the control token,
+    // empty when none was given, and whether the server listens on loopback only.
+    std::string controlTokenSha256;
+    bool loopbackOnly = true;
     boost::asio::io_context ioc;
     std::optional<boost::asio::ip::tcp::acceptor> acceptor;
     std::vector<std::thread> threads;

@@ -386,6 +386,40 @@ void Registry::endDeployment(int64_t id, const std::string& reason) {
         Stmt s(d->db,
                "UPDATE deployments SET ended_at = ?, end_reason = ? WHERE id = ? AND ended_at IS NULL");
         s.bind(1, nowSeconds()).bind(2, reason).bind(3, id).run();
+        // Its server is gone (or never trusted): its token opens nothing any more. Kept while
+        // another live record names the same server, which no caller does today.
+        Stmt t(
+            d->db,
+            "DELETE FROM deployment_tokens WHERE instance IN (SELECT instance FROM deployments WHERE id = ? "
+            "AND instance != '') AND instance NOT IN (SELECT instance FROM deployments WHERE ended_at IS "
+            "NULL)");
+        t.bind(1, id).run();
+    });
+}
+
+std::string Registry::deploymentToken(const std::string& instance) const {
+    if (instance.empty()) return {};
+    std::lock_guard<std::mutex> lk(d->mutex);
+    Stmt s(d->db, "SELECT token FROM deployment_tokens WHERE instance = ?");
+    s.bind(1, instance);
+    return s.step() ? s.text(0) : std::string();
+}
+
+void Registry::storeDeploymentToken(const std::string& instance, const std::string& token) {
+    if (instance.empty() || token.empty())
+        throw ConfigError("a deployment token needs an instance id and a token");
+    std::lock_guard<std::mutex> lk(d->mutex);
+    d->write([&] {
+        Stmt s(d->db, "INSERT OR REPLACE INTO deployment_tokens(instance, token, created_at) VALUES(?,?,?)");
+        s.bind(1, instance).bind(2, token).bind(3, nowSeconds()).run();
+    });
+}
+
+void Registry::forgetDeploymentToken(const std::string& instance) {
+    std::lock_guard<std::mutex> lk(d->mutex);
+    d->write([&] {
+        Stmt s(d->db, "DELETE FROM deployment_tokens WHERE instance = ?");
+        s.bind(1, instance).run();
     });
 }
 

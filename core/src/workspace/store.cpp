@@ -186,6 +186,15 @@ CREATE TABLE hosts(
   slots INTEGER NOT NULL DEFAULT 1,
   added_at REAL NOT NULL);
 )sql",
+    // 6 -> 7: each deployed server's control token (the Bearer secret of its /v2/repository API),
+    // keyed by the server's --instance-id nonce, which every record of that server shares across
+    // hot swaps and rollbacks. Apart from `deployments` so that no listing of them can carry it.
+    R"sql(
+CREATE TABLE deployment_tokens(
+  instance TEXT PRIMARY KEY,
+  token TEXT NOT NULL,
+  created_at REAL NOT NULL);
+)sql",
 };
 constexpr int kLatestSchema = static_cast<int>(sizeof(kMigrations) / sizeof(kMigrations[0]));
 static_assert(kLatestSchema == Store::kSchemaVersion, "add a migration when bumping the schema version");

@@ -33,13 +33,17 @@ struct HttpExchange {
     std::string reason;  // the transport's own words ("Connection refused")
     HttpResult response;
 };
+/// `headers`: more request headers (name -> value), e.g. {{"Authorization", "Bearer ..."}}; they
+/// replace the exchange's own of the same name. Never part of an error sentence.
 HttpExchange httpExchange(const std::string& method, const HttpUrl& url, const std::string& body = {},
                           double timeoutS = 5.0, const std::string& contentType = "application/json",
-                          const std::string& userAgent = "lathe");
+                          const std::string& userAgent = "lathe",
+                          const std::map<std::string, std::string>& headers = {});
 
 /// `method` on `url` with a timeout (seconds); returns status, headers and body. Throws Error on a
 /// bad URL or a transport failure (the exchange's sentence).
 HttpResult httpRequest(const std::string& method, const std::string& url, const std::string& body = {},
-                       double timeoutS = 5.0, const std::string& contentType = "application/json");
+                       double timeoutS = 5.0, const std::string& contentType = "application/json",
+                       const std::map<std::string, std::string>& headers = {});
 
 }  // namespace lathe::core

@@ -141,7 +141,17 @@ public:
     /// Records a new live deployment; the model's previous live one (if any) ends now with
     /// "replaced by vN". Returns the new id.
     int64_t recordDeployment(Deployment d);
+    /// Ends a live deployment, and forgets its server's control token (the record's instance
+    /// has no server any more).
     void endDeployment(int64_t id, const std::string& reason);
+    /// A deployed server's control token, kept by its --instance-id nonce (shared by every record
+    /// of one server, across hot swaps); empty when none is stored (deployments made before
+    /// workspace schema 7, or with no instance). A secret: never print or log it.
+    std::string deploymentToken(const std::string& instance) const;
+    /// Stores (or replaces) the token of the server started with `instance`: before it starts,
+    /// so that no server runs with a token the workspace lacks. `instance` must not be empty.
+    void storeDeploymentToken(const std::string& instance, const std::string& token);
+    void forgetDeploymentToken(const std::string& instance);
     std::vector<Deployment> deployments(const std::string& model) const;  // newest (highest id) first
     std::vector<Deployment> allDeployments() const;                       // newest (highest id) first
     std::optional<Deployment> liveDeployment(const std::string& model) const;

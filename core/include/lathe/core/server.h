@@ -31,7 +31,17 @@ struct ServeOptions {
     double idleTimeoutS = 30;  // a client silent this long mid-request (or idle) is dropped
     std::string workspace;     // registry to load versions from (hot swap by version); optional
     std::string instance;  // echoed by GET /v2: lets `deploy` tell its own server from another on the port
+    // The control API (everything under /v2/repository: index, load/hot swap, unload) demands
+    // `Authorization: Bearer <controlToken>` when set: 401 without it, 403 with another token.
+    // Empty: open on a server that listens on loopback only (isLoopbackHost), refused (403) beyond
+    // it. Inference, health, metadata and /metrics are never gated. A secret: the server keeps
+    // only its SHA-256, and never logs or echoes it. 16 to 4096 visible ASCII characters.
+    std::string controlToken;
 };
+
+/// Whether a server listening on `host` is reachable from this machine only: 127.0.0.0/8, ::1,
+/// ::ffff:127.x.y.z or "localhost". 0.0.0.0, ::, and any other address are beyond loopback.
+bool isLoopbackHost(const std::string& host);
 
 /// A model to serve: a registered version or a plain artifact file.
 struct ServedModel {

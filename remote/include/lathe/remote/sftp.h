@@ -16,7 +16,7 @@ struct TransferResult {
 };
 
 // Copies a local file to `remotePath` on the session's host (relative paths start at the login's
-// home); missing parent directories are created. Written as `remotePath.part`, then renamed, with
+// home); missing parent directories are created. Written as `remotePath.part-<random>`, then renamed, with
 // permissions `mode`. Throws SshError (Kind::Transfer) naming the file and what differed.
 TransferResult upload(SshSession& session, const std::string& localPath, const std::string& remotePath,
                       int mode = 0644);
