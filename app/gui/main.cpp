@@ -6,6 +6,7 @@
 #include <QFileInfo>
 #include <QGuiApplication>
 #include <QMessageBox>
+#include <QTabWidget>
 #include <QTimer>
 
 #include <cstdio>
@@ -41,6 +42,10 @@ int main(int argc, char** argv) {
                                     QStringLiteral("ID,ID,..."));
     parser.addOption(dbOption);
     parser.addOption(selectOption);
+    QCommandLineOption pageOption(QStringLiteral("page"),
+                                  QStringLiteral("Page to show on start: its tab's title (Runs, Models, Hosts)."),
+                                  QStringLiteral("NAME"));
+    parser.addOption(pageOption);
     parser.addOption(screenshotOption);
     parser.addOption(quitAfterOption);
     parser.process(app);
@@ -78,6 +83,17 @@ int main(int argc, char** argv) {
         }
         // The runs list is read on a worker thread: select once it is in, instead of the newest.
         window.selectRunsWhenRefreshed(ids);
+    }
+
+    if (parser.isSet(pageOption)) {
+        const QString want = parser.value(pageOption);
+        bool found = false;
+        for (int i = 0; i < window.pageTabs()->count(); ++i)
+            if (window.pageTabs()->tabText(i).remove(QLatin1Char('&')).compare(want, Qt::CaseInsensitive) == 0) {
+                window.pageTabs()->setCurrentIndex(i);
+                found = true;
+            }
+        if (!found) std::fprintf(stderr, "lathe: no page named %s\n", qPrintable(want));
     }
 
     if (parser.isSet(screenshotOption)) {

@@ -187,8 +187,10 @@ int runTrain(const TrainState& st) {
             throw core::ConfigError(all);
         }
         std::string problems;
-        for (const auto& r : remote::checkHosts(remoteOptions))
+        for (const auto& r : remote::checkHosts(remoteOptions)) {
             if (!r.ok) problems += "\n  " + r.problem;
+            if (r.staged) std::fprintf(stderr, "staged %s on %s at %s\n", r.lathectlVersion.c_str(), r.name.c_str(), r.lathectl.c_str());
+        }
         if (!problems.empty()) {
             std::fprintf(stderr, "lathectl: not launched (nothing was started):%s\n", problems.c_str());
             return kRunFailed;

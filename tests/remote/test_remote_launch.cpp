@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -44,7 +45,7 @@ struct Cluster {
     std::string home = dir.file("home");
     std::string db = dir.file("lathe.db");
 
-    enum class Fault { None, UnknownKey, ChangedKey, WrongClientKey, ClosedPort, NoLathectl };
+    enum class Fault { None, UnknownKey, ChangedKey, WrongClientKey, ClosedPort, NoLathectl, LathectlNotSet };
 
     explicit Cluster(Fault fault = Fault::None) {
         fs::create_directories(home + "/.ssh");
@@ -62,10 +63,13 @@ struct Cluster {
             known += "[127.0.0.3]:" + std::to_string(b.port()) + " " + b.hostPublicKey() + "\n";
         writeFile(home + "/.ssh/known_hosts", known);
         const std::string bin = lathe::test::binPath("lathectl");
-        REQUIRE(run("hosts add gpu-a --address gpu-a --slots 2 --lathectl " + bin).exitCode == 0);
-        REQUIRE(run("hosts add gpu-b --address gpu-b --slots 2 --lathectl " +
-                    (fault == Fault::NoLathectl ? std::string("/opt/nowhere/lathectl") : bin))
-                    .exitCode == 0);
+        // LathectlNotSet: the hosts' PATH (sshd's default) has no lathectl, so only --stage helps.
+        const std::string lathectlA = fault == Fault::LathectlNotSet ? "" : " --lathectl " + bin;
+        const std::string lathectlB = fault == Fault::LathectlNotSet ? ""
+                                      : fault == Fault::NoLathectl   ? " --lathectl /opt/nowhere/lathectl"
+                                                                     : " --lathectl " + bin;
+        REQUIRE(run("hosts add gpu-a --address gpu-a --slots 2" + lathectlA).exitCode == 0);
+        REQUIRE(run("hosts add gpu-b --address gpu-b --slots 2" + lathectlB).exitCode == 0);
     }
 
     // lathectl with this cluster's $HOME (its ssh config and known_hosts) and workspace; no agent.
@@ -327,4 +331,45 @@ TEST_CASE("a connection dropped mid-run fails the run naming the host and no ran
     CHECK(j.at("status") == "failed");
     CHECK_THAT(j.at("error").get<std::string>(), Catch::Contains("(on gpu-b) lost its connection"));
     CHECK(noRankWithin(ws, 30));
+}
+
+TEST_CASE("staging uploads this lathectl to hosts that lack it and the next run uses the staged copy",
+          "[remote][launch][sshd]") {
+    if (const std::string why = SshdServer::unavailableReason(); !why.empty()) LATHE_SKIP(why);
+    Cluster c(Cluster::Fault::LathectlNotSet);
+    const auto ws = c.workspaceId();
+    const auto refused = c.run("train" + kTrain + " --hosts gpu-a:1,gpu-b:1");
+    CHECK(refused.exitCode == 1);
+    CHECK_THAT(refused.err, Catch::Contains("no lathectl on the PATH") && Catch::Contains("--stage"));
+
+    // The staging directory is the (shared) remote user's: remember what was there before.
+    const char* home = std::getenv("HOME");
+    const fs::path stageRoot = fs::path(home ? home : "/root") / ".cache/lathe/stage";
+    std::set<std::string> before;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(stageRoot, ec)) before.insert(e.path().string());
+
+    const auto staged = c.run("train" + kTrain + " --hosts gpu-a:1,gpu-b:1 --stage");
+    INFO(staged.err << staged.out);
+    REQUIRE(staged.exitCode == 0);
+    lathe::core::Store store(c.db);
+    const auto first = json::parse(staged.out).at("run_id").get<int64_t>();
+    // Staged during the check before the launch (the launch's own check then finds the copy).
+    CHECK_THAT(staged.err, Catch::Contains("staged lathectl") && Catch::Contains(" on gpu-a at ") &&
+                               Catch::Contains(" on gpu-b at ") && Catch::Contains(".cache/lathe/stage/"));
+    int onStaged = 0;
+    for (const auto& l : store.logs(first)) onStaged += l.text.find(".cache/lathe/stage/") != std::string::npos;
+    CHECK(onStaged == 2);
+    // A second run finds the staged copy (same version and build) and uploads nothing.
+    const auto again = c.run("train" + kTrain + " --hosts gpu-a:1,gpu-b:1");
+    INFO(again.err);
+    REQUIRE(again.exitCode == 0);
+    const auto second = json::parse(again.out).at("run_id").get<int64_t>();
+    int usedStaged = 0;
+    CHECK_THAT(again.err, !Catch::Contains("staged lathectl"));
+    for (const auto& l : store.logs(second)) usedStaged += l.text.find(".cache/lathe/stage/") != std::string::npos;
+    CHECK(usedStaged == 2);
+    CHECK(noRankWithin(ws, 30));
+    for (const auto& e : fs::directory_iterator(stageRoot, ec))
+        if (!before.count(e.path().string())) fs::remove_all(e.path(), ec);
 }
