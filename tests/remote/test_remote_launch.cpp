@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "lathe/core/checkpoint.h"
 #include "lathe/core/run_spec.h"
 #include "lathe/core/store.h"
 #include "training/checkpoint_io.h"
@@ -295,7 +296,7 @@ TEST_CASE("the launcher killed with SIGKILL mid-run leaves no remote rank after 
     CHECK(noRankWithin(ws, 30));
 }
 
-TEST_CASE("Ctrl+C on a run across hosts stops every rank and records it as stopped", "[remote][launch][sshd]") {
+TEST_CASE("Ctrl+C on a run across hosts stops every rank and the stopped run resumes across the hosts", "[remote][launch][sshd]") {
     if (const std::string why = SshdServer::unavailableReason(); !why.empty()) LATHE_SKIP(why);
     Cluster c;
     const auto ws = c.workspaceId();
@@ -310,6 +311,22 @@ TEST_CASE("Ctrl+C on a run across hosts stops every rank and records it as stopp
     CHECK(j.at("status") == "stopped");
     CHECK(noRankWithin(ws, 30));
     CHECK(leftRunDirs(ws).empty());
+
+    // The stopped run resumes across the hosts from its fetched checkpoint, one epoch further.
+    const auto id = j.at("run_id").get<int64_t>();
+    lathe::core::Store store(c.db);
+    const auto arts = store.artifacts(id);
+    REQUIRE_FALSE(arts.empty());
+    const auto epoch = lathe::core::readCheckpointInfo(arts.back().path).epoch;
+    const auto resumed = c.run("train --resume " + std::to_string(id) + " --epochs " + std::to_string(epoch + 1) +
+                               " -q --json --hosts gpu-a:2,gpu-b:2");
+    INFO(resumed.err);
+    REQUIRE(resumed.exitCode == 0);
+    const auto rj = json::parse(resumed.out);
+    CHECK(rj.at("run_id") == id);
+    CHECK(rj.at("status") == "completed");
+    CHECK(rj.at("epochs") == epoch + 1);
+    CHECK(noRankWithin(ws, 30));
 }
 
 TEST_CASE("a connection dropped mid-run fails the run naming the host and no rank is left", "[remote][launch][sshd]") {
