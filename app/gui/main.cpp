@@ -9,6 +9,7 @@
 #include <QTabWidget>
 #include <QTimer>
 
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <memory>
@@ -18,6 +19,8 @@
 #include "main_window.h"
 
 int main(int argc, char** argv) {
+    // Writes to a broken SSH proxy (ProxyJump) must fail the call, not end the workbench.
+    std::signal(SIGPIPE, SIG_IGN);
     QApplication app(argc, argv);
     QApplication::setApplicationName(QStringLiteral("lathe"));
     QApplication::setApplicationDisplayName(QStringLiteral("Lathe"));

@@ -88,12 +88,14 @@ std::string takeControlToken(const std::string& tokenFile) {
     struct stat info {};
     if (::fstat(fd, &info) != 0) throw UsageError("--token-file " + tokenFile + ": " + std::strerror(errno));
     if (!S_ISREG(info.st_mode)) throw UsageError("--token-file " + tokenFile + " is not a regular file");
-    if (info.st_mode & (S_IROTH | S_IWOTH)) {
+    if (info.st_mode & (S_IRGRP | S_IWGRP | S_IROTH | S_IWOTH)) {
         char mode[8];
         std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(info.st_mode & 07777));
-        throw UsageError("--token-file " + tokenFile + " is open to every user (mode " + mode +
+        throw UsageError("--token-file " + tokenFile + " is open to other users (mode " + mode +
                          "); a token file must be private: chmod 600 " + tokenFile);
     }
+    if (info.st_uid != ::geteuid())
+        throw UsageError("--token-file " + tokenFile + " belongs to another user; a token file must be the server's own");
     constexpr size_t kMax = 4096 + 2;  // the longest token and a line end
     std::string token(kMax + 1, '\0');
     size_t got = 0;

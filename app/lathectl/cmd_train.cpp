@@ -162,6 +162,8 @@ int runTrain(const TrainState& st) {
     remote::RemoteLaunchOptions remoteOptions;
     std::string placement;
     if (!st.hosts.empty()) {
+        // A ProxyJump helper (`ssh -W`) that dies must fail its connection, not kill us by SIGPIPE.
+        std::signal(SIGPIPE, SIG_IGN);
         remoteOptions.hosts = parsePlacement(st.hosts, *store);
         remoteOptions.masterAddr = st.masterAddr;
         remoteOptions.stage = st.stage;

@@ -2,6 +2,7 @@
 // executors read); lathectl ingest: records such a stream into the workspace.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -30,17 +31,28 @@ struct WorkerState {
     std::string owner;  // WORKSPACE_ID:RUN, written into the checkpoints
     bool lifeline = false;
     int lifelineGraceSec = 10;
+    int lifelineTimeoutSec = 30;
 };
 
 // The lifeline of a worker started over SSH: stdin stays open for as long as the launcher's
 // channel does. Its end (the launcher stopped the run, was killed, or the connection dropped)
 // stops the run like Ctrl+C; a rank that cannot stop by itself (blocked in a collective whose
 // peers are gone) leaves after the grace period. Signals are no substitute: OpenSSH does not
-// deliver them to a root login, and a dropped connection sends none.
-void watchLifeline(std::atomic<bool>& stop, int graceSec) {
-    std::thread([&stop, graceSec] {
+// deliver them to a root login, and a dropped connection sends none. The launcher writes a
+// heartbeat line every 5 s: silence for `timeoutSec` (a network cut the host's sshd has not
+// noticed yet) ends the lifeline too.
+void watchLifeline(std::atomic<bool>& stop, int graceSec, int timeoutSec) {
+    std::thread([&stop, graceSec, timeoutSec] {
         char buf[256];
         for (;;) {
+            pollfd p{STDIN_FILENO, POLLIN, 0};
+            const int ready = ::poll(&p, 1, timeoutSec * 1000);
+            if (ready < 0 && errno == EINTR) continue;
+            if (ready == 0) {
+                static const char msg[] = "lathectl worker: no heartbeat from the launcher; stopping\n";
+                (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
+                break;
+            }
             const ssize_t n = ::read(STDIN_FILENO, buf, sizeof buf);
             if (n > 0 || (n < 0 && errno == EINTR)) continue;
             break;
@@ -96,8 +108,9 @@ int runWorker(const WorkerState& st) {
         st.checkpointDir.empty() ? std::string() : std::filesystem::absolute(st.checkpointDir).string();
     opts.resumeFrom = st.resume;
     if (!st.owner.empty()) opts.owner = parseOwner(st.owner);
-    opts.stop = &installStopHandler();
-    if (st.lifeline) watchLifeline(installStopHandler(), st.lifelineGraceSec);
+    auto& stop = installStopHandler();
+    opts.stop = &stop;
+    if (st.lifeline) watchLifeline(stop, st.lifelineGraceSec, st.lifelineTimeoutSec);
     opts.dist = dist;
     core::TrainResult result;
     try {
@@ -174,6 +187,10 @@ void registerWorker(CLI::App& app, int& exitCode) {
         cmd->add_option("--lifeline-grace", st->lifelineGraceSec,
                         "seconds a rank may take to stop after its lifeline ends before it exits")
             ->check(CLI::Range(1, 600))
+            ->capture_default_str();
+        cmd->add_option("--lifeline-timeout", st->lifelineTimeoutSec,
+                        "seconds without a heartbeat on stdin after which the lifeline counts as ended")
+            ->check(CLI::Range(10, 3600))
             ->capture_default_str();
         cmd->callback([st, &exitCode] { exitCode = runWorker(*st); });
     }

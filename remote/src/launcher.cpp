@@ -10,14 +10,19 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <functional>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
+#include <utility>
 
+#include "lathe/core/checkpoint.h"
 #include "lathe/core/error.h"
 #include "lathe/core/executable.h"
 #include "lathe/core/sha256.h"
@@ -118,6 +123,14 @@ void checkOne(HostState& h, const RemoteLaunchOptions& o, const Staging& staging
         h.control->connect(HostKeyPolicy::Strict);
         r.hostKey = h.control->hostKeyFingerprint();
         r.address = h.control->peerAddress();
+        if (r.address.empty()) {  // reached through a proxy (ProxyJump): ask the host itself
+            const std::string own = h.control->run("hostname -I 2>/dev/null | cut -d' ' -f1", "asking its address", 30);
+            r.address = own.substr(0, own.find_first_of(" \n"));
+        }
+        if (r.address.empty()) {
+            r.problem = who + ": cannot tell its network address (through a proxy, and `hostname -I` says nothing)";
+            return;
+        }
         const auto kv = keyValues(h.control->run(probeCommand(h.host, staging.tag), "the host probe", 60));
         r.os = kv.count("os") ? kv.at("os") : "";
         r.arch = kv.count("arch") ? kv.at("arch") : "";
@@ -254,7 +267,30 @@ private:
         core::RankExit exit;
         try {
             SshSession session(spec);
-            session.connect(HostKeyPolicy::Strict);
+            // sshd drops unauthenticated connections beyond MaxStartups (10 by default) at random:
+            // a host with many slots gets a few tries, spaced out.
+            for (int attempt = 1;; ++attempt) {
+                try {
+                    session.connect(HostKeyPolicy::Strict);
+                    break;
+                } catch (const HostKeyError&) {
+                    throw;
+                } catch (const SshError& ex) {
+                    const bool transient = ex.kind() == SshError::Kind::Connect || ex.kind() == SshError::Kind::Timeout ||
+                                           ex.kind() == SshError::Kind::Protocol;
+                    if (!transient || attempt == 4 || m_cancel || m_interrupt) throw;
+                    std::this_thread::sleep_for(std::chrono::milliseconds(250 * attempt));
+                }
+            }
+            if (m_cancel || m_interrupt) {  // stopped before it started: nothing to say
+                exit.clean = true;
+                exit.description = "was not started (the run was ending)";
+                m_exit = exit;
+                ::close(wo);
+                ::close(we);
+                m_done = true;
+                return;
+            }
             ExecOptions eo;
             eo.cancel = &m_cancel;
             eo.interrupt = &m_interrupt;
@@ -270,7 +306,8 @@ private:
             if (res.cancelled) {
                 exit.description = "was stopped (its SSH channel was closed; the lifeline ends it there)";
             } else if (!res.exitSignal.empty()) {
-                exit.abrupt = true;
+                // Not the SIGTERM our own stop sent (a rank still starting has no handler yet).
+                exit.abrupt = !(m_interrupt && res.exitSignal == "TERM");
                 exit.description = "was killed by signal " + res.exitSignal;
             } else {
                 exit.clean = res.exitStatus == 0 || res.exitStatus == 130;
@@ -304,27 +341,167 @@ std::string randomTag() {
     return s;
 }
 
-// Whatever happened, nothing of the run stays on a host: its processes (the lifeline has ended
-// them already; this is the net under it) and its directory. A host that cannot be reached now
-// is named in the log.
-void cleanUp(HostState& h, const std::string& runDir, const core::EventSink& sink) {
-    try {
-        if (!h.control || !h.control->isConnected()) {
-            h.control = std::make_unique<SshSession>(h.host.spec);
-            h.control->connect(HostKeyPolicy::Strict);
+// Runs `command` on the host's control session, reconnecting once if it broke while idle.
+void runControl(HostState& h, const std::string& command, const std::string& what) {
+    for (int attempt = 0;; ++attempt) {
+        try {
+            if (!h.control || !h.control->isConnected()) {
+                h.control = std::make_unique<SshSession>(h.host.spec);
+                h.control->connect(HostKeyPolicy::Strict);
+            }
+            h.control->run(command, what, 60);
+            return;
+        } catch (const SshError& ex) {
+            h.control.reset();
+            if (attempt == 1 || ex.kind() == SshError::Kind::HostKey || ex.kind() == SshError::Kind::Auth) throw;
         }
-        // The bracket keeps the pattern from matching this shell's own command line.
-        const std::string tag = fs::path(runDir).filename().string();
-        const std::string pattern = "[" + tag.substr(0, 1) + "]" + tag.substr(1);
-        // Two commands: a shell line holding the run directory's name would match the pattern.
-        h.control->run("pkill -KILL -f -- " + shellQuote(pattern) + "; true", "stopping the run's processes", 60);
-        h.control->run("rm -rf -- " + shellQuote(runDir), "removing the run's files", 60);
-    } catch (const std::exception& ex) {
-        if (sink)
-            sink(core::Event::log("warn", "host " + h.host.name + ": could not remove the run's files and processes: " +
-                                             ex.what()));
     }
 }
+
+// Whatever happened, nothing of the run stays on the hosts: its processes (the lifeline has ended
+// them already; this is the net under it), on every host first, then its directory (on a shared
+// home, removing it while another host's rank still runs would fail on busy files). Hosts in
+// parallel; one that cannot be reached now is named in the log.
+void cleanUp(std::vector<std::unique_ptr<HostState>>& hosts, const std::string& runDir, const core::EventSink& sink) {
+    const std::string tag = fs::path(runDir).filename().string();
+    // The bracket keeps the pattern from matching this shell's own command line.
+    const std::string pattern = "[" + tag.substr(0, 1) + "]" + tag.substr(1);
+    std::vector<std::string> problems(hosts.size());
+    const auto onAll = [&](const std::function<void(HostState&)>& step) {
+        std::vector<std::thread> threads;
+        for (size_t i = 0; i < hosts.size(); ++i)
+            threads.emplace_back([&, i] {
+                if (!problems[i].empty()) return;
+                try {
+                    step(*hosts[i]);
+                } catch (const std::exception& ex) {
+                    problems[i] = ex.what();
+                }
+            });
+        for (auto& t : threads) t.join();
+    };
+    onAll([&](HostState& h) { runControl(h, "pkill -KILL -f -- " + shellQuote(pattern) + "; true", "stopping the run's processes"); });
+    onAll([&](HostState& h) { runControl(h, "rm -rf -- " + shellQuote(runDir), "removing the run's files"); });
+    for (size_t i = 0; i < hosts.size(); ++i)
+        if (!problems[i].empty() && sink) try {
+                sink(core::Event::log("warn", "host " + hosts[i]->host.name +
+                                                  ": could not remove the run's files and processes: " + problems[i]));
+            } catch (...) {  // the workspace cannot take it either: nothing more to do here
+            }
+}
+
+// Rank 0's checkpoints, fetched on a thread of their own (with their own connection) so that a
+// large file on a slow link never holds up the supervisor: it keeps reading every rank's output
+// and can stop the run meanwhile. A checkpoint file rewritten before it was fetched (rank 0 went on
+// to the next epoch) is skipped: its newer event follows.
+class CheckpointFetcher {
+public:
+    CheckpointFetcher(const HostState& host, std::string localDir)
+        : m_name(host.host.name), m_spec(host.host.spec), m_dir(std::move(localDir)) {
+        m_thread = std::thread([this] { loop(); });
+    }
+    ~CheckpointFetcher() {
+        {
+            std::lock_guard<std::mutex> lk(m_mutex);
+            m_closing = true;
+            m_abandon = true;
+        }
+        m_cv.notify_all();
+        if (m_thread.joinable()) m_thread.join();
+    }
+    void add(const core::Event& e) {
+        {
+            std::lock_guard<std::mutex> lk(m_mutex);
+            // The same file again: only the newest event can still be fetched.
+            const auto name = fs::path(e.text).filename();
+            m_pending.erase(std::remove_if(m_pending.begin(), m_pending.end(),
+                                           [&](const core::Event& p) { return fs::path(p.text).filename() == name; }),
+                            m_pending.end());
+            m_pending.push_back(e);
+        }
+        m_cv.notify_all();
+    }
+    // Fetched checkpoints (under their local paths) and what the fetcher has to say, in order.
+    std::vector<core::Event> take() {
+        std::lock_guard<std::mutex> lk(m_mutex);
+        return std::exchange(m_ready, {});
+    }
+    // Waits until everything asked for is fetched: a stopped run's last checkpoint is what it
+    // resumes from. After a stop request it gives up after `stopGraceSec` more.
+    void finish(const std::atomic<bool>* stop, int stopGraceSec = 120) {
+        std::unique_lock<std::mutex> lk(m_mutex);
+        m_closing = true;
+        m_cv.notify_all();
+        std::optional<std::chrono::steady_clock::time_point> giveUpAt;
+        while (!m_cv.wait_for(lk, std::chrono::milliseconds(200), [&] { return m_pending.empty() && !m_busy; })) {
+            if (stop && stop->load() && !giveUpAt)
+                giveUpAt = std::chrono::steady_clock::now() + std::chrono::seconds(stopGraceSec);
+            if (giveUpAt && std::chrono::steady_clock::now() > *giveUpAt) {
+                m_abandon = true;
+                m_ready.push_back(core::Event::log("warn", "gave up waiting for the last checkpoint from " + m_name));
+                break;
+            }
+        }
+    }
+
+private:
+    void loop() {
+        std::unique_ptr<SshSession> session;
+        for (;;) {
+            core::Event e;
+            {
+                std::unique_lock<std::mutex> lk(m_mutex);
+                m_cv.wait(lk, [&] { return !m_pending.empty() || m_closing; });
+                if (m_pending.empty() || m_abandon) return;
+                e = m_pending.front();
+                m_pending.erase(m_pending.begin());
+                m_busy = true;
+            }
+            std::vector<core::Event> out;
+            const std::string target = m_dir + "/" + fs::path(e.text).filename().string();
+            for (int attempt = 0; attempt < 2; ++attempt) {
+                try {
+                    if (!session || !session->isConnected()) {
+                        session = std::make_unique<SshSession>(m_spec);
+                        session->connect(HostKeyPolicy::Strict);
+                    }
+                    const auto t = download(*session, e.text, target);
+                    // The file is the checkpoint the event announced, not a later one written over it.
+                    const auto info = core::readCheckpointInfo(target);
+                    if (info.sha256 != e.sha256) {
+                        out.push_back(core::Event::log("info", "checkpoint of epoch " + std::to_string(static_cast<int64_t>(e.value)) +
+                                                                   " was replaced on " + m_name + " before it could be fetched"));
+                    } else {
+                        core::Event local = e;
+                        local.text = target;
+                        out.push_back(local);
+                        out.push_back(core::Event::log("info", "fetched " + fs::path(target).filename().string() + " from " +
+                                                                   m_name + " (" + std::to_string(t.bytes) +
+                                                                   " bytes, SHA-256 checked)"));
+                    }
+                    break;
+                } catch (const std::exception& ex) {
+                    session.reset();
+                    if (attempt == 1)
+                        out.push_back(core::Event::log("error", std::string("checkpoint not fetched from ") + m_name + ": " + ex.what()));
+                }
+            }
+            std::lock_guard<std::mutex> lk(m_mutex);
+            for (auto& o : out) m_ready.push_back(std::move(o));
+            m_busy = false;
+            m_cv.notify_all();
+        }
+    }
+
+    std::string m_name;
+    HostSpec m_spec;
+    std::string m_dir;
+    std::mutex m_mutex;
+    std::condition_variable m_cv;
+    std::vector<core::Event> m_pending, m_ready;
+    bool m_closing = false, m_abandon = false, m_busy = false;
+    std::thread m_thread;
+};
 
 }  // namespace
 
@@ -401,7 +578,10 @@ core::LaunchResult launchChecked(const core::LaunchOptions& base, const RemoteLa
         const std::string& runDir;
         const core::EventSink& sink;
         ~CleanAll() {
-            for (auto& h : hosts) cleanUp(*h, runDir, sink);
+            try {
+                cleanUp(hosts, runDir, sink);
+            } catch (...) {  // a destructor, maybe while unwinding: never terminate over clean-up
+            }
         }
     } cleanAll{hosts, runDir, sink};
 
@@ -459,6 +639,8 @@ core::LaunchResult launchChecked(const core::LaunchOptions& base, const RemoteLa
     // model registration work as for a local run.
     std::error_code ec;
     if (!base.checkpointDir.empty()) fs::create_directories(base.checkpointDir, ec);
+    std::unique_ptr<CheckpointFetcher> fetcher;
+    if (!base.checkpointDir.empty()) fetcher = std::make_unique<CheckpointFetcher>(first, base.checkpointDir);
     // How long the launch took, once every rank has spoken (bench_remote_launch reads this line).
     bool timed = false;
     const auto noteLaunchTime = [&] {
@@ -473,29 +655,28 @@ core::LaunchResult launchChecked(const core::LaunchOptions& base, const RemoteLa
                         ms(tStaged - tChecked) + " ms, all " + std::to_string(remoteRanks.size()) +
                         " ranks running " + ms(last - tStaged) + " ms later; " + ms(last - t0) + " ms in all");
     };
+    const auto deliverFetched = [&] {
+        if (!fetcher || !sink) return;
+        for (const auto& f : fetcher->take()) sink(f);
+    };
     const core::EventSink fetching = [&](const core::Event& e) {
         noteLaunchTime();
-        if (e.type != core::Event::Type::Checkpoint || base.checkpointDir.empty()) {
-            if (sink) sink(e);
+        deliverFetched();
+        if (e.type == core::Event::Type::Checkpoint && fetcher) {
+            fetcher->add(e);
             return;
         }
-        core::Event local = e;
-        const std::string target = base.checkpointDir + "/" + fs::path(e.text).filename().string();
-        try {
-            const auto t = download(*first.control, e.text, target);
-            local.text = target;
-            if (sink) sink(local);
-            log("info", "fetched " + fs::path(target).filename().string() + " from " + first.host.name + " (" +
-                            std::to_string(t.bytes) + " bytes, SHA-256 checked)");
-        } catch (const std::exception& ex) {
-            log("error", std::string("checkpoint not fetched from ") + first.host.name + ": " + ex.what());
-        }
+        if (sink) sink(e);
     };
     core::SuperviseOptions so;
     so.stop = base.stop;
     so.killGraceSec = base.killGraceSec;
     auto result = core::superviseRanks(ranks, so, fetching);
     ranks.clear();  // every channel closed: the lifelines of ranks still running end now
+    if (fetcher) {
+        fetcher->finish(base.stop);
+        deliverFetched();
+    }
     return result;
 }
 

@@ -172,12 +172,15 @@ TransferResult upload(SshSession& session, const std::string& localPath, const s
         fail(session, "upload of " + localPath + " arrived different (SHA-256 " + there + " on the host, " +
                           result.sha256 + " here)");
     }
-    sftp_unlink(sftp.get(), remotePath.c_str());  // rename does not replace on SFTP v3
-    if (sftp_rename(sftp.get(), part.c_str(), remotePath.c_str()) != SSH_OK) {
+    sftp_chmod(sftp.get(), part.c_str(), static_cast<mode_t>(mode));
+    // rename(2) on the host replaces the target atomically (SFTP v3's rename does not replace, and
+    // unlink-then-rename races with another host writing the same file on a shared home).
+    try {
+        session.run("mv -f -- " + shellQuote(part) + " " + shellQuote(remotePath), "renaming " + part, 60);
+    } catch (const SshError& ex) {
         cleanup();
-        fail(session, "cannot rename " + part + " to " + remotePath + ": " + sftpError(session, sftp.get()));
+        fail(session, std::string("cannot put ") + remotePath + " in place: " + ex.what());
     }
-    sftp_chmod(sftp.get(), remotePath.c_str(), static_cast<mode_t>(mode));
     return result;
 }
 

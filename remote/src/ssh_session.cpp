@@ -478,8 +478,16 @@ ExecResult SshSession::exec(const std::string& command, const OutputFn& onStdout
 
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
+    auto lastHeartbeat = start;
     bool outputEnded = false;
     while (true) {
+        // The lifeline's heartbeat: a line every 5 s, so the command can tell a silent network
+        // cut (its sshd not noticing) from a quiet launcher.
+        if (options.keepStdinOpen && !interrupted && Clock::now() - lastHeartbeat > std::chrono::seconds(5)) {
+            lastHeartbeat = Clock::now();
+            if (ssh_channel_is_open(channel.get()) && ssh_channel_write(channel.get(), "\n", 1) == SSH_ERROR)
+                throw broken("while writing to the command's stdin");
+        }
         // Output and completion first: a command that has finished reports its real result even
         // when a cancel or the deadline arrives at the same moment.
         drain(0, onStdout);

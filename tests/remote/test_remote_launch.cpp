@@ -2,10 +2,13 @@
 // GPU hosts, reached through ssh config aliases (gpu-a, gpu-b) from a private $HOME; lathectl
 // train --hosts starts 2 ranks on each. Every failure case checks its message and that no rank
 // is left in the process table.
+#include <pwd.h>
 #include <signal.h>
+#include <unistd.h>
 #include <sys/types.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <filesystem>
 #include <set>
@@ -14,6 +17,7 @@
 
 #include "lathe/core/checkpoint.h"
 #include "lathe/core/run_spec.h"
+#include "lathe/core/sha256.h"
 #include "lathe/core/store.h"
 #include "training/checkpoint_io.h"
 #include "training/zoo.h"
@@ -150,11 +154,16 @@ std::vector<torch::Tensor> savedParameters(const lathe::core::Store& store, int6
     return out;
 }
 
-// The run directories the launcher left under ~/.cache/lathe/runs of the (shared) remote user.
+// The home directory sshd logs the (shared) remote user into: the passwd entry's, not $HOME.
+fs::path loginHome() {
+    const passwd* pw = ::getpwuid(::geteuid());
+    return pw && pw->pw_dir ? fs::path(pw->pw_dir) : fs::path("/root");
+}
+
+// The run directories the launcher left under ~/.cache/lathe/runs of the remote user.
 std::vector<std::string> leftRunDirs(const std::string& workspaceId) {
     std::vector<std::string> left;
-    const char* home = std::getenv("HOME");
-    const fs::path root = fs::path(home ? home : "/root") / ".cache/lathe/runs";
+    const fs::path root = loginHome() / ".cache/lathe/runs";
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(root, ec))
         if (e.path().filename().string().rfind(workspaceId.substr(0, 8) + "-", 0) == 0) left.push_back(e.path());
@@ -359,12 +368,17 @@ TEST_CASE("staging uploads this lathectl to hosts that lack it and the next run 
     CHECK(refused.exitCode == 1);
     CHECK_THAT(refused.err, Catch::Contains("no lathectl on the PATH") && Catch::Contains("--stage"));
 
-    // The staging directory is the (shared) remote user's: remember what was there before.
-    const char* home = std::getenv("HOME");
-    const fs::path stageRoot = fs::path(home ? home : "/root") / ".cache/lathe/stage";
-    std::set<std::string> before;
+    // The staging directory is the remote user's; this build's copy (named by its version and
+    // digest) must not be there from an earlier run, or nothing would be uploaded.
+    const fs::path stageRoot = loginHome() / ".cache/lathe/stage";
+    const std::string version = runShell(lathe::test::binPath("lathectl") + " --version").out;
+    std::string tag = version.substr(0, version.find('\n'));
+    for (char& ch : tag)
+        if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.') ch = '-';
+    tag += "-" + lathe::core::sha256File(lathe::test::binPath("lathectl")).substr(0, 12);
     std::error_code ec;
-    for (const auto& e : fs::directory_iterator(stageRoot, ec)) before.insert(e.path().string());
+    fs::remove_all(stageRoot / tag, ec);
+    REQUIRE_FALSE(fs::exists(stageRoot / tag));
 
     const auto staged = c.run("train" + kTrain + " --hosts gpu-a:1,gpu-b:1 --stage");
     INFO(staged.err << staged.out);
@@ -387,6 +401,6 @@ TEST_CASE("staging uploads this lathectl to hosts that lack it and the next run 
     for (const auto& l : store.logs(second)) usedStaged += l.text.find(".cache/lathe/stage/") != std::string::npos;
     CHECK(usedStaged == 2);
     CHECK(noRankWithin(ws, 30));
-    for (const auto& e : fs::directory_iterator(stageRoot, ec))
-        if (!before.count(e.path().string())) fs::remove_all(e.path(), ec);
+    CHECK(fs::exists(stageRoot / tag / "bin/lathectl"));
+    fs::remove_all(stageRoot / tag, ec);
 }

@@ -92,12 +92,16 @@ public:
         if (::waitpid(m_pid, &status, WNOHANG) != m_pid) return std::nullopt;
         m_reaped = true;
         m_exit.clean = WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 130);
-        m_exit.abrupt = WIFSIGNALED(status);
+        // Killed by a signal, unless it is the SIGTERM we sent (a rank still starting has no
+        // handler for it yet): that is our stop, not the cause of a failure.
+        m_exit.abrupt = WIFSIGNALED(status) && !(m_terminated && WTERMSIG(status) == SIGTERM);
         m_exit.description = describeExit(status);
         return m_exit;
     }
     void terminate() override {
-        if (!m_reaped) ::kill(m_pid, SIGTERM);
+        if (m_reaped) return;
+        m_terminated = true;
+        ::kill(m_pid, SIGTERM);
     }
     void kill() override {
         if (!m_reaped) ::kill(m_pid, SIGKILL);
@@ -106,7 +110,7 @@ public:
 private:
     pid_t m_pid;
     int m_out, m_err;
-    bool m_reaped = false;
+    bool m_reaped = false, m_terminated = false;
     RankExit m_exit;
 };
 
