@@ -45,9 +45,10 @@ int main(int argc, char** argv) {
                                     QStringLiteral("ID,ID,..."));
     parser.addOption(dbOption);
     parser.addOption(selectOption);
-    QCommandLineOption pageOption(QStringLiteral("page"),
-                                  QStringLiteral("Page to show on start: its tab's title (Runs, Models, Hosts)."),
-                                  QStringLiteral("NAME"));
+    QCommandLineOption pageOption(
+        QStringLiteral("page"),
+        QStringLiteral("Page to show on start: its tab's title (Runs, Models, Hosts)."),
+        QStringLiteral("NAME"));
     parser.addOption(pageOption);
     parser.addOption(screenshotOption);
     parser.addOption(quitAfterOption);
@@ -92,7 +93,8 @@ int main(int argc, char** argv) {
         const QString want = parser.value(pageOption);
         bool found = false;
         for (int i = 0; i < window.pageTabs()->count(); ++i)
-            if (window.pageTabs()->tabText(i).remove(QLatin1Char('&')).compare(want, Qt::CaseInsensitive) == 0) {
+            if (window.pageTabs()->tabText(i).remove(QLatin1Char('&')).compare(want, Qt::CaseInsensitive) ==
+                0) {
                 window.pageTabs()->setCurrentIndex(i);
                 found = true;
             }

@@ -95,7 +95,8 @@ std::string takeControlToken(const std::string& tokenFile) {
                          "); a token file must be private: chmod 600 " + tokenFile);
     }
     if (info.st_uid != ::geteuid())
-        throw UsageError("--token-file " + tokenFile + " belongs to another user; a token file must be the server's own");
+        throw UsageError("--token-file " + tokenFile +
+                         " belongs to another user; a token file must be the server's own");
     constexpr size_t kMax = 4096 + 2;  // the longest token and a line end
     std::string token(kMax + 1, '\0');
     size_t got = 0;

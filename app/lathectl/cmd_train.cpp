@@ -1,12 +1,12 @@
 // lathectl train: one run from a TOML file and/or flags, recorded in the workspace.
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
-#include <iostream>
-#include <algorithm>
 #include <functional>
+#include <iostream>
 #include <map>
 
 #include "cli_common.h"
@@ -105,7 +105,8 @@ std::vector<remote::RemoteHost> parsePlacement(const std::string& text, const co
     size_t pos = 0;
     while (pos <= text.size()) {
         const auto comma = text.find(',', pos);
-        const std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+        const std::string item =
+            text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
         pos = comma == std::string::npos ? text.size() + 1 : comma + 1;
         const auto colon = item.rfind(':');
         const std::string name = item.substr(0, colon);
@@ -131,10 +132,11 @@ std::vector<remote::RemoteHost> parsePlacement(const std::string& text, const co
                 slots = 0;
             }
             if (slots < 1)
-                throw UsageError("--hosts: slots of '" + name + "' must be a positive number (got '" + n + "')");
+                throw UsageError("--hosts: slots of '" + name + "' must be a positive number (got '" + n +
+                                 "')");
             if (slots > rec->slots)
-                throw UsageError("--hosts: " + std::to_string(slots) + " slots asked of '" + name + "', which has " +
-                                 std::to_string(rec->slots) + " (lathectl hosts list)");
+                throw UsageError("--hosts: " + std::to_string(slots) + " slots asked of '" + name +
+                                 "', which has " + std::to_string(rec->slots) + " (lathectl hosts list)");
             h.slots = slots;
         }
         for (const auto& other : out)
@@ -176,12 +178,16 @@ int runTrain(const TrainState& st) {
             placement += (placement.empty() ? "" : ",") + h.name + ":" + std::to_string(h.slots);
         }
         if (spec.nproc > 1 && spec.nproc != total)
-            throw UsageError("the run asks for nproc = " + std::to_string(spec.nproc) + " but --hosts gives " +
-                             std::to_string(total) + " slots; drop nproc or make them agree");
+            throw UsageError("the run asks for nproc = " + std::to_string(spec.nproc) +
+                             " but --hosts gives " + std::to_string(total) +
+                             " slots; drop nproc or make them agree");
         spec.nproc = total;
-        if (spec.strategy == "hierarchical" && std::adjacent_find(slots.begin(), slots.end(), std::not_equal_to<>()) != slots.end())
-            throw UsageError("strategy = \"hierarchical\" groups ranks by host and needs the same slots on every host (got " +
-                             placement + ")");
+        if (spec.strategy == "hierarchical" &&
+            std::adjacent_find(slots.begin(), slots.end(), std::not_equal_to<>()) != slots.end())
+            throw UsageError(
+                "strategy = \"hierarchical\" groups ranks by host and needs the same slots on every host "
+                "(got " +
+                placement + ")");
         if (spec.nproc < 2) throw UsageError("--hosts: a run across hosts needs at least 2 slots in all");
         if (const auto problems = core::validate(spec); !problems.empty()) {
             std::string all;
@@ -191,7 +197,9 @@ int runTrain(const TrainState& st) {
         std::string problems;
         for (const auto& r : remote::checkHosts(remoteOptions)) {
             if (!r.ok) problems += "\n  " + r.problem;
-            if (r.staged) std::fprintf(stderr, "staged %s on %s at %s\n", r.lathectlVersion.c_str(), r.name.c_str(), r.lathectl.c_str());
+            if (r.staged)
+                std::fprintf(stderr, "staged %s on %s at %s\n", r.lathectlVersion.c_str(), r.name.c_str(),
+                             r.lathectl.c_str());
         }
         if (!problems.empty()) {
             std::fprintf(stderr, "lathectl: not launched (nothing was started):%s\n", problems.c_str());
@@ -264,9 +272,10 @@ void registerTrain(CLI::App& app, int& exitCode) {
     cmd->add_option("--resume", st->resume,
                     "continue run ID from its last checkpoint (flags such as --epochs apply)");
     cmd->add_flag("--quiet,-q", st->quiet, "no progress output");
-    cmd->add_option("--hosts", st->hosts,
-                    "run across hosts of the workspace over SSH: NAME:SLOTS[,NAME:SLOTS...] (one rank per slot; "
-                    "lathectl hosts add NAME first)");
+    cmd->add_option(
+        "--hosts", st->hosts,
+        "run across hosts of the workspace over SSH: NAME:SLOTS[,NAME:SLOTS...] (one rank per slot; "
+        "lathectl hosts add NAME first)");
     cmd->add_option("--master-addr", st->masterAddr,
                     "with --hosts: the address of the first host that the others reach (default: the one "
                     "this machine reaches it at)");

@@ -9,11 +9,11 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
-#include <thread>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <cstring>
 #include <iostream>
+#include <thread>
 
 #include "cli_common.h"
 #include "lathe/core/error.h"
@@ -59,7 +59,8 @@ void watchLifeline(std::atomic<bool>& stop, int graceSec, int timeoutSec) {
         }
         stop.store(true);
         std::this_thread::sleep_for(std::chrono::seconds(graceSec));
-        static const char msg[] = "lathectl worker: lifeline ended and the run did not stop in time; exiting\n";
+        static const char msg[] =
+            "lathectl worker: lifeline ended and the run did not stop in time; exiting\n";
         (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
         ::_exit(kInterrupted);
     }).detach();

@@ -11,8 +11,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <functional>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -78,7 +78,7 @@ struct Staging {
     std::string program;  // local lathectl
     std::string tag;      // version + digest prefix: one directory per distinct build
     std::vector<std::string> libraries;
-    std::string os;       // "Linux\nx86_64\n" of this machine
+    std::string os;  // "Linux\nx86_64\n" of this machine
 };
 
 Staging stagingFor(const RemoteLaunchOptions& o) {
@@ -96,13 +96,16 @@ Staging stagingFor(const RemoteLaunchOptions& o) {
 }
 
 std::string probeCommand(const RemoteHost& h, const std::string& stageTag) {
-    std::string c = "echo \"os=$(uname -s)\"; echo \"arch=$(uname -m)\"; echo \"cores=$(nproc 2>/dev/null)\"; ";
+    std::string c =
+        "echo \"os=$(uname -s)\"; echo \"arch=$(uname -m)\"; echo \"cores=$(nproc 2>/dev/null)\"; ";
     c += h.lathectl.empty() ? "p=$(command -v lathectl 2>/dev/null); " : "p=" + shellPath(h.lathectl) + "; ";
     c += "if [ -n \"$p\" ] && [ -x \"$p\" ]; then echo \"lathectl=$p\"; "
          "echo \"version=$(\"$p\" --version 2>&1 | head -n 1)\"; fi; ";
     const std::string stage = std::string("\"$HOME\"/") + kStageRoot + "/" + shellQuote(stageTag);
-    c += "s=" + stage + "/bin/lathectl; if [ -x \"$s\" ]; then echo \"staged=$s\"; echo \"staged_version=$(LD_LIBRARY_PATH=" +
-         stage + "/lib \"$s\" --version 2>&1 | head -n 1)\"; fi; true";
+    c +=
+        "s=" + stage +
+        "/bin/lathectl; if [ -x \"$s\" ]; then echo \"staged=$s\"; echo \"staged_version=$(LD_LIBRARY_PATH=" +
+        stage + "/lib \"$s\" --version 2>&1 | head -n 1)\"; fi; true";
     return c;
 }
 
@@ -117,18 +120,21 @@ struct HostState {
 void checkOne(HostState& h, const RemoteLaunchOptions& o, const Staging& staging) {
     HostReport& r = h.report;
     r.name = h.host.name;
-    const std::string who = "host " + h.host.name + (h.host.name == h.host.spec.label() ? "" : " (" + h.host.spec.label() + ")");
+    const std::string who =
+        "host " + h.host.name + (h.host.name == h.host.spec.label() ? "" : " (" + h.host.spec.label() + ")");
     try {
         h.control = std::make_unique<SshSession>(h.host.spec);
         h.control->connect(HostKeyPolicy::Strict);
         r.hostKey = h.control->hostKeyFingerprint();
         r.address = h.control->peerAddress();
         if (r.address.empty()) {  // reached through a proxy (ProxyJump): ask the host itself
-            const std::string own = h.control->run("hostname -I 2>/dev/null | cut -d' ' -f1", "asking its address", 30);
+            const std::string own =
+                h.control->run("hostname -I 2>/dev/null | cut -d' ' -f1", "asking its address", 30);
             r.address = own.substr(0, own.find_first_of(" \n"));
         }
         if (r.address.empty()) {
-            r.problem = who + ": cannot tell its network address (through a proxy, and `hostname -I` says nothing)";
+            r.problem =
+                who + ": cannot tell its network address (through a proxy, and `hostname -I` says nothing)";
             return;
         }
         const auto kv = keyValues(h.control->run(probeCommand(h.host, staging.tag), "the host probe", 60));
@@ -144,22 +150,26 @@ void checkOne(HostState& h, const RemoteLaunchOptions& o, const Staging& staging
         if (found != kv.end() && version != kv.end() && version->second == o.expectedVersion) {
             r.lathectl = found->second;
             r.lathectlVersion = version->second;
-        } else if (kv.count("staged") && kv.count("staged_version") && kv.at("staged_version") == o.expectedVersion) {
+        } else if (kv.count("staged") && kv.count("staged_version") &&
+                   kv.at("staged_version") == o.expectedVersion) {
             r.lathectl = kv.at("staged");
             r.lathectlVersion = kv.at("staged_version");
             h.libraryPath = fs::path(r.lathectl).parent_path().parent_path().string() + "/lib";
         } else if (o.stage) {
             if (r.os + "\n" + r.arch + "\n" != staging.os) {
                 r.problem = who + ": cannot stage lathectl: the host runs " + r.os + " " + r.arch +
-                            ", this lathectl is built for " + staging.os.substr(0, staging.os.find('\n')) + " " +
-                            staging.os.substr(staging.os.find('\n') + 1, staging.os.size() - staging.os.find('\n') - 2);
+                            ", this lathectl is built for " + staging.os.substr(0, staging.os.find('\n')) +
+                            " " +
+                            staging.os.substr(staging.os.find('\n') + 1,
+                                              staging.os.size() - staging.os.find('\n') - 2);
                 return;
             }
             const std::string dir = std::string(kStageRoot) + "/" + staging.tag;
             upload(*h.control, staging.program, dir + "/bin/lathectl", 0755);
             for (const auto& lib : staging.libraries)
                 upload(*h.control, lib, dir + "/lib/" + fs::path(lib).filename().string(), 0755);
-            const auto again = keyValues(h.control->run(probeCommand(h.host, staging.tag), "the host probe", 60));
+            const auto again =
+                keyValues(h.control->run(probeCommand(h.host, staging.tag), "the host probe", 60));
             if (!again.count("staged_version") || again.at("staged_version") != o.expectedVersion) {
                 r.problem = who + ": the staged lathectl does not start there (it printed '" +
                             (again.count("staged_version") ? again.at("staged_version") : std::string()) +
@@ -250,7 +260,8 @@ public:
     std::string where() const override { return "on " + m_name; }
     // When its first output arrived (steady clock; zero before): the worker runs by then.
     std::chrono::steady_clock::time_point firstOutput() const {
-        return std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(m_firstOutput.load()));
+        return std::chrono::steady_clock::time_point(
+            std::chrono::steady_clock::duration(m_firstOutput.load()));
     }
 
 private:
@@ -276,7 +287,8 @@ private:
                 } catch (const HostKeyError&) {
                     throw;
                 } catch (const SshError& ex) {
-                    const bool transient = ex.kind() == SshError::Kind::Connect || ex.kind() == SshError::Kind::Timeout ||
+                    const bool transient = ex.kind() == SshError::Kind::Connect ||
+                                           ex.kind() == SshError::Kind::Timeout ||
                                            ex.kind() == SshError::Kind::Protocol;
                     if (!transient || attempt == 4 || m_cancel || m_interrupt) throw;
                     std::this_thread::sleep_for(std::chrono::milliseconds(250 * attempt));
@@ -353,7 +365,8 @@ void runControl(HostState& h, const std::string& command, const std::string& wha
             return;
         } catch (const SshError& ex) {
             h.control.reset();
-            if (attempt == 1 || ex.kind() == SshError::Kind::HostKey || ex.kind() == SshError::Kind::Auth) throw;
+            if (attempt == 1 || ex.kind() == SshError::Kind::HostKey || ex.kind() == SshError::Kind::Auth)
+                throw;
         }
     }
 }
@@ -362,7 +375,8 @@ void runControl(HostState& h, const std::string& command, const std::string& wha
 // them already; this is the net under it), on every host first, then its directory (on a shared
 // home, removing it while another host's rank still runs would fail on busy files). Hosts in
 // parallel; one that cannot be reached now is named in the log.
-void cleanUp(std::vector<std::unique_ptr<HostState>>& hosts, const std::string& runDir, const core::EventSink& sink) {
+void cleanUp(std::vector<std::unique_ptr<HostState>>& hosts, const std::string& runDir,
+             const core::EventSink& sink) {
     const std::string tag = fs::path(runDir).filename().string();
     // The bracket keeps the pattern from matching this shell's own command line.
     const std::string pattern = "[" + tag.substr(0, 1) + "]" + tag.substr(1);
@@ -380,12 +394,16 @@ void cleanUp(std::vector<std::unique_ptr<HostState>>& hosts, const std::string& 
             });
         for (auto& t : threads) t.join();
     };
-    onAll([&](HostState& h) { runControl(h, "pkill -KILL -f -- " + shellQuote(pattern) + "; true", "stopping the run's processes"); });
-    onAll([&](HostState& h) { runControl(h, "rm -rf -- " + shellQuote(runDir), "removing the run's files"); });
+    onAll([&](HostState& h) {
+        runControl(h, "pkill -KILL -f -- " + shellQuote(pattern) + "; true", "stopping the run's processes");
+    });
+    onAll(
+        [&](HostState& h) { runControl(h, "rm -rf -- " + shellQuote(runDir), "removing the run's files"); });
     for (size_t i = 0; i < hosts.size(); ++i)
         if (!problems[i].empty() && sink) try {
-                sink(core::Event::log("warn", "host " + hosts[i]->host.name +
-                                                  ": could not remove the run's files and processes: " + problems[i]));
+                sink(core::Event::log(
+                    "warn", "host " + hosts[i]->host.name +
+                                ": could not remove the run's files and processes: " + problems[i]));
             } catch (...) {  // the workspace cannot take it either: nothing more to do here
             }
 }
@@ -414,9 +432,10 @@ public:
             std::lock_guard<std::mutex> lk(m_mutex);
             // The same file again: only the newest event can still be fetched.
             const auto name = fs::path(e.text).filename();
-            m_pending.erase(std::remove_if(m_pending.begin(), m_pending.end(),
-                                           [&](const core::Event& p) { return fs::path(p.text).filename() == name; }),
-                            m_pending.end());
+            m_pending.erase(
+                std::remove_if(m_pending.begin(), m_pending.end(),
+                               [&](const core::Event& p) { return fs::path(p.text).filename() == name; }),
+                m_pending.end());
             m_pending.push_back(e);
         }
         m_cv.notify_all();
@@ -433,12 +452,14 @@ public:
         m_closing = true;
         m_cv.notify_all();
         std::optional<std::chrono::steady_clock::time_point> giveUpAt;
-        while (!m_cv.wait_for(lk, std::chrono::milliseconds(200), [&] { return m_pending.empty() && !m_busy; })) {
+        while (!m_cv.wait_for(lk, std::chrono::milliseconds(200),
+                              [&] { return m_pending.empty() && !m_busy; })) {
             if (stop && stop->load() && !giveUpAt)
                 giveUpAt = std::chrono::steady_clock::now() + std::chrono::seconds(stopGraceSec);
             if (giveUpAt && std::chrono::steady_clock::now() > *giveUpAt) {
                 m_abandon = true;
-                m_ready.push_back(core::Event::log("warn", "gave up waiting for the last checkpoint from " + m_name));
+                m_ready.push_back(
+                    core::Event::log("warn", "gave up waiting for the last checkpoint from " + m_name));
                 break;
             }
         }
@@ -469,21 +490,23 @@ private:
                     // The file is the checkpoint the event announced, not a later one written over it.
                     const auto info = core::readCheckpointInfo(target);
                     if (info.sha256 != e.sha256) {
-                        out.push_back(core::Event::log("info", "checkpoint of epoch " + std::to_string(static_cast<int64_t>(e.value)) +
-                                                                   " was replaced on " + m_name + " before it could be fetched"));
+                        out.push_back(core::Event::log(
+                            "info", "checkpoint of epoch " + std::to_string(static_cast<int64_t>(e.value)) +
+                                        " was replaced on " + m_name + " before it could be fetched"));
                     } else {
                         core::Event local = e;
                         local.text = target;
                         out.push_back(local);
-                        out.push_back(core::Event::log("info", "fetched " + fs::path(target).filename().string() + " from " +
-                                                                   m_name + " (" + std::to_string(t.bytes) +
-                                                                   " bytes, SHA-256 checked)"));
+                        out.push_back(core::Event::log(
+                            "info", "fetched " + fs::path(target).filename().string() + " from " + m_name +
+                                        " (" + std::to_string(t.bytes) + " bytes, SHA-256 checked)"));
                     }
                     break;
                 } catch (const std::exception& ex) {
                     session.reset();
                     if (attempt == 1)
-                        out.push_back(core::Event::log("error", std::string("checkpoint not fetched from ") + m_name + ": " + ex.what()));
+                        out.push_back(core::Event::log("error", std::string("checkpoint not fetched from ") +
+                                                                    m_name + ": " + ex.what()));
                 }
             }
             std::lock_guard<std::mutex> lk(m_mutex);
@@ -533,12 +556,14 @@ core::LaunchResult launchChecked(const core::LaunchOptions& base, const RemoteLa
                                  const core::EventSink& sink) {
     using Clock = std::chrono::steady_clock;
     const auto t0 = Clock::now();
-    const auto ms = [](Clock::duration d) { return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()); };
+    const auto ms = [](Clock::duration d) {
+        return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
+    };
     int total = 0;
     for (const auto& h : options.hosts) total += h.slots;
     if (total != base.nproc)
-        throw core::ConfigError("the hosts' slots add up to " + std::to_string(total) + " ranks, the run asks for " +
-                                std::to_string(base.nproc));
+        throw core::ConfigError("the hosts' slots add up to " + std::to_string(total) +
+                                " ranks, the run asks for " + std::to_string(base.nproc));
     auto log = [&](const std::string& level, const std::string& text) {
         if (sink) sink(core::Event::log(level, text));
     };
@@ -549,29 +574,35 @@ core::LaunchResult launchChecked(const core::LaunchOptions& base, const RemoteLa
     if (!problems.empty()) throw core::ConfigError("not launched, nothing was started: " + problems);
     const auto tChecked = Clock::now();
     for (const auto& h : hosts)
-        log("info", "host " + h->host.name + " (" + h->report.address + "): " + h->report.os + " " + h->report.arch + ", " +
-                        std::to_string(h->report.cores) + " cores, " + h->report.lathectlVersion + " at " +
-                        h->report.lathectl + (h->report.staged ? " (staged now)" : "") + "; ranks " +
-                        std::to_string(h->firstRank) + ".." + std::to_string(h->firstRank + h->host.slots - 1));
+        log("info",
+            "host " + h->host.name + " (" + h->report.address + "): " + h->report.os + " " + h->report.arch +
+                ", " + std::to_string(h->report.cores) + " cores, " + h->report.lathectlVersion + " at " +
+                h->report.lathectl + (h->report.staged ? " (staged now)" : "") + "; ranks " +
+                std::to_string(h->firstRank) + ".." + std::to_string(h->firstRank + h->host.slots - 1));
 
     HostState& first = *hosts.front();
     const std::string master = options.masterAddr.empty() ? first.report.address : options.masterAddr;
-    if (master.empty()) throw core::ConfigError("cannot tell the address of host " + first.host.name + "; give --master-addr");
-    const std::string libEnv0 = first.libraryPath.empty() ? "" : "LD_LIBRARY_PATH=" + shellQuote(first.libraryPath) + " ";
-    const std::string portText =
-        first.control->run(libEnv0 + shellQuote(first.report.lathectl) + " free-port --address " + shellQuote(master),
-                           "finding a free port on " + first.host.name + " for " + master, 60);
+    if (master.empty())
+        throw core::ConfigError("cannot tell the address of host " + first.host.name +
+                                "; give --master-addr");
+    const std::string libEnv0 =
+        first.libraryPath.empty() ? "" : "LD_LIBRARY_PATH=" + shellQuote(first.libraryPath) + " ";
+    const std::string portText = first.control->run(
+        libEnv0 + shellQuote(first.report.lathectl) + " free-port --address " + shellQuote(master),
+        "finding a free port on " + first.host.name + " for " + master, 60);
     int port = 0;
     try {
         port = std::stoi(portText);
     } catch (const std::exception&) {
     }
     if (port <= 0 || port > 65535)
-        throw core::ConfigError("host " + first.host.name + ": cannot use " + master + " as the master address (" +
-                                portText.substr(0, portText.find('\n')) + "); give --master-addr");
+        throw core::ConfigError("host " + first.host.name + ": cannot use " + master +
+                                " as the master address (" + portText.substr(0, portText.find('\n')) +
+                                "); give --master-addr");
 
-    const std::string tag = (base.owner.workspaceId.empty() ? std::string("run") : base.owner.workspaceId.substr(0, 8)) +
-                            "-" + std::to_string(base.owner.runId) + "-" + randomTag();
+    const std::string tag =
+        (base.owner.workspaceId.empty() ? std::string("run") : base.owner.workspaceId.substr(0, 8)) + "-" +
+        std::to_string(base.owner.runId) + "-" + randomTag();
     const std::string runDir = std::string(kRunRoot) + "/" + tag;
     struct CleanAll {
         std::vector<std::unique_ptr<HostState>>& hosts;
@@ -585,7 +616,8 @@ core::LaunchResult launchChecked(const core::LaunchOptions& base, const RemoteLa
         }
     } cleanAll{hosts, runDir, sink};
 
-    const std::string resumeName = base.resumeFrom.empty() ? "" : fs::path(base.resumeFrom).filename().string();
+    const std::string resumeName =
+        base.resumeFrom.empty() ? "" : fs::path(base.resumeFrom).filename().string();
     {
         // One thread per host: each uses only its own session.
         std::vector<std::string> errors(hosts.size());
@@ -604,8 +636,8 @@ core::LaunchResult launchChecked(const core::LaunchOptions& base, const RemoteLa
         for (const auto& e : errors)
             if (!e.empty()) throw core::Error("uploading the run's files failed: " + e);
     }
-    log("info", "run files uploaded to ~/" + runDir + " on " + std::to_string(hosts.size()) + " host(s); rendezvous at " +
-                    master + ":" + std::to_string(port));
+    log("info", "run files uploaded to ~/" + runDir + " on " + std::to_string(hosts.size()) +
+                    " host(s); rendezvous at " + master + ":" + std::to_string(port));
 
     const auto tStaged = Clock::now();
     std::vector<std::unique_ptr<core::RankProcess>> ranks;
@@ -616,8 +648,9 @@ core::LaunchResult launchChecked(const core::LaunchOptions& base, const RemoteLa
             const int rank = h->firstRank + local;
             std::string env = "RANK=" + std::to_string(rank) + " LOCAL_RANK=" + std::to_string(local) +
                               " WORLD_SIZE=" + std::to_string(base.nproc) +
-                              " LOCAL_WORLD_SIZE=" + std::to_string(h->host.slots) + " MASTER_ADDR=" + shellQuote(master) +
-                              " MASTER_PORT=" + std::to_string(port) + " LATHE_BIND_ADDR=" + shellQuote(h->report.address) +
+                              " LOCAL_WORLD_SIZE=" + std::to_string(h->host.slots) +
+                              " MASTER_ADDR=" + shellQuote(master) + " MASTER_PORT=" + std::to_string(port) +
+                              " LATHE_BIND_ADDR=" + shellQuote(h->report.address) +
                               " OMP_NUM_THREADS=" + std::to_string(threads) +
                               " OPENBLAS_NUM_THREADS=" + std::to_string(threads);
             if (!h->libraryPath.empty()) env += " LD_LIBRARY_PATH=" + shellQuote(h->libraryPath);
@@ -628,7 +661,8 @@ core::LaunchResult launchChecked(const core::LaunchOptions& base, const RemoteLa
                               shellQuote(runDir + "/checkpoints");
             if (!resumeName.empty()) cmd += " --resume " + shellQuote(runDir + "/resume/" + resumeName);
             if (!base.owner.workspaceId.empty())
-                cmd += " --owner " + shellQuote(base.owner.workspaceId + ":" + std::to_string(base.owner.runId));
+                cmd +=
+                    " --owner " + shellQuote(base.owner.workspaceId + ":" + std::to_string(base.owner.runId));
             auto r = std::make_unique<RemoteRank>(h->host.name, h->host.spec, cmd);
             remoteRanks.push_back(r.get());
             ranks.push_back(std::move(r));
@@ -653,7 +687,8 @@ core::LaunchResult launchChecked(const core::LaunchOptions& base, const RemoteLa
         timed = true;
         log("info", "launch timing: hosts checked in " + ms(tChecked - t0) + " ms, run files staged in " +
                         ms(tStaged - tChecked) + " ms, all " + std::to_string(remoteRanks.size()) +
-                        " ranks running " + ms(last - tStaged) + " ms later; " + ms(last - t0) + " ms in all");
+                        " ranks running " + ms(last - tStaged) + " ms later; " + ms(last - t0) +
+                        " ms in all");
     };
     const auto deliverFetched = [&] {
         if (!fetcher || !sink) return;

@@ -9,10 +9,10 @@
 
 #include <atomic>
 #include <cstdio>
-#include <random>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "lathe/core/sha256.h"
@@ -50,7 +50,8 @@ SftpPtr openSftp(SshSession& s) {
     if (!sftp)
         fail(s, "cannot start SFTP (" + SessionAccess::error(s) +
                     "); the host's sshd_config needs a Subsystem sftp line (Debian's default has one)");
-    if (sftp_init(sftp.get()) != SSH_OK) fail(s, "the SFTP subsystem did not start: " + SessionAccess::error(s));
+    if (sftp_init(sftp.get()) != SSH_OK)
+        fail(s, "the SFTP subsystem did not start: " + SessionAccess::error(s));
     return sftp;
 }
 
@@ -81,7 +82,8 @@ void makeParents(SshSession& s, sftp_session sftp, const std::string& path) {
         if (dir.empty()) continue;
         AttrPtr st(sftp_stat(sftp, dir.c_str()));
         if (st) {
-            if (st->type != SSH_FILEXFER_TYPE_DIRECTORY) fail(s, "cannot create " + dir + ": a file is in the way");
+            if (st->type != SSH_FILEXFER_TYPE_DIRECTORY)
+                fail(s, "cannot create " + dir + ": a file is in the way");
             continue;
         }
         if (sftp_mkdir(sftp, dir.c_str(), 0755) != SSH_OK) {
@@ -116,7 +118,8 @@ std::string shellQuote(const std::string& text) {
 }
 
 std::string remoteSha256(SshSession& session, const std::string& remotePath) {
-    const std::string out = session.run("sha256sum -- " + shellQuote(remotePath), "sha256sum " + remotePath, 300);
+    const std::string out =
+        session.run("sha256sum -- " + shellQuote(remotePath), "sha256sum " + remotePath, 300);
     const std::string digest = firstWord(out);
     if (digest.size() != 64) fail(session, "sha256sum " + remotePath + " printed no digest");
     return digest;
@@ -132,7 +135,8 @@ TransferResult upload(SshSession& session, const std::string& localPath, const s
     const std::string part = remotePath + ".part-" + partSuffix();
     TransferResult result;
     {
-        FilePtr file(sftp_open(sftp.get(), part.c_str(), O_WRONLY | O_CREAT | O_TRUNC, static_cast<mode_t>(mode)));
+        FilePtr file(
+            sftp_open(sftp.get(), part.c_str(), O_WRONLY | O_CREAT | O_TRUNC, static_cast<mode_t>(mode)));
         if (!file) fail(session, "cannot create " + part + ": " + sftpError(session, sftp.get()));
         std::vector<char> buf(kChunk);
         while (in) {

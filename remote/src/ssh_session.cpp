@@ -14,9 +14,9 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <sys/stat.h>
 #include <pwd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -118,7 +118,8 @@ struct SshSession::Impl {
         // The config file first: what it says for this Host (HostName, Port, User, IdentityFile,
         // ProxyJump) fills in; the spec's own fields, set after it, override.
         if (spec.sshConfigFile != "none") {
-            const std::string config = spec.sshConfigFile.empty() ? sshDir + "/config" : expandTilde(spec.sshConfigFile);
+            const std::string config =
+                spec.sshConfigFile.empty() ? sshDir + "/config" : expandTilde(spec.sshConfigFile);
             struct stat st {};
             if (::stat(config.c_str(), &st) == 0) {
                 if (ssh_options_parse_config(session, config.c_str()) != SSH_OK)
@@ -218,14 +219,12 @@ struct SshSession::Impl {
             case SSH_KNOWN_HOSTS_OK:
                 return;
             case SSH_KNOWN_HOSTS_CHANGED:
-                throw HostKeyError(
-                    HostKeyError::Reason::Changed, label(), fingerprint,
-                    "host key differs from the one in " + knownHosts + " (server offered " + keyType + " " +
-                        fingerprint +
-                        "); someone may be intercepting the connection, or the host was "
-                        "reinstalled; if so, remove its old line: ssh-keygen -R '" +
-                        knownHostsName() +
-                        "' -f " + knownHosts);
+                throw HostKeyError(HostKeyError::Reason::Changed, label(), fingerprint,
+                                   "host key differs from the one in " + knownHosts + " (server offered " +
+                                       keyType + " " + fingerprint +
+                                       "); someone may be intercepting the connection, or the host was "
+                                       "reinstalled; if so, remove its old line: ssh-keygen -R '" +
+                                       knownHostsName() + "' -f " + knownHosts);
             case SSH_KNOWN_HOSTS_OTHER:
                 throw HostKeyError(HostKeyError::Reason::Other, label(), fingerprint,
                                    "known_hosts " + knownHosts +
@@ -372,7 +371,8 @@ std::string SshSession::peerAddress() const {
     socklen_t len = sizeof sa;
     if (fd < 0 || ::getpeername(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) return {};
     char host[NI_MAXHOST] = {0};
-    if (::getnameinfo(reinterpret_cast<sockaddr*>(&sa), len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0)
+    if (::getnameinfo(reinterpret_cast<sockaddr*>(&sa), len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) !=
+        0)
         return {};
     return host;
 }
@@ -530,7 +530,9 @@ void SessionAccess::markLost(SshSession& s) noexcept {
     if (s.m_impl) s.m_impl->connected = false;
 }
 std::string SessionAccess::label(const SshSession& s) { return s.m_impl ? s.m_impl->label() : "?"; }
-std::string SessionAccess::error(const SshSession& s) { return s.m_impl ? s.m_impl->libsshError() : "no session"; }
+std::string SessionAccess::error(const SshSession& s) {
+    return s.m_impl ? s.m_impl->libsshError() : "no session";
+}
 }  // namespace detail
 
 }  // namespace lathe::remote

@@ -4,8 +4,8 @@
 // is left in the process table.
 #include <pwd.h>
 #include <signal.h>
-#include <unistd.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -15,13 +15,13 @@
 #include <sstream>
 #include <thread>
 
+#include "data/raw.h"
 #include "lathe/core/checkpoint.h"
 #include "lathe/core/run_spec.h"
 #include "lathe/core/sha256.h"
 #include "lathe/core/store.h"
 #include "training/checkpoint_io.h"
 #include "training/zoo.h"
-#include "data/raw.h"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
@@ -55,12 +55,14 @@ struct Cluster {
     explicit Cluster(Fault fault = Fault::None) {
         fs::create_directories(home + "/.ssh");
         const auto alias = [&](const char* name, const SshdServer& s, int port, const std::string& key) {
-            return std::string("Host ") + name + "\n  HostName " + s.address() + "\n  Port " + std::to_string(port) +
-                   "\n  User " + lathe::remote::test::currentUser() + "\n  IdentityFile " + key + "\n";
+            return std::string("Host ") + name + "\n  HostName " + s.address() + "\n  Port " +
+                   std::to_string(port) + "\n  User " + lathe::remote::test::currentUser() +
+                   "\n  IdentityFile " + key + "\n";
         };
         const int portB = fault == Fault::ClosedPort ? lathe::remote::test::freePort("127.0.0.3") : b.port();
         const std::string keyB = fault == Fault::WrongClientKey ? b.wrongKey() : b.clientKey();
-        writeFile(home + "/.ssh/config", alias("gpu-a", a, a.port(), a.clientKey()) + alias("gpu-b", b, portB, keyB));
+        writeFile(home + "/.ssh/config",
+                  alias("gpu-a", a, a.port(), a.clientKey()) + alias("gpu-b", b, portB, keyB));
         std::string known = "[127.0.0.2]:" + std::to_string(a.port()) + " " + a.hostPublicKey() + "\n";
         if (fault == Fault::ChangedKey)  // another host's key under gpu-b's name
             known += "[127.0.0.3]:" + std::to_string(b.port()) + " " + a.hostPublicKey() + "\n";
@@ -79,7 +81,8 @@ struct Cluster {
 
     // lathectl with this cluster's $HOME (its ssh config and known_hosts) and workspace; no agent.
     std::string command(const std::string& args) const {
-        return "env -u SSH_AUTH_SOCK HOME=" + home + " " + lathe::test::binPath("lathectl") + " " + args + " --db " + db;
+        return "env -u SSH_AUTH_SOCK HOME=" + home + " " + lathe::test::binPath("lathectl") + " " + args +
+               " --db " + db;
     }
     lathe::test::ProcessResult run(const std::string& args) const { return runShell(command(args)); }
 
@@ -89,7 +92,8 @@ struct Cluster {
 // The run's worker processes on any of the hosts (all on this machine), by the owner flag only
 // they carry. [w]orker: the pattern must not match the shell running pgrep.
 std::vector<int> rankPids(const std::string& workspaceId) {
-    const auto r = runShell("pgrep -f -- '[w]orker .*/config.toml --lifeline.*--owner " + workspaceId + ":' || true");
+    const auto r =
+        runShell("pgrep -f -- '[w]orker .*/config.toml --lifeline.*--owner " + workspaceId + ":' || true");
     std::vector<int> pids;
     std::istringstream in(r.out);
     int pid;
@@ -144,7 +148,8 @@ std::vector<torch::Tensor> savedParameters(const lathe::core::Store& store, int6
     REQUIRE(run);
     const auto spec = lathe::core::parseRunSpec(run->config, "run config", false);
     const auto split = lathe::core::data::loadSplit(spec);
-    auto model = lathe::core::makeModel(spec, split.train.shape, static_cast<int64_t>(split.train.classNames.size()));
+    auto model =
+        lathe::core::makeModel(spec, split.train.shape, static_cast<int64_t>(split.train.classNames.size()));
     const auto arts = store.artifacts(runId);
     REQUIRE_FALSE(arts.empty());
     REQUIRE(fs::exists(arts.back().path));
@@ -166,7 +171,8 @@ std::vector<std::string> leftRunDirs(const std::string& workspaceId) {
     const fs::path root = loginHome() / ".cache/lathe/runs";
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(root, ec))
-        if (e.path().filename().string().rfind(workspaceId.substr(0, 8) + "-", 0) == 0) left.push_back(e.path());
+        if (e.path().filename().string().rfind(workspaceId.substr(0, 8) + "-", 0) == 0)
+            left.push_back(e.path());
     return left;
 }
 
@@ -177,8 +183,9 @@ struct Background {
 };
 Background startLongRun(const Cluster& c) {
     Background bg{0, c.dir.file("train.out"), c.dir.file("train.err")};
-    const auto r = runShell("( " + c.command("train --epochs 100000 --threads 1 -q --json --hosts gpu-a:2,gpu-b:2") +
-                            " >" + bg.out + " 2>" + bg.err + " & echo $! )");
+    const auto r =
+        runShell("( " + c.command("train --epochs 100000 --threads 1 -q --json --hosts gpu-a:2,gpu-b:2") +
+                 " >" + bg.out + " 2>" + bg.err + " & echo $! )");
     bg.pid = std::atoi(r.out.c_str());
     return bg;
 }
@@ -194,8 +201,10 @@ int waitExit(int pid, double seconds) {
 
 }  // namespace
 
-TEST_CASE("a 2-host x 2-slot run completes with its metrics and fetched checkpoint and equals a local 4-process run",
-          "[remote][launch][sshd]") {
+TEST_CASE(
+    "a 2-host x 2-slot run completes with its metrics and fetched checkpoint and equals a local 4-process "
+    "run",
+    "[remote][launch][sshd]") {
     if (const std::string why = SshdServer::unavailableReason(); !why.empty()) LATHE_SKIP(why);
     Cluster c;
     const auto ws = c.workspaceId();
@@ -229,7 +238,8 @@ TEST_CASE("a 2-host x 2-slot run completes with its metrics and fetched checkpoi
     CHECK(rj.at("val/loss").get<double>() == lj.at("val/loss").get<double>());
     // The log says where the ranks ran; the run registers as a model like a local one.
     bool placed = false;
-    for (const auto& l : store.logs(rid)) placed |= l.text.find("host gpu-b (127.0.0.3)") != std::string::npos;
+    for (const auto& l : store.logs(rid))
+        placed |= l.text.find("host gpu-b (127.0.0.3)") != std::string::npos;
     CHECK(placed);
     const auto reg = c.run("models register digits-remote --run " + std::to_string(rid));
     INFO(reg.err);
@@ -239,8 +249,10 @@ TEST_CASE("a 2-host x 2-slot run completes with its metrics and fetched checkpoi
     CHECK(leftRunDirs(ws).empty());
 }
 
-TEST_CASE("a host that fails its check stops the launch before any rank starts and the message names host and cause",
-          "[remote][launch][sshd]") {
+TEST_CASE(
+    "a host that fails its check stops the launch before any rank starts and the message names host and "
+    "cause",
+    "[remote][launch][sshd]") {
     if (const std::string why = SshdServer::unavailableReason(); !why.empty()) LATHE_SKIP(why);
     using Fault = Cluster::Fault;
     const std::vector<std::pair<Fault, std::string>> cases{
@@ -284,7 +296,8 @@ TEST_CASE("a remote rank killed mid-run fails the run naming it and every rank o
     CHECK(r.exitCode == 1);
     const auto j = json::parse(r.out);
     CHECK(j.at("status") == "failed");
-    CHECK_THAT(j.at("error").get<std::string>(), Catch::Contains("rank 3 (on gpu-b) was killed by signal KILL"));
+    CHECK_THAT(j.at("error").get<std::string>(),
+               Catch::Contains("rank 3 (on gpu-b) was killed by signal KILL"));
     CHECK(seconds < 150);
     CHECK(noRankWithin(ws, 30));
     CHECK(leftRunDirs(ws).empty());
@@ -305,7 +318,8 @@ TEST_CASE("the launcher killed with SIGKILL mid-run leaves no remote rank after 
     CHECK(noRankWithin(ws, 30));
 }
 
-TEST_CASE("Ctrl+C on a run across hosts stops every rank and the stopped run resumes across the hosts", "[remote][launch][sshd]") {
+TEST_CASE("Ctrl+C on a run across hosts stops every rank and the stopped run resumes across the hosts",
+          "[remote][launch][sshd]") {
     if (const std::string why = SshdServer::unavailableReason(); !why.empty()) LATHE_SKIP(why);
     Cluster c;
     const auto ws = c.workspaceId();
@@ -327,8 +341,8 @@ TEST_CASE("Ctrl+C on a run across hosts stops every rank and the stopped run res
     const auto arts = store.artifacts(id);
     REQUIRE_FALSE(arts.empty());
     const auto epoch = lathe::core::readCheckpointInfo(arts.back().path).epoch;
-    const auto resumed = c.run("train --resume " + std::to_string(id) + " --epochs " + std::to_string(epoch + 1) +
-                               " -q --json --hosts gpu-a:2,gpu-b:2");
+    const auto resumed = c.run("train --resume " + std::to_string(id) + " --epochs " +
+                               std::to_string(epoch + 1) + " -q --json --hosts gpu-a:2,gpu-b:2");
     INFO(resumed.err);
     REQUIRE(resumed.exitCode == 0);
     const auto rj = json::parse(resumed.out);
@@ -338,7 +352,8 @@ TEST_CASE("Ctrl+C on a run across hosts stops every rank and the stopped run res
     CHECK(noRankWithin(ws, 30));
 }
 
-TEST_CASE("a connection dropped mid-run fails the run naming the host and no rank is left", "[remote][launch][sshd]") {
+TEST_CASE("a connection dropped mid-run fails the run naming the host and no rank is left",
+          "[remote][launch][sshd]") {
     if (const std::string why = SshdServer::unavailableReason(); !why.empty()) LATHE_SKIP(why);
     Cluster c;
     const auto ws = c.workspaceId();
@@ -389,7 +404,8 @@ TEST_CASE("staging uploads this lathectl to hosts that lack it and the next run 
     CHECK_THAT(staged.err, Catch::Contains("staged lathectl") && Catch::Contains(" on gpu-a at ") &&
                                Catch::Contains(" on gpu-b at ") && Catch::Contains(".cache/lathe/stage/"));
     int onStaged = 0;
-    for (const auto& l : store.logs(first)) onStaged += l.text.find(".cache/lathe/stage/") != std::string::npos;
+    for (const auto& l : store.logs(first))
+        onStaged += l.text.find(".cache/lathe/stage/") != std::string::npos;
     CHECK(onStaged == 2);
     // A second run finds the staged copy (same version and build) and uploads nothing.
     const auto again = c.run("train" + kTrain + " --hosts gpu-a:1,gpu-b:1");
@@ -398,7 +414,8 @@ TEST_CASE("staging uploads this lathectl to hosts that lack it and the next run 
     const auto second = json::parse(again.out).at("run_id").get<int64_t>();
     int usedStaged = 0;
     CHECK_THAT(again.err, !Catch::Contains("staged lathectl"));
-    for (const auto& l : store.logs(second)) usedStaged += l.text.find(".cache/lathe/stage/") != std::string::npos;
+    for (const auto& l : store.logs(second))
+        usedStaged += l.text.find(".cache/lathe/stage/") != std::string::npos;
     CHECK(usedStaged == 2);
     CHECK(noRankWithin(ws, 30));
     CHECK(fs::exists(stageRoot / tag / "bin/lathectl"));

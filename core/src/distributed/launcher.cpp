@@ -116,8 +116,8 @@ private:
 
 // Starts the ranks of one attempt; throws Error when a pipe or fork fails (the ones already
 // started are killed and reaped by their destructors, their pipes closed).
-std::vector<std::unique_ptr<RankProcess>> startLocalRanks(const LaunchOptions& options, const std::string& program,
-                                                          int port) {
+std::vector<std::unique_ptr<RankProcess>> startLocalRanks(const LaunchOptions& options,
+                                                          const std::string& program, int port) {
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     const std::string threads = std::to_string(std::max(1u, cores / static_cast<unsigned>(options.nproc)));
     std::vector<std::unique_ptr<RankProcess>> ranks;

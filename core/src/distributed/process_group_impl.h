@@ -45,7 +45,8 @@ struct DistContext::Impl {
 #endif
         auto opts = c10d::ProcessGroupGloo::Options::create();
         opts->timeout = timeout;
-        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(bindAddr.empty() ? masterAddr : bindAddr));
+        opts->devices.push_back(
+            c10d::ProcessGroupGloo::createDeviceForHostname(bindAddr.empty() ? masterAddr : bindAddr));
         return c10::make_intrusive<c10d::ProcessGroupGloo>(s, rank, size, opts);
     }
 };

@@ -19,8 +19,8 @@
 
 #include "artifact_io.h"
 #include "data/raw.h"
-#include "lathe/core/store.h"
 #include "lathe/core/sha256.h"
+#include "lathe/core/store.h"
 #include "torch_backend.h"
 #include "training/checkpoint_io.h"
 #include "training/zoo.h"

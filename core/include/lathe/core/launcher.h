@@ -52,9 +52,10 @@ struct LaunchResult {
 
 /// How a rank's process ended.
 struct RankExit {
-    bool clean = false;       // exited 0, or 130 after a stop request
-    bool abrupt = false;      // ended without a say of its own: killed by a signal, or its connection lost
-    std::string description;  // "exited with status 1", "was killed by signal Killed", "lost its connection: …"
+    bool clean = false;   // exited 0, or 130 after a stop request
+    bool abrupt = false;  // ended without a say of its own: killed by a signal, or its connection lost
+    std::string
+        description;  // "exited with status 1", "was killed by signal Killed", "lost its connection: …"
 };
 
 /// One rank's process as the supervisor sees it, wherever it runs: a local child (launchLocal)

@@ -18,7 +18,8 @@ struct HostSpec {
     std::string sshConfigFile;   // empty: ~/.ssh/config (when it exists); "none": no config file
     int connectTimeoutSec = 10;
 
-    // How messages name the host: "gpu-2", "127.0.0.2:2222", "[::1]:2222" (the port only when set and not 22).
+    // How messages name the host: "gpu-2", "127.0.0.2:2222", "[::1]:2222" (the port only when set and not
+    // 22).
     std::string label() const;
     // "user@host:port" in the form parseHostSpec() reads (user and port only when set/non-22).
     std::string toString() const;
@@ -26,8 +27,9 @@ struct HostSpec {
 
 // Parses "[user@]host[:port]"; an IPv6 address with a port goes in brackets ("[::1]:2222");
 // an unbracketed address with several colons is taken as an IPv6 host without a port. Without a
-// port, port stays 0 (the ssh config's, else 22). Other fields keep their defaults. Throws std::invalid_argument with a message naming the input,
-// e.g. "host spec 'gpu:99999': port must be a number from 1 to 65535".
+// port, port stays 0 (the ssh config's, else 22). Other fields keep their defaults. Throws
+// std::invalid_argument with a message naming the input, e.g. "host spec 'gpu:99999': port must be a number
+// from 1 to 65535".
 HostSpec parseHostSpec(std::string_view text);
 
 }  // namespace lathe::remote

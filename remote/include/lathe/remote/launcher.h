@@ -22,8 +22,8 @@ struct RemoteHost {
 struct RemoteLaunchOptions {
     // Rank order: the first host's slots are ranks 0..n-1, the next host's follow, and so on.
     std::vector<RemoteHost> hosts;
-    std::string masterAddr;  // empty: the address this machine reaches the first host at
-    bool stage = false;      // upload this lathectl to hosts (same OS and architecture) lacking it
+    std::string masterAddr;       // empty: the address this machine reaches the first host at
+    bool stage = false;           // upload this lathectl to hosts (same OS and architecture) lacking it
     std::string localProgram;     // this lathectl (staged, and whose version must match); empty: beside us
     std::string expectedVersion;  // what `lathectl --version` must print there ("lathectl 0.1.0")
 };
