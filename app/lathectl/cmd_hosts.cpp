@@ -1,25 +1,20 @@
 // lathectl hosts: the workspace's inventory of SSH hosts (add, list, remove), and for one host
 // (of the inventory, or [user@]host[:port]): can Lathe reach it, is its key the one we know, what
 // does it offer (check), and adding its key to known_hosts after a look at it (trust).
-#include <pwd.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <iterator>
 #include <optional>
-#include <sstream>
 
 #include "cli_common.h"
 #include "hosts_common.h"
 #include "lathe/core/error.h"
 #include "lathe/remote/host_spec.h"
-#include "lathe/remote/ssh_session.h"
+#include "lathe/remote/inventory.h"
 
 namespace lathe::cli {
 namespace {
@@ -28,53 +23,22 @@ namespace fs = std::filesystem;
 
 // ---- addresses and specs -------------------------------------------------------------------
 
-// What an inventory address holds: the host, and the user and port only where written in it
-// ("alice@gpu:2222"); a plain name may be an ssh-config alias.
-struct Address {
-    std::string host;
-    std::string user;  // empty: none written
-    int port = 0;      // 0: none written
-};
-
-Address parseAddress(const std::string& text) {
-    remote::HostSpec spec;
+remote::AddressParts parseAddress(const std::string& text) {
     try {
-        spec = remote::parseHostSpec(text);
-    } catch (const std::invalid_argument& ex) {
+        return remote::splitAddress(text);
+    } catch (const core::ConfigError& ex) {
         throw UsageError(ex.what());
     }
-    Address a;
-    a.host = spec.host;
-    const auto at = text.rfind('@');
-    if (at != std::string::npos) a.user = spec.user;
-    // parseHostSpec fills in its default port when none is written: only a written one counts.
-    // Its rules: "[v6]:port", or "host:port" with exactly one colon.
-    const std::string rest = at == std::string::npos ? text : text.substr(at + 1);
-    const bool portWritten = !rest.empty() && rest.front() == '['
-                                 ? rest.find("]:") != std::string::npos
-                                 : std::count(rest.begin(), rest.end(), ':') == 1;
-    if (portWritten) a.port = spec.port;
-    return a;
 }
 
 }  // namespace
 
 remote::HostSpec specFor(const core::HostRecord& h) {
-    Address a;
     try {
-        a = parseAddress(h.address);
-    } catch (const UsageError& ex) {
-        throw UsageError("host '" + h.name + "' of the workspace: " + ex.what());
+        return remote::hostSpecFor(h);
+    } catch (const core::ConfigError& ex) {
+        throw UsageError(ex.what());
     }
-    remote::HostSpec spec;
-    spec.host = a.host;
-    if (h.port != 0)
-        spec.port = h.port;
-    else if (a.port != 0)
-        spec.port = a.port;
-    spec.user = !h.user.empty() ? h.user : a.user;
-    spec.identityFile = h.identity;
-    return spec;
 }
 
 namespace {
@@ -143,7 +107,7 @@ nlohmann::json hostJson(const core::HostRecord& h) {
 
 void runAdd(const AddState& st) {
     core::Store::validateHostName(st.name);  // before anything is opened or created
-    const Address a = parseAddress(st.address);
+    const remote::AddressParts a = parseAddress(st.address);
     core::HostRecord h;
     h.name = st.name;
     h.address = a.host;
@@ -238,154 +202,77 @@ struct CheckState {
     int timeout = 10;
 };
 
-// A word for the remote shell: single-quoted, and "~/" kept outside the quotes so the remote
-// shell still expands it.
-std::string shellWord(const std::string& text) {
-    std::string rest = text, out;
-    if (rest.rfind("~/", 0) == 0) {
-        out = "\"$HOME\"/";
-        rest = rest.substr(2);
-    }
-    out += "'";
-    for (const char c : rest) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    return out + "'";
+remote::ProbeTarget probeTarget(const Target& target) {
+    remote::ProbeTarget t;
+    t.spec = target.spec;
+    t.name = target.record ? target.record->name : target.spec.label();
+    if (target.record) t.lathectlPath = target.record->lathectl;
+    return t;
 }
 
-// One probe command; each answer on its own tagged line so a missing tool just leaves a gap.
-std::string probeCommand(const std::string& lathectlPath) {
-    std::string probe =
-        "echo \"os=$(uname -sr)\"; echo \"cores=$(nproc 2>/dev/null || echo ?)\"; "
-        "echo \"mem=$(awk '/MemTotal/ {print $2}' /proc/meminfo 2>/dev/null)\"; "
-        "command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi --query-gpu=name,memory.total "
-        "--format=csv,noheader 2>/dev/null | sed 's/^/gpu=/'; ";
-    if (lathectlPath.empty()) {
-        probe += "command -v lathectl >/dev/null 2>&1 && echo \"lathectl=$(lathectl --version)\"; ";
-    } else {
-        const std::string p = shellWord(lathectlPath);
-        probe += "[ -x " + p + " ] && echo \"lathectl=$(" + p + " --version 2>/dev/null)\"; ";
-    }
-    return probe + "true";
+remote::ProbeOptions probeOptions(const CheckState& st) {
+    remote::ProbeOptions o;
+    o.knownHostsFile = st.knownHosts;
+    o.connectTimeoutSec = st.timeout;
+    o.expectedVersion = versionLine();
+    o.trustOnFirstUse = st.trustOnFirstUse;
+    return o;
+}
+
+Target targetOf(const CheckState& st) {
+    Target target = resolveTarget(st.target, st.common.db);
+    if (!st.identity.empty()) target.spec.identityFile = st.identity;
+    return target;
 }
 
 int runCheck(const CheckState& st) {
-    Target target = resolveTarget(st.target, st.common.db);
-    remote::HostSpec& spec = target.spec;
-    if (!st.identity.empty()) spec.identityFile = st.identity;
-    spec.knownHostsFile = st.knownHosts;
-    spec.connectTimeoutSec = st.timeout;
-    const std::string lathectlPath = target.record ? target.record->lathectl : std::string();
-    const bool json = st.common.json;
-    nlohmann::json j{{"host", spec.label()}};
+    const Target target = targetOf(st);
+    const remote::HostProbe p = remote::probeHost(probeTarget(target), probeOptions(st));
+    nlohmann::json j{{"host", target.spec.label()}, {"ok", p.reachable && p.exitStatus == 0}};
     if (target.record) j["name"] = target.record->name;
-    if (!lathectlPath.empty()) j["lathectl_path"] = lathectlPath;
-    try {
-        remote::SshSession session(spec);
-        session.connect(st.trustOnFirstUse ? remote::HostKeyPolicy::TrustOnFirstUse
-                                           : remote::HostKeyPolicy::Strict);
-        j["host_key"] = session.hostKeyFingerprint();
-        std::string out, err;
-        // A wedged nvidia-smi or a host gone quiet must not hang the check: the probe gets a
-        // deadline of its own.
-        const double probeTimeout = std::max(30, 3 * st.timeout);
-        const auto res = session.exec(
-            probeCommand(lathectlPath), [&](std::string_view c) { out.append(c); },
-            [&](std::string_view c) { err.append(c); }, nullptr, probeTimeout);
-        j["exit_status"] = res.exitStatus;
-        if (res.exitStatus != 0 && !err.empty()) j["stderr"] = err.substr(0, 2000);
-        std::istringstream lines(out);
-        std::string line;
-        j["gpus"] = nlohmann::json::array();
-        while (std::getline(lines, line)) {
-            const auto eq = line.find('=');
-            if (eq == std::string::npos) continue;
-            const auto key = line.substr(0, eq), value = line.substr(eq + 1);
-            if (key == "gpu") {
-                j["gpus"].push_back(value);
-            } else if (key == "mem") {
-                if (!value.empty() && value.size() < 16 &&
-                    std::all_of(value.begin(), value.end(), [](unsigned char c) { return std::isdigit(c); }))
-                    j["memory_kb"] = std::stoll(value);
-            } else if (key == "os" || key == "cores" || key == "lathectl") {
-                j[key] = value;  // only the probe's own keys: the remote shell may print anything
-            }
-        }
-        j["lathectl_matches"] = j.contains("lathectl") && j["lathectl"].get<std::string>() == versionLine();
-        j["ok"] = res.exitStatus == 0;
-    } catch (const remote::SshError& ex) {
-        if (json) {
-            j["ok"] = false;
-            j["error"] = ex.what();
+    if (!p.lathectlPath.empty()) j["lathectl_path"] = p.lathectlPath;
+    if (!p.reachable) {
+        j["error"] = p.problem;
+        if (!p.fingerprint.empty()) j["offered_key"] = p.fingerprint;
+        if (st.common.json)
             std::cout << j.dump() << std::endl;
-        } else {
-            std::cerr << "lathectl: " << ex.what() << "\n";
-        }
+        else
+            std::cerr << "lathectl: " << p.problem << "\n";
         return kRunFailed;
     }
-    if (json) {
+    j["host_key"] = p.fingerprint;
+    j["address"] = p.address;
+    j["exit_status"] = p.exitStatus;
+    if (!p.probeStderr.empty()) j["stderr"] = p.probeStderr;
+    if (!p.os.empty()) j["os"] = p.os;
+    if (!p.arch.empty()) j["arch"] = p.arch;
+    if (p.cores > 0) j["cores"] = std::to_string(p.cores);
+    if (p.memoryKb > 0) j["memory_kb"] = p.memoryKb;
+    j["gpus"] = p.gpus;
+    if (!p.lathectlVersion.empty()) j["lathectl"] = p.lathectlVersion;
+    j["lathectl_matches"] = p.lathectlMatches;
+    if (st.common.json) {
         std::cout << j.dump() << std::endl;
         return j["ok"].get<bool>() ? kOk : kRunFailed;
     }
-    std::printf("%s: reachable, host key %s\n", target.label().c_str(),
-                j["host_key"].get<std::string>().c_str());
-    for (const char* k : {"os", "cores"})
-        if (j.contains(k)) std::printf("  %-9s %s\n", k, j[k].get<std::string>().c_str());
-    if (j.contains("memory_kb"))
-        std::printf("  %-9s %.1f GiB\n", "memory",
-                    static_cast<double>(j["memory_kb"].get<int64_t>()) / (1 << 20));
-    if (j.contains("lathectl")) {
-        const auto theirs = j["lathectl"].get<std::string>();
-        const std::string note =
-            j["lathectl_matches"].get<bool>() ? "same as this one" : "this one is " + versionLine();
-        std::printf("  %-9s %s (%s)\n", "lathectl", theirs.c_str(), note.c_str());
-    } else if (!lathectlPath.empty()) {
-        std::printf("  %-9s not found at %s\n", "lathectl", lathectlPath.c_str());
+    std::printf("%s: reachable, host key %s\n", target.label().c_str(), p.fingerprint.c_str());
+    if (!p.os.empty()) std::printf("  %-9s %s%s\n", "os", p.os.c_str(), p.arch.empty() ? "" : (" " + p.arch).c_str());
+    if (p.cores > 0) std::printf("  %-9s %d\n", "cores", p.cores);
+    if (p.memoryKb > 0)
+        std::printf("  %-9s %.1f GiB\n", "memory", static_cast<double>(p.memoryKb) / (1 << 20));
+    if (!p.lathectlVersion.empty()) {
+        const std::string note = p.lathectlMatches ? "same as this one" : "this one is " + versionLine();
+        std::printf("  %-9s %s (%s)\n", "lathectl", p.lathectlVersion.c_str(), note.c_str());
+    } else if (!p.lathectlPath.empty()) {
+        std::printf("  %-9s not found at %s\n", "lathectl", p.lathectlPath.c_str());
     }
-    for (const auto& g : j["gpus"]) std::printf("  gpu       %s\n", g.get<std::string>().c_str());
-    if (j["gpus"].empty()) std::printf("  gpu       none found (no nvidia-smi)\n");
-    if (j.contains("stderr"))
-        std::printf("  probe exited with status %d: %s\n", j["exit_status"].get<int>(),
-                    j["stderr"].get<std::string>().c_str());
+    for (const auto& g : p.gpus) std::printf("  gpu       %s\n", g.c_str());
+    if (p.gpus.empty()) std::printf("  gpu       none found (no nvidia-smi)\n");
+    if (!p.problem.empty()) std::printf("  %s\n", p.problem.c_str());
     return j["ok"].get<bool>() ? kOk : kRunFailed;
 }
 
 // ---- trust ---------------------------------------------------------------------------------
-
-// The file SshSession reads: as given (with "~/" from $HOME), else ~/.ssh/known_hosts.
-std::string knownHostsPath(const std::string& given) {
-    std::string home;
-    if (const char* h = std::getenv("HOME"); h && *h)
-        home = h;
-    else if (const passwd* pw = ::getpwuid(::getuid()); pw && pw->pw_dir)
-        home = pw->pw_dir;
-    else
-        home = "/";
-    if (given.empty()) return home + "/.ssh/known_hosts";
-    if (given == "~") return home;
-    if (given.rfind("~/", 0) == 0) return home + given.substr(1);
-    return given;
-}
-
-std::optional<std::string> readIfExists(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return std::nullopt;
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-// Puts known_hosts back as it was (through a temporary name), or removes it if it was not there.
-void restoreFile(const std::string& path, const std::optional<std::string>& before) {
-    std::error_code ec;
-    if (!before) {
-        fs::remove(path, ec);
-        return;
-    }
-    const std::string tmp = path + ".lathe-restore";
-    {
-        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-        out << *before;
-        if (!out) return;
-    }
-    fs::rename(tmp, path, ec);
-}
 
 bool askYes(const std::string& question) {
     std::cerr << question << std::flush;
@@ -399,45 +286,27 @@ bool askYes(const std::string& question) {
 }
 
 int runTrust(const CheckState& st) {
-    Target target = resolveTarget(st.target, st.common.db);
-    remote::HostSpec& spec = target.spec;
-    if (!st.identity.empty()) spec.identityFile = st.identity;
-    spec.knownHostsFile = st.knownHosts;
-    spec.connectTimeoutSec = st.timeout;
-    const std::string file = knownHostsPath(st.knownHosts);
-    const std::string label = target.label();
+    const Target target = targetOf(st);
+    const remote::ProbeTarget pt = probeTarget(target);
+    remote::ProbeOptions options = probeOptions(st);
+    options.trustOnFirstUse = false;
 
     // First look without adding anything: known, changed, or unknown with this fingerprint.
-    std::string offered;
-    {
-        remote::SshSession session(spec);
-        try {
-            session.connect(remote::HostKeyPolicy::Strict);
-            std::printf("host %s: already trusted (host key %s in %s)\n", label.c_str(),
-                        session.hostKeyFingerprint().c_str(), file.c_str());
+    const remote::KeyLook look = remote::lookAtHostKey(pt, options);
+    switch (look.result) {
+        case remote::KeyLook::Result::Trusted:
+            std::printf("%s\n", look.message.c_str());
             return kOk;
-        } catch (const remote::HostKeyError& ex) {
+        case remote::KeyLook::Result::Refused:
             // A changed key (or one of another type) is never added: that is for a person to
             // resolve on the host and in known_hosts.
-            if (ex.reason() != remote::HostKeyError::Reason::Unknown || ex.fingerprint().empty()) {
-                std::cerr << "lathectl: " << ex.what() << "\n";
-                return kRunFailed;
-            }
-            offered = ex.fingerprint();
-        } catch (const remote::SshError& ex) {
-            if (ex.kind() != remote::SshError::Kind::Auth) {
-                std::cerr << "lathectl: " << ex.what() << "\n";
-                return kRunFailed;
-            }
-            // The host key is verified before authentication is tried: it is known.
-            std::printf("host %s: already trusted (host key %s in %s)\n", label.c_str(),
-                        session.hostKeyFingerprint().c_str(), file.c_str());
-            std::cerr << "lathectl: note: " << ex.what() << "\n";
-            return kOk;
-        }
+            std::cerr << "lathectl: " << look.message << "\n";
+            return kRunFailed;
+        case remote::KeyLook::Result::Unknown:
+            break;
     }
 
-    std::printf("host %s offers key %s\n", label.c_str(), offered.c_str());
+    std::printf("%s\n", look.message.c_str());
     std::fflush(stdout);
     const std::string hostsOwn =
         "the host's own (ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub on the host)";
@@ -446,40 +315,20 @@ int runTrust(const CheckState& st) {
         if (!::isatty(STDIN_FILENO))
             throw UsageError("not added: pass --yes after comparing the fingerprint with " + hostsOwn);
         std::cerr << "Compare it with " << hostsOwn << ".\n";
-        if (!askYes("Add this key to " + file + "? [y/N] ")) {
+        if (!askYes("Add this key to " + look.knownHostsFile + "? [y/N] ")) {
             std::printf("not added\n");
             return kRunFailed;
         }
     }
 
     // Again, now adding the key: it must be the one just shown, or nothing stays added.
-    const auto before = readIfExists(file);
-    remote::SshSession session(spec);
-    std::optional<std::string> failure;
-    std::string authNote;
-    try {
-        session.connect(remote::HostKeyPolicy::TrustOnFirstUse);
-    } catch (const remote::HostKeyError& ex) {
-        failure = ex.what();
-    } catch (const remote::SshError& ex) {
-        if (ex.kind() == remote::SshError::Kind::Auth)
-            authNote = ex.what();  // after the key was verified and added
-        else
-            failure = ex.what();
-    }
-    if (!failure && session.hostKeyFingerprint() != offered) {
-        if (readIfExists(file) != before) restoreFile(file, before);
-        std::cerr << "lathectl: host " << label << " offered another key on the second connection ("
-                  << session.hostKeyFingerprint() << ", not " << offered
-                  << "); not added: someone may be intercepting the connection\n";
+    const remote::TrustResult t = remote::trustHostKey(pt, look.fingerprint, options);
+    if (!t.added) {
+        std::cerr << "lathectl: " << t.message << "\n";
         return kRunFailed;
     }
-    if (failure) {
-        std::cerr << "lathectl: " << *failure << "\n";
-        return kRunFailed;
-    }
-    std::printf("host %s: key %s added to known_hosts (%s)\n", label.c_str(), offered.c_str(), file.c_str());
-    if (!authNote.empty()) std::cerr << "lathectl: note: " << authNote << "\n";
+    std::printf("%s\n", t.message.c_str());
+    if (!t.note.empty()) std::cerr << "lathectl: note: " << t.note << "\n";
     return kOk;
 }
 

@@ -394,7 +394,7 @@ void HostsView::askTrust(const core::HostRecord& host, const KeyLook& look) {
     const std::string offered = look.fingerprint;
     runInBackground<TrustResult>([host, offered, options] { return trustHostKey(host, offered, options); },
                                  [this, name](const TrustResult& r) {
-                                     finishTrust(name, r.added, q(r.message));
+                                     finishTrust(name, r.added, q(r.note.empty() ? r.message : r.message + " (but " + r.note + ")"));
                                      if (r.added) {
                                          checkHost(name);
                                          return;
