@@ -256,7 +256,8 @@ int runCheck(const CheckState& st) {
         return j["ok"].get<bool>() ? kOk : kRunFailed;
     }
     std::printf("%s: reachable, host key %s\n", target.label().c_str(), p.fingerprint.c_str());
-    if (!p.os.empty()) std::printf("  %-9s %s%s\n", "os", p.os.c_str(), p.arch.empty() ? "" : (" " + p.arch).c_str());
+    if (!p.os.empty())
+        std::printf("  %-9s %s%s\n", "os", p.os.c_str(), p.arch.empty() ? "" : (" " + p.arch).c_str());
     if (p.cores > 0) std::printf("  %-9s %d\n", "cores", p.cores);
     if (p.memoryKb > 0)
         std::printf("  %-9s %.1f GiB\n", "memory", static_cast<double>(p.memoryKb) / (1 << 20));

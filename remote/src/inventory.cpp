@@ -237,8 +237,8 @@ KeyLook lookAtHostKey(const ProbeTarget& target, const ProbeOptions& options) {
             session.connect(HostKeyPolicy::Strict);
             look.result = KeyLook::Result::Trusted;
             look.fingerprint = session.hostKeyFingerprint();
-            look.message = "host " + target.name + ": already trusted (host key " + look.fingerprint + " in " +
-                           look.knownHostsFile + ")";
+            look.message = "host " + target.name + ": already trusted (host key " + look.fingerprint +
+                           " in " + look.knownHostsFile + ")";
         } catch (const HostKeyError& ex) {
             // A changed key (or one of another type) is never added: that is for a person to
             // resolve on the host and in known_hosts.

@@ -392,18 +392,19 @@ void HostsView::askTrust(const core::HostRecord& host, const KeyLook& look) {
     setStatusText(tr("Adding the key of %1…").arg(name));
     const ProbeOptions options = probeOptions();
     const std::string offered = look.fingerprint;
-    runInBackground<TrustResult>([host, offered, options] { return trustHostKey(host, offered, options); },
-                                 [this, name](const TrustResult& r) {
-                                     finishTrust(name, r.added, q(r.note.empty() ? r.message : r.message + " (but " + r.note + ")"));
-                                     if (r.added) {
-                                         checkHost(name);
-                                         return;
-                                     }
-                                     auto* box = new QMessageBox(QMessageBox::Warning, tr("Key not added"),
-                                                                 q(r.message), QMessageBox::Ok, this);
-                                     box->setAttribute(Qt::WA_DeleteOnClose);
-                                     box->open();
-                                 });
+    runInBackground<TrustResult>(
+        [host, offered, options] { return trustHostKey(host, offered, options); },
+        [this, name](const TrustResult& r) {
+            finishTrust(name, r.added, q(r.note.empty() ? r.message : r.message + " (but " + r.note + ")"));
+            if (r.added) {
+                checkHost(name);
+                return;
+            }
+            auto* box = new QMessageBox(QMessageBox::Warning, tr("Key not added"), q(r.message),
+                                        QMessageBox::Ok, this);
+            box->setAttribute(Qt::WA_DeleteOnClose);
+            box->open();
+        });
 }
 
 void HostsView::finishTrust(const QString& name, bool trusted, const QString& message) {
