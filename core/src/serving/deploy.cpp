@@ -304,9 +304,14 @@ std::string hostOf(const std::string& url) {
 // (a timeout, a dropped connection) while the server goes on and switches anyway, so what the
 // server serves afterwards decides, never the request alone.
 // `token`: the server's control token ("" for a server deployed before tokens existed).
-void hotSwap(const Deployment& live, const ModelVersion& v, const DeployOptions& o,
-             const std::string& token) {
-    const json body{{"parameters", {{"version", std::to_string(v.version)}}}};
+// `remotePath`: for a server without a registry (on another host), the artifact's path there.
+void hotSwap(const Deployment& live, const ModelVersion& v, const DeployOptions& o, const std::string& token,
+             const std::string& remotePath = {}) {
+    json body{{"parameters", {{"version", std::to_string(v.version)}}}};
+    if (!remotePath.empty()) {
+        body["parameters"]["path"] = remotePath;
+        body["parameters"]["sha256"] = v.sha256;
+    }
     std::string lost;
     std::optional<HttpResult> r;
     try {
@@ -345,6 +350,140 @@ void hotSwap(const Deployment& live, const ModelVersion& v, const DeployOptions&
                 ". If the load finishes later, deploy v" + std::to_string(v.version) + " again to record it");
 }
 
+bool remoteTarget(const std::string& target) { return target.rfind("ssh:", 0) == 0; }
+
+std::shared_ptr<ServerHost> hostOfTarget(const DeployOptions& o, const std::string& target) {
+    if (o.on && o.on->target() == target) return o.on;
+    if (!o.hostFor) throw ConfigError("the deployment runs on " + target + ", which this program cannot reach");
+    return o.hostFor(target);
+}
+
+// Records `d` (a few tries when the workspace is busy), or says what serves and how to record it.
+int64_t recordSwapped(Registry& registry, const Deployment& d, const std::string& url, const ModelVersion& v) {
+    for (int attempt = 0;; ++attempt) {
+        try {
+            return registry.recordDeployment(d);
+        } catch (const std::exception& ex) {
+            if (attempt >= 2)
+                throw Error(url + " now serves " + v.name + " v" + std::to_string(v.version) +
+                            ", but the deployment history could not be updated (" + ex.what() + "); run `lathectl deploy " +
+                            v.name + ":" + std::to_string(v.version) + "` again to record it");
+            std::this_thread::sleep_for(std::chrono::seconds(1));
+        }
+    }
+}
+
+// A deployment on another host (o.on, or a live one recorded there): the same steps as on this
+// machine, each through the ServerHost. A host that cannot be reached changes nothing: its
+// server is never written off as gone.
+DeployResult deployElsewhere(Registry& registry, const ModelVersion& v, const std::optional<Deployment>& live,
+                             const DeployOptions& o) {
+    DeployResult result;
+    if (live && remoteTarget(live->target) && (!o.on || o.on->target() == live->target)) {
+        auto host = hostOfTarget(o, live->target);
+        if (host->isServer(live->pid, live->instance)) {
+            if (!deploymentUp(*live, 1.0) && !deploymentUp(*live, 10.0))
+                throw Error(v.name + "'s server on " + live->target + " (pid " + std::to_string(live->pid) + ", " +
+                            live->url + ") is running but does not answer /v2/health/ready; nothing was changed. Its log " +
+                            live->logPath + " there ends:" + host->logTail(live->logPath));
+            if (serverInstance(live->url) != live->instance)
+                throw Error("the server answering at " + live->url + " is not the one recorded for " + v.name +
+                            "; nothing was changed");
+            if (o.port != 0 && o.port != portOf(live->url))
+                throw ConfigError(v.name + " is live at " + live->url + "; undeploy it first to move it to port " +
+                                  std::to_string(o.port));
+            result.previousVersion = live->version;
+            if (live->version == v.version && o.action == "deploy")
+                throw ConfigError(v.name + " v" + std::to_string(v.version) + " is already live at " + live->url);
+            say(o, "copying " + v.name + " v" + std::to_string(v.version) + " to " + live->target);
+            const std::string path = host->stageArtifact(v.path, v.sha256);
+            say(o, "hot-swapping " + v.name + " v" + std::to_string(live->version) + " -> v" +
+                       std::to_string(v.version) + " at " + live->url);
+            hotSwap(*live, v, o, registry.deploymentToken(live->instance), path);
+            Deployment d = *live;
+            d.id = 0;
+            d.version = v.version;
+            d.actor = o.actor;
+            d.action = o.action;
+            d.reason = o.reason;
+            d.startedAt = 0;
+            d.endedAt = 0;
+            d.endReason.clear();
+            d.id = recordSwapped(registry, d, live->url, v);
+            result.deployment = d;
+            say(o, v.name + " v" + std::to_string(v.version) + " is live at " + d.url);
+            return result;
+        }
+        registry.endDeployment(live->id, "server not running");
+        result.previousVersion = live->version;
+    } else if (live) {
+        throw ConfigError(v.name + " is live at " + live->url + " (" + live->target + "); undeploy it first to move it to " +
+                          (o.on ? o.on->target() : std::string("this machine")));
+    }
+    auto host = o.on;
+    const std::string address = host->address();
+    const uint16_t port = o.port != 0 ? o.port : host->freePort();
+    say(o, "copying " + v.name + " v" + std::to_string(v.version) + " to " + host->target());
+    const std::string path = host->stageArtifact(v.path, v.sha256);
+    Deployment d;
+    d.model = v.name;
+    d.version = v.version;
+    d.target = host->target();
+    d.actor = o.actor;
+    d.action = o.action;
+    d.reason = o.reason;
+    d.instance = instanceToken();
+    d.url = "http://" + address + ":" + std::to_string(port);
+    const std::string secret = controlToken();
+    registry.storeDeploymentToken(d.instance, secret);
+    struct ForgetUnlessRecorded {
+        Registry& registry;
+        const std::string& instance;
+        bool recorded = false;
+        ~ForgetUnlessRecorded() {
+            if (recorded) return;
+            try {
+                registry.forgetDeploymentToken(instance);
+            } catch (...) {
+            }
+        }
+    } forget{registry, d.instance};
+    std::vector<std::string> args{"serve",  "--file", path, "--name", v.name, "--version", std::to_string(v.version),
+                                  "--host", address,  "--port", std::to_string(port), "--instance-id", d.instance};
+    args.insert(args.end(), o.serverArgs.begin(), o.serverArgs.end());
+    say(o, "starting a server on " + host->target() + " at " + d.url);
+    d.pid = host->startServer(args, secret, d.logPath);
+    try {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.readyTimeoutS);
+        for (;;) {
+            if (serverInstance(d.url) == d.instance && deploymentUp(d, 1.0) && servedVersion(d.url, v.name, 2) == v.version)
+                break;
+            if (!host->isServer(d.pid, d.instance))
+                throw Error("the server for " + v.name + " on " + host->target() + " exited before it was ready; its log " +
+                            d.logPath + " there ends:" + host->logTail(d.logPath));
+            if (std::chrono::steady_clock::now() > deadline)
+                throw Error("the server for " + v.name + " on " + host->target() + " was not ready within " +
+                            seconds(o.readyTimeoutS) + " s; stopped it. Its log " + d.logPath + " there ends:" +
+                            host->logTail(d.logPath));
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        }
+        host->serverStarted(d.instance);
+        d.id = registry.recordDeployment(d);
+    } catch (...) {
+        try {
+            host->stopServer(d.pid, d.instance);
+        } catch (...) {  // the first error says what went wrong
+        }
+        throw;
+    }
+    forget.recorded = true;
+    result.deployment = d;
+    result.started = true;
+    say(o, v.name + " v" + std::to_string(v.version) + " is live at " + d.url + " on " + host->target() + " (pid " +
+               std::to_string(d.pid) + " there)");
+    return result;
+}
+
 DeployResult deployLocked(Registry& registry, const ModelVersion& v, const ModelRef& ref,
                           const DeployOptions& o) {
     say(o, ref.str() == v.name + ":" + std::to_string(v.version)
@@ -352,6 +491,7 @@ DeployResult deployLocked(Registry& registry, const ModelVersion& v, const Model
                : "deploying " + ref.str() + " (v" + std::to_string(v.version) + ")");
     DeployResult result;
     auto live = registry.liveDeployment(v.name);
+    if (o.on || (live && remoteTarget(live->target))) return deployElsewhere(registry, v, live, o);
     if (live && live->target == "local" && isServerOf(*live)) {
         // Our server's process is running: it is hot-swapped or nothing happens. It is never
         // written off as dead while it runs, which would leave it serving with no record.
@@ -574,10 +714,20 @@ DeployResult rollback(Registry& registry, const std::string& model, const Deploy
                       std::to_string(current) + ")");
 }
 
-void undeploy(Registry& registry, const std::string& model) {
+void undeploy(Registry& registry, const std::string& model, const ServerHostFor& hostFor) {
     const auto lock = modelLock(registry, model);
     const auto live = registry.liveDeployment(model);
     if (!live) throw ConfigError(model + " is not deployed");
+    if (remoteTarget(live->target)) {
+        // A host that cannot be reached throws here: the record stays live (its server may run).
+        if (!hostFor) throw ConfigError(model + " runs on " + live->target + ", which this program cannot reach");
+        const auto host = hostFor(live->target);
+        if (host->isServer(live->pid, live->instance)) host->stopServer(live->pid, live->instance);
+        registry.endDeployment(live->id, "undeployed");
+        for (const auto& a : registry.alerts(model))
+            if (a.resolvedAt == 0) registry.resolveAlert(a.id, nowSeconds());
+        return;
+    }
     const bool legacy = live->target == "local" && live->instance.empty();
     if (live->target == "local" && isServerOf(*live)) {
         const auto pid = static_cast<pid_t>(live->pid);

@@ -225,6 +225,49 @@ void Session::serveRepositoryIndex(const RouteParams&) {
 
 void Session::serveLoad(const RouteParams& p) { loadModel(p.get("model")); }
 
+// A server without a registry (started with --file, as a remote deployment is) loads a file
+// already on its host: {"parameters": {"version": "3", "path": "/…/model.lathe", "sha256": "…"}}.
+// Only through the control API, which beyond loopback needs the deployment's token.
+void Session::loadFile(const std::string& name) {
+    ServedModel m;
+    std::string sha;
+    try {
+        checkModelName(name);
+        m.name = name;
+        const auto j = nlohmann::json::parse(m_request.body().empty() ? std::string("{}") : m_request.body());
+        const auto params = j.value("parameters", nlohmann::json::object());
+        if (!params.contains("path") || !params.contains("version"))
+            return sendError(400,
+                             "this server was started with --file and has no registry: a load names the "
+                             "artifact's \"path\" on this host, its \"version\" and its \"sha256\"");
+        m.path = params.at("path").get<std::string>();
+        const auto& v = params["version"];
+        m.version = v.is_string() ? std::stoll(v.get<std::string>()) : v.get<int64_t>();
+        if (m.version <= 0) throw ConfigError("`version` must be a positive number");
+        sha = params.value("sha256", std::string());
+        if (sha.size() != 64) throw ConfigError("`sha256` must be the artifact's SHA-256 (64 hex digits)");
+    } catch (const std::exception& ex) {
+        return sendError(400, std::string("bad load request: ") + ex.what());
+    }
+    std::lock_guard<std::mutex> lk(m_server->loadersMutex);
+    m_server->loaders.emplace_back([self = shared_from_this(), m, sha] {
+        int status = 200;
+        std::string body;
+        try {
+            self->m_server->load(m, sha);
+            body = jsonOk({{"name", m.name}, {"version", std::to_string(m.version)}});
+        } catch (const ConfigError& ex) {
+            status = 400;
+            body = errorBody(ex.what());
+        } catch (const std::exception& ex) {
+            status = 500;
+            body = errorBody(std::string("load failed, the previous version keeps serving: ") + ex.what());
+        }
+        net::post(self->m_stream.get_executor(),
+                  [self, status, body = std::move(body)]() mutable { self->send(status, std::move(body)); });
+    });
+}
+
 void Session::serveModelMetadata(const RouteParams& p) {
     send(200, modelMetadata(p.get("model"), m_model->version(), m_model->signature()));
 }
@@ -287,9 +330,7 @@ void Session::answer(const LoadedModel& model, const std::string& id, int64_t ro
 }
 
 void Session::loadModel(const std::string& name) {
-    if (m_server->options.workspace.empty())
-        return sendError(400,
-                         "this server was started with --file and has no registry to load versions from");
+    if (m_server->options.workspace.empty()) return loadFile(name);
     ModelRef ref;
     try {
         checkModelName(name);

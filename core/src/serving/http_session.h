@@ -54,6 +54,7 @@ private:
     void infer(const std::shared_ptr<ModelSlot>& slot, std::shared_ptr<LoadedModel> model);
     void answer(const LoadedModel& model, const std::string& id, int64_t rows, bool binary, BatchResult& r);
     void loadModel(const std::string& name);
+    void loadFile(const std::string& name);
 
     // `jsonLength` >= 0: a binary tensor data body, whose JSON part is that long.
     void send(int status, std::string body, const char* type = "application/json", int64_t jsonLength = -1);

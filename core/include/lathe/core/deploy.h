@@ -2,16 +2,50 @@
 // Deploy, roll back and undeploy registered models. A local deployment is a detached
 // `lathectl serve` process (it outlives the command or GUI that started it) whose pid, URL and log
 // are recorded in the workspace; deploying to a model that already has a live server hot-swaps the
-// version through the server's repository API instead of restarting it. Remote targets (SSH) will
-// sit beside the local launcher behind the same functions.
+// version through the server's repository API instead of restarting it. A deployment on another
+// host runs the same server there, started and stopped through a ServerHost (over SSH:
+// lathe::remote::sshServerHost), with the artifact copied there and checked.
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "lathe/core/registry.h"
 
 namespace lathe::core {
+
+/// Where a server runs when it is not this machine: how to put a model there, start, recognise
+/// and stop its server. Every call may throw Error (the host cannot be reached: nothing is
+/// decided about its server then).
+class ServerHost {
+public:
+    virtual ~ServerHost() = default;
+    /// The deployment's recorded target, "ssh:NAME".
+    virtual std::string target() const = 0;
+    /// The address the server listens on and clients reach it at.
+    virtual std::string address() = 0;
+    /// A TCP port free on address() now.
+    virtual uint16_t freePort() = 0;
+    /// The artifact's path there, copied if it is not there yet (SHA-256 checked).
+    virtual std::string stageArtifact(const std::string& localPath, const std::string& sha256) = 0;
+    /// Starts `lathectl serve` with `serveArgs` there, detached (it outlives the connection), with
+    /// `token` as its control token by a private file, never its command line. Returns its pid
+    /// there; `logPath` receives the path of its log there.
+    virtual int64_t startServer(const std::vector<std::string>& serveArgs, const std::string& token,
+                                std::string& logPath) = 0;
+    /// The server has read its token: the file goes.
+    virtual void serverStarted(const std::string& instance) = 0;
+    /// Whether `pid` there is the `lathectl serve` with this --instance-id.
+    virtual bool isServer(int64_t pid, const std::string& instance) = 0;
+    /// SIGTERM to that server (only if it is it), SIGKILL after 10 s.
+    virtual void stopServer(int64_t pid, const std::string& instance) = 0;
+    /// The last lines of a log there.
+    virtual std::string logTail(const std::string& logPath) = 0;
+};
+
+/// Reaches the host of a recorded target ("ssh:gpu-a"); throws Error when it is unknown.
+using ServerHostFor = std::function<std::shared_ptr<ServerHost>(const std::string& target)>;
 
 struct DeployOptions {
     uint16_t port = 0;          // 0 = the model's current port, else 8500 (or the next free one)
@@ -23,6 +57,10 @@ struct DeployOptions {
     std::string reason;
     double readyTimeoutS = 60;
     std::function<void(const std::string&)> progress;  // human-readable steps
+    /// A new server's host; empty: this machine.
+    std::shared_ptr<ServerHost> on;
+    /// Reaches the host of a live deployment elsewhere (hot swap, rollback).
+    ServerHostFor hostFor;
 };
 
 struct DeployResult {
@@ -43,7 +81,7 @@ DeployResult rollback(Registry& registry, const std::string& model, const Deploy
 /// signalled. A record without an instance id (older workspaces) is ended without signalling
 /// anything; when its pid still runs something that looks like its server, Error says how to stop
 /// it by hand (after the record was ended).
-void undeploy(Registry& registry, const std::string& model);
+void undeploy(Registry& registry, const std::string& model, const ServerHostFor& hostFor = {});
 /// Whether a deployment's server answers /v2/health/ready now.
 bool deploymentUp(const Deployment& d, double timeoutS = 1.0);
 
