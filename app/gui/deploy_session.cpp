@@ -24,19 +24,20 @@ std::string DeploySession::serverProgram() const {
     return (QCoreApplication::applicationDirPath() + QStringLiteral("/lathectl")).toStdString();
 }
 
-bool DeploySession::deploy(const QString& model, qint64 version) {
-    return launch(QStringLiteral("deploy"), model, version);
+bool DeploySession::deploy(const QString& model, qint64 version, const QString& host) {
+    return launch(QStringLiteral("deploy"), model, version, host);
 }
 
 bool DeploySession::rollback(const QString& model) { return launch(QStringLiteral("rollback"), model, 0); }
 
-bool DeploySession::launch(const QString& action, const QString& model, qint64 version) {
+bool DeploySession::launch(const QString& action, const QString& model, qint64 version, const QString& host) {
     if (m_busy || m_thread.joinable() || !m_registry) return false;
     m_busy = true;
     core::DeployOptions options;
     options.serverProgram = serverProgram();
     options.readyTimeoutS = m_readyTimeoutS;
     options.actor = "user";
+    options.hostFor = m_hosts;
     options.progress = [this](const std::string& line) {
         // Queued to the GUI thread; `this` outlives the worker (the destructor joins it).
         QMetaObject::invokeMethod(
@@ -44,12 +45,16 @@ bool DeploySession::launch(const QString& action, const QString& model, qint64 v
             Qt::QueuedConnection);
     };
     Q_EMIT started(action, model);
-    m_thread = std::thread([this, registry = m_registry, action, model, version, options] {
+    m_thread = std::thread([this, registry = m_registry, action, model, version, host, options]() mutable {
         DeployOutcome out;
         out.action = action;
         out.model = model;
         const std::string name = model.toStdString();
         try {
+            if (!host.isEmpty()) {
+                if (!options.hostFor) throw core::ConfigError("this workbench cannot reach other hosts");
+                options.on = options.hostFor("ssh:" + host.toStdString());
+            }
             core::DeployResult r;
             if (action == QLatin1String("rollback")) {
                 r = core::rollback(*registry, name, options);
@@ -62,6 +67,7 @@ bool DeploySession::launch(const QString& action, const QString& model, qint64 v
             out.version = r.deployment.version;
             out.previousVersion = r.previousVersion;
             out.url = QString::fromStdString(r.deployment.url);
+            out.target = QString::fromStdString(r.deployment.target);
             out.started = r.started;
         } catch (const core::Error& e) {
             out.error = QString::fromUtf8(e.what());

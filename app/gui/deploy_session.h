@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "lathe/core/deploy.h"
 #include "lathe/core/registry.h"
 
 namespace lathe::app {
@@ -23,6 +24,7 @@ struct DeployOutcome {
     qint64 version = 0;          // now live (0 when it failed before one was known)
     qint64 previousVersion = 0;  // live before (0: none)
     QString url;
+    QString target;        // "local", "ssh:NAME"
     bool started = false;  // a new server process was started (else hot swap)
     QString error;         // empty: succeeded
     bool ok() const { return error.isEmpty(); }
@@ -41,8 +43,12 @@ public:
     /// Seconds to wait for a server to become ready (core's default: 60).
     void setReadyTimeout(double seconds) { m_readyTimeoutS = seconds; }
 
+    /// Reaches the hosts of the workspace ("ssh:NAME" targets): where a new server may be started,
+    /// and where live deployments elsewhere are hot-swapped, rolled back and stopped.
+    void setServerHosts(core::ServerHostFor hosts) { m_hosts = std::move(hosts); }
     /// Starts a deployment of `model` v`version` in the background; false when one is running.
-    bool deploy(const QString& model, qint64 version);
+    /// `host`: a host of the workspace for a new server (empty: this machine).
+    bool deploy(const QString& model, qint64 version, const QString& host = {});
     /// Rolls `model` back to the version that served before the live one; false when busy.
     bool rollback(const QString& model);
     bool isBusy() const { return m_busy; }
@@ -56,11 +62,12 @@ Q_SIGNALS:
     void finished(const lathe::app::DeployOutcome& outcome);
 
 private:
-    bool launch(const QString& action, const QString& model, qint64 version);
+    bool launch(const QString& action, const QString& model, qint64 version, const QString& host = {});
     void onWorkerDone();
 
     std::shared_ptr<core::Registry> m_registry;
     std::string m_serverProgram;
+    core::ServerHostFor m_hosts;
     double m_readyTimeoutS = 60;
     std::thread m_thread;
     bool m_busy = false;  // GUI thread only

@@ -30,6 +30,8 @@
 
 #include "deploy_session.h"
 #include "lathe/core/error.h"
+#include "lathe/remote/inventory.h"
+#include "lathe/remote/server_host.h"
 #include "lathe/widgets/comm_view.h"
 #include "lathe/widgets/dashboard.h"
 #include "lathe/widgets/host_list_model.h"
@@ -132,7 +134,12 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
     m_pages->addTab(m_hosts, tr("Hosts"));
     m_pages->setTabToolTip(2, tr("SSH hosts for runs across machines: add, check, trust their keys"));
     connect(m_hosts, &widgets::HostsView::hostsChanged, this,
-            [this] { m_form->setHosts(m_hosts->listModel()->hosts()); });
+            [this] {
+                m_form->setHosts(m_hosts->listModel()->hosts());
+                QStringList names;
+                for (const auto& h : m_hosts->listModel()->hosts()) names << QString::fromStdString(h.name);
+                m_models->setTargetHosts(names);
+            });
     m_hosts->setStore(m_store.get());
     setCentralWidget(m_pages);
 
@@ -155,7 +162,7 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
             &MainWindow::onSelectionChanged);
     connect(
         m_models, &widgets::ModelsView::deployRequested, this, [this](const QString& model, qint64 version) {
-            if (!m_deploy || !m_deploy->deploy(model, version))
+            if (!m_deploy || !m_deploy->deploy(model, version, m_models->deployHost()))
                 showError(tr("Cannot deploy"), m_deploy
                                                    ? tr("Another deployment is in progress.")
                                                    : tr("The model registry of this workspace is not open."));
@@ -240,6 +247,16 @@ void MainWindow::openRegistry() {
         return;
     }
     m_deploy = std::make_unique<DeploySession>(m_registry);
+    // Deployments on the workspace's hosts: reached by name through the inventory, over SSH.
+    m_deploy->setServerHosts([store = m_store.get()](const std::string& target) -> std::shared_ptr<core::ServerHost> {
+        if (target.rfind("ssh:", 0) != 0) throw core::ConfigError("unknown deployment target '" + target + "'");
+        const std::string name = target.substr(4);
+        const auto rec = store->host(name);
+        if (!rec)
+            throw core::ConfigError("host '" + name +
+                                    "' is not among the workspace's hosts (any more); add it on the Hosts page");
+        return remote::sshServerHost(rec->name, remote::hostSpecFor(*rec), rec->lathectl);
+    });
     connectDeploySession();
     m_models->setRegistry(m_registry);
 }
@@ -273,6 +290,7 @@ void MainWindow::onDeployFinished(const DeployOutcome& outcome) {
         return;
     }
     QString text = tr("%1 v%2 live at %3").arg(outcome.model).arg(outcome.version).arg(outcome.url);
+    if (outcome.target.startsWith(QLatin1String("ssh:"))) text += tr(" on %1").arg(outcome.target.mid(4));
     if (outcome.previousVersion > 0 && outcome.previousVersion != outcome.version)
         text += rollback ? tr(" (rolled back from v%1)").arg(outcome.previousVersion)
                          : tr(" (replaced v%1)").arg(outcome.previousVersion);

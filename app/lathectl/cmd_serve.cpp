@@ -1,4 +1,5 @@
 // lathectl serve / deploy / rollback / undeploy / deployments.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include <sstream>
 
 #include "cli_common.h"
+#include "hosts_common.h"
 #include "lathe/core/deploy.h"
 #include "lathe/core/executable.h"
 #include "lathe/core/http_client.h"
@@ -24,6 +26,7 @@
 #include "lathe/core/registry.h"
 #include "lathe/core/scraper.h"
 #include "lathe/core/server.h"
+#include "lathe/remote/server_host.h"
 
 namespace fs = std::filesystem;
 
@@ -40,6 +43,8 @@ struct ServeState {
     bool watch = false;
     std::string alertRules;
     std::string tokenFile;
+    int64_t fileVersion = 0;  // --version of a --file
+    std::string sha256;       // --sha256 of a --file
 };
 
 struct DeployState {
@@ -53,6 +58,13 @@ struct DeployState {
     int64_t maxQueue = 0;
     int instances = 0;
     double readyTimeout = 60;
+    std::string alertRules;
+};
+
+struct WatchState {
+    CommonOptions common;
+    std::string model;
+    std::string instance;
     std::string alertRules;
 };
 
@@ -121,6 +133,8 @@ void runServe(ServeState& st, int& exitCode) {
     const bool hasToken = !st.options.controlToken.empty();
     if (st.model.empty() == st.file.empty())
         throw UsageError("give exactly one of --model NAME[:V|@ALIAS] and --file MODEL.pt");
+    if (!st.model.empty() && (st.fileVersion != 0 || !st.sha256.empty()))
+        throw UsageError("--version and --sha256 describe a --file; a registered model has its own");
     std::string privateCopyDir;  // a --file's copy with metadata: removed however serving ends
     struct RemoveDir {
         const std::string& dir;
@@ -140,6 +154,12 @@ void runServe(ServeState& st, int& exitCode) {
         if (st.watch) throw UsageError("--watch records into the registry: serve with --model and --db");
         served.name = st.name.empty() ? fs::path(st.file).stem().string() : st.name;
         served.path = st.file;
+        served.version = st.fileVersion;
+        if (!st.sha256.empty() &&
+            (st.sha256.size() != 64 || !std::all_of(st.sha256.begin(), st.sha256.end(), [](unsigned char c) {
+                return std::isxdigit(c) && !std::isupper(c);
+            })))
+            throw UsageError("--sha256 must be the file's SHA-256: 64 lower-case hex digits");
         try {
             core::readArtifact(st.file);
         } catch (const core::ConfigError& ex) {
@@ -162,7 +182,7 @@ void runServe(ServeState& st, int& exitCode) {
     st.options.controlToken.clear();
     std::fprintf(stderr, "loading %s v%lld from %s\n", served.name.c_str(),
                  static_cast<long long>(served.version), served.path.c_str());
-    server.load(served);  // says on stderr which graph it runs (--optimize)
+    server.load(served, st.sha256);  // says on stderr which graph it runs (--optimize)
     const auto port = server.start();
     const std::string url = "http://" + st.options.host + ":" + std::to_string(port);
     std::printf(
@@ -210,6 +230,7 @@ void printDeployment(const core::DeployResult& r, bool json) {
                                     {"url", d.url},
                                     {"pid", d.pid},
                                     {"action", d.action},
+                                    {"target", d.target},
                                     {"started_server", r.started},
                                     {"previous_version", r.previousVersion},
                                     {"log", d.logPath},
@@ -218,14 +239,54 @@ void printDeployment(const core::DeployResult& r, bool json) {
                   << std::endl;
         return;
     }
-    std::printf("%s v%lld live at %s%s\n", d.model.c_str(), static_cast<long long>(d.version), d.url.c_str(),
+    std::printf("%s v%lld live at %s%s%s\n", d.model.c_str(), static_cast<long long>(d.version), d.url.c_str(),
+                d.target.rfind("ssh:", 0) == 0 ? (" on " + d.target.substr(4)).c_str() : "",
                 r.previousVersion ? (" (was v" + std::to_string(r.previousVersion) + ")").c_str() : "");
+}
+
+// Reaches the host of a deployment recorded as "ssh:NAME" through the workspace's inventory.
+core::ServerHostFor inventoryHosts(const std::string& db) {
+    return [db](const std::string& target) -> std::shared_ptr<core::ServerHost> {
+        if (target.rfind("ssh:", 0) != 0) throw core::ConfigError("unknown deployment target '" + target + "'");
+        const std::string name = target.substr(4);
+        CommonOptions opts;
+        opts.db = db;
+        const auto rec = openStore(opts)->host(name);
+        if (!rec)
+            throw core::ConfigError("the deployment runs on host '" + name +
+                                    "', which is no longer in the workspace's hosts; add it again (lathectl "
+                                    "hosts add " +
+                                    name + " --address ...) to reach its server");
+        return remote::sshServerHost(name, specFor(*rec), rec->lathectl);
+    };
+}
+
+// --host: a host of the inventory (the server runs there), else the address a server on this
+// machine listens on.
+std::shared_ptr<core::ServerHost> inventoryHostNamed(const DeployState& st) {
+    if (st.host.empty()) return nullptr;
+    try {
+        core::Store::validateHostName(st.host);
+    } catch (const core::ConfigError&) {
+        return nullptr;  // "::1" and the like: an address
+    }
+    const auto rec = openStore(st.common)->host(st.host);
+    if (rec) return remote::sshServerHost(rec->name, specFor(*rec), rec->lathectl);
+    in_addr v4{};
+    in6_addr v6{};
+    if (::inet_pton(AF_INET, st.host.c_str(), &v4) != 1 && ::inet_pton(AF_INET6, st.host.c_str(), &v6) != 1)
+        throw UsageError("--host " + st.host +
+                         ": no such host in the workspace (lathectl hosts list shows them, lathectl hosts add "
+                         "adds one), and not an IP address for a server on this machine to listen on");
+    return nullptr;
 }
 
 core::DeployOptions deployOptions(const DeployState& st) {
     core::DeployOptions o;
     o.port = st.port;
-    o.host = st.host;
+    o.on = inventoryHostNamed(st);
+    if (!o.on) o.host = st.host;
+    o.hostFor = inventoryHosts(st.common.db);
     o.serverProgram = core::executablePath();
     o.reason = st.reason;
     o.readyTimeoutS = st.readyTimeout;
@@ -253,7 +314,9 @@ void addDeployFlags(CLI::App* c, DeployState& st) {
     c->add_option("--port", st.port,
                   "port of a new server (default: the model's last port, else 8500 or the next free)");
     c->add_option("--host", st.host,
-                  "address a new server listens on (default 127.0.0.1); its control API needs the "
+                  "where a new server runs: a host of the workspace (lathectl hosts list; the model is "
+                  "copied there and served on the address this machine reaches it at), else the address "
+                  "a server on this machine listens on (default 127.0.0.1). Its control API needs the "
                   "deployment's own token, which the workspace keeps and deploy/rollback send");
     c->add_option("--reason", st.reason, "why (recorded in the deployment history)");
     c->add_option("--max-batch", st.maxBatch, "a new server's --max-batch");
@@ -277,6 +340,7 @@ void runDeployments(const CommonOptions& common, const std::string& model) {
                          {"url", d.url},
                          {"pid", d.pid},
                          {"action", d.action},
+                         {"target", d.target},
                          {"actor", d.actor},
                          {"reason", d.reason},
                          {"started_at", d.startedAt},
@@ -297,6 +361,7 @@ void runDeployments(const CommonOptions& common, const std::string& model) {
     for (const auto& d : list) {
         const char* state = !d.live() ? "ended" : core::deploymentUp(d) ? "UP" : "DOWN";
         std::string note = d.url;
+        if (d.target.rfind("ssh:", 0) == 0) note += " on " + d.target.substr(4);
         if (!d.reason.empty()) note += "  " + d.reason;
         if (!d.endReason.empty()) note += "  [" + d.endReason + "]";
         std::printf("%-5lld %-16.16s %-5s %-9s %-14.14s %-19s %-19s %-6s %s\n", static_cast<long long>(d.id),
@@ -317,6 +382,11 @@ void registerServe(CLI::App& app, int& exitCode) {
     s->add_option("--name", st->name, "URL name for --file (default: the file name)");
     s->add_option("--input-shape", st->inputShape,
                   "one sample's shape for a plain TorchScript --file, e.g. 64");
+    s->add_option("--version", st->fileVersion,
+                  "the version a --file is served as (GET /v2/models/NAME; default: none)")
+        ->check(CLI::PositiveNumber);
+    s->add_option("--sha256", st->sha256,
+                  "the SHA-256 a --file must have (a copy on another host): a different file is refused");
     s->add_option("--host", st->options.host, "address to listen on")->capture_default_str();
     s->add_option("--port", st->options.port, "port (0 = any free one)")->capture_default_str();
     s->add_option("--max-batch", st->options.maxBatch, "rows per batch")
@@ -398,8 +468,33 @@ void registerServe(CLI::App& app, int& exitCode) {
     addCommonOptions(u, un->common, false);
     u->callback([un] {
         auto registry = openRegistry(un->common);
-        core::undeploy(*registry, un->ref);
+        core::undeploy(*registry, un->ref, inventoryHosts(un->common.db));
         std::printf("%s undeployed\n", un->ref.c_str());
+    });
+
+    auto watch = std::make_shared<WatchState>();
+    auto* w = app.add_subcommand("watch",
+                                 "scrape a deployment on another host into the workspace until it ends "
+                                 "(deploy starts it)");
+    w->group("");  // started by deploy, not by hand
+    w->add_option("--model", watch->model, "model name")->required();
+    w->add_option("--instance", watch->instance, "the deployment's instance id")->required();
+    w->add_option("--alert-rules", watch->alertRules, "TOML file of alert thresholds");
+    addCommonOptions(w, watch->common, false);
+    w->callback([watch] {
+        core::AlertRules rules;
+        if (!watch->alertRules.empty()) {
+            std::ifstream in(watch->alertRules);
+            if (!in) throw UsageError("cannot read --alert-rules " + watch->alertRules);
+            std::stringstream buf;
+            buf << in.rdbuf();
+            rules = core::alertRulesFromToml(buf.str());
+        }
+        auto registry = openRegistry(watch->common);
+        auto& stop = installStopHandler();
+        const bool watched = core::watchDeployment(*registry, watch->model, watch->instance, rules, stop);
+        removeStopHandler();
+        std::fprintf(stderr, watched ? "watch of %s ended\n" : "%s is watched already\n", watch->model.c_str());
     });
 
     auto hist = std::make_shared<DeployState>();

@@ -201,21 +201,33 @@ void registerWorker(CLI::App& app, int& exitCode) {
         auto address = std::make_shared<std::string>("0.0.0.0");
         auto* cmd = app.add_subcommand("free-port", "print a TCP port free on this host (for launchers)");
         cmd->group("");  // internal: not listed in --help
-        cmd->add_option("--address", *address, "IPv4 address to probe")->capture_default_str();
+        cmd->add_option("--address", *address, "IPv4 or IPv6 address to probe")->capture_default_str();
         cmd->callback([address, &exitCode] {
-            sockaddr_in sa{};
-            sa.sin_family = AF_INET;
-            if (::inet_pton(AF_INET, address->c_str(), &sa.sin_addr) != 1)
-                throw UsageError("--address must be an IPv4 address (got '" + *address + "')");
-            const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-            socklen_t len = sizeof sa;
-            if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
-                ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+            sockaddr_storage ss{};
+            socklen_t len = 0;
+            auto* v4 = reinterpret_cast<sockaddr_in*>(&ss);
+            auto* v6 = reinterpret_cast<sockaddr_in6*>(&ss);
+            std::string literal = *address;
+            if (literal.size() > 2 && literal.front() == '[' && literal.back() == ']')
+                literal = literal.substr(1, literal.size() - 2);
+            if (::inet_pton(AF_INET, literal.c_str(), &v4->sin_addr) == 1) {
+                v4->sin_family = AF_INET;
+                len = sizeof *v4;
+            } else if (::inet_pton(AF_INET6, literal.c_str(), &v6->sin6_addr) == 1) {
+                v6->sin6_family = AF_INET6;
+                len = sizeof *v6;
+            } else {
+                throw UsageError("--address must be an IPv4 or IPv6 address (got '" + *address + "')");
+            }
+            const int fd = ::socket(ss.ss_family, SOCK_STREAM, 0);
+            if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0 ||
+                ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
                 const std::string why = std::strerror(errno);
                 if (fd >= 0) ::close(fd);
                 throw UsageError("cannot bind " + *address + ": " + why);
             }
-            std::printf("%d\n", ntohs(sa.sin_port));
+            const uint16_t port = ss.ss_family == AF_INET ? v4->sin_port : v6->sin6_port;
+            std::printf("%d\n", ntohs(port));
             ::close(fd);
             exitCode = kOk;
         });

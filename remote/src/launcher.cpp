@@ -95,6 +95,10 @@ Staging stagingFor(const RemoteLaunchOptions& o) {
     return s;
 }
 
+// Remote commands are POSIX sh, run through `sh -c` so that a login shell that is not (csh,
+// fish) only has to pass one quoted word on.
+std::string posixShell(const std::string& command) { return "sh -c " + shellQuote(command); }
+
 std::string probeCommand(const RemoteHost& h, const std::string& stageTag) {
     std::string c =
         "echo \"os=$(uname -s)\"; echo \"arch=$(uname -m)\"; echo \"cores=$(nproc 2>/dev/null)\"; ";
@@ -106,7 +110,7 @@ std::string probeCommand(const RemoteHost& h, const std::string& stageTag) {
         "s=" + stage +
         "/bin/lathectl; if [ -x \"$s\" ]; then echo \"staged=$s\"; echo \"staged_version=$(LD_LIBRARY_PATH=" +
         stage + "/lib \"$s\" --version 2>&1 | head -n 1)\"; fi; true";
-    return c;
+    return posixShell(c);
 }
 
 struct HostState {
@@ -129,7 +133,7 @@ void checkOne(HostState& h, const RemoteLaunchOptions& o, const Staging& staging
         r.address = h.control->peerAddress();
         if (r.address.empty()) {  // reached through a proxy (ProxyJump): ask the host itself
             const std::string own =
-                h.control->run("hostname -I 2>/dev/null | cut -d' ' -f1", "asking its address", 30);
+                h.control->run(posixShell("hostname -I 2>/dev/null | cut -d' ' -f1"), "asking its address", 30);
             r.address = own.substr(0, own.find_first_of(" \n"));
         }
         if (r.address.empty()) {
@@ -361,7 +365,7 @@ void runControl(HostState& h, const std::string& command, const std::string& wha
                 h.control = std::make_unique<SshSession>(h.host.spec);
                 h.control->connect(HostKeyPolicy::Strict);
             }
-            h.control->run(command, what, 60);
+            h.control->run(posixShell(command), what, 60);
             return;
         } catch (const SshError& ex) {
             h.control.reset();
@@ -588,7 +592,7 @@ core::LaunchResult launchChecked(const core::LaunchOptions& base, const RemoteLa
     const std::string libEnv0 =
         first.libraryPath.empty() ? "" : "LD_LIBRARY_PATH=" + shellQuote(first.libraryPath) + " ";
     const std::string portText = first.control->run(
-        libEnv0 + shellQuote(first.report.lathectl) + " free-port --address " + shellQuote(master),
+        posixShell(libEnv0 + shellQuote(first.report.lathectl) + " free-port --address " + shellQuote(master)),
         "finding a free port on " + first.host.name + " for " + master, 60);
     int port = 0;
     try {

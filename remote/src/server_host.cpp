@@ -80,9 +80,12 @@ public:
         const std::string tokenPath = tokenFile(instance);
         guard([&] { upload(session(), tmpl, tokenPath, 0600); });
         logPath = absolute(std::string(kDeploy) + "/" + instance + ".log");
-        std::string cmd = "cd && umask 077 && setsid " + program();
+        // Only the server goes to the background, so $! is its pid (setsid, not a group leader
+        // there, does not fork).
+        std::string cmd = "cd && umask 077 && { setsid " + program();
         for (const auto& a : serveArgs) cmd += " " + shellQuote(a);
-        cmd += " --token-file " + shellQuote(tokenPath) + " >" + shellQuote(logPath) + " 2>&1 </dev/null & echo $!";
+        cmd += " --token-file " + shellQuote(tokenPath) + " >" + shellQuote(logPath) +
+               " 2>&1 </dev/null & echo $!; }";
         const std::string out = run(cmd, "starting the server");
         try {
             return std::stoll(out);
@@ -162,15 +165,18 @@ private:
         return *m_session;
     }
 
+    // POSIX sh whatever the login shell is (csh, fish: one quoted word is all they run).
     std::string run(const std::string& command, const std::string& what) {
         std::string out;
         SshSession& s = session();
-        guard([&] { out = s.run(command, what, 60); });
+        guard([&] { out = s.run("sh -c " + shellQuote(command), what, 60); });
         return out;
     }
 
     std::string program() {
-        return m_lathectl.empty() ? std::string("lathectl") : shellQuote(m_lathectl);
+        if (m_lathectl.empty()) return "lathectl";
+        if (m_lathectl.rfind("~/", 0) == 0) return "\"$HOME\"/" + shellQuote(m_lathectl.substr(2));
+        return shellQuote(m_lathectl);
     }
     std::string absolute(const std::string& relative) {
         session();

@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include <QAbstractItemModelTester>
+#include <QComboBox>
 #include <QImage>
 #include <QPushButton>
 #include <QSignalSpy>
@@ -382,4 +383,42 @@ TEST_CASE("ModelsView: Deploy and Roll back ask first and change nothing when th
     CHECK(view.listModel()->index(1, ModelListModel::ColStatus).data().toString() == "v1 live");
     CHECK(view.deployQuestion("spirals", 1) ==
           "Deploy spirals v1 to http://127.0.0.1:8501 again? It is already the live version.");
+}
+
+TEST_CASE("ModelsView: a new server's host is chosen beside Deploy, and a live model stays where it runs",
+          "[widgets][models]") {
+    RegistryFixture fx;
+    ModelsView view;
+    view.resize(1400, 900);
+    view.show();
+    QSignalSpy refreshed(&view, &ModelsView::refreshed);
+    view.setRegistry(fx.registry);
+    REQUIRE(waitUntil([&] { return refreshed.count() >= 1; }, 5000));
+    view.setTargetHosts({"gpu-a", "gpu-b"});
+    REQUIRE(view.targetBox()->count() == 3);
+    CHECK(view.targetBox()->itemText(0) == "This machine");
+
+    // spirals is not live: the chosen host is where its server starts, and the question says so.
+    view.selectModel("spirals", 1);
+    CHECK(view.targetBox()->isEnabled());
+    CHECK(view.deployHost().isEmpty());
+    view.targetBox()->setCurrentIndex(view.targetBox()->findData(QStringLiteral("gpu-b")));
+    CHECK(view.deployHost() == "gpu-b");
+    CHECK(view.deployQuestion("spirals", 1) ==
+          "Deploy spirals v1 to host gpu-b? The model is copied there and a new server started on it.");
+    CHECK(view.deployButton()->toolTip() == view.deployQuestion("spirals", 1));
+
+    // The inventory changes: the choice stays while its host does, else back to this machine.
+    view.setTargetHosts({"gpu-b", "gpu-c"});
+    CHECK(view.deployHost() == "gpu-b");
+    view.setTargetHosts({"gpu-c"});
+    CHECK(view.deployHost().isEmpty());
+
+    // digits is live: a deploy hot-swaps it where it runs, whatever the box says.
+    view.targetBox()->setCurrentIndex(1);
+    view.selectModel("digits", 3);
+    CHECK_FALSE(view.targetBox()->isEnabled());
+    CHECK(view.targetBox()->toolTip().contains("hot-swaps it there"));
+    CHECK(view.deployHost().isEmpty());
+    view.grab().save(outputPath("models_view_target.png"));
 }

@@ -1,5 +1,6 @@
 #include "lathe/widgets/models_view.h"
 
+#include <QComboBox>
 #include <QHBoxLayout>
 #include <QHeaderView>
 #include <QItemSelectionModel>
@@ -7,6 +8,7 @@
 #include <QMessageBox>
 #include <QPushButton>
 #include <QSet>
+#include <QSignalBlocker>
 #include <QSplitter>
 #include <QTimer>
 #include <QTreeView>
@@ -51,6 +53,10 @@ ModelsView::ModelsView(QWidget* parent) : QWidget(parent) {
     m_deploy->setObjectName(QStringLiteral("deployButton"));
     m_rollback = new QPushButton(tr("Roll back"), this);
     m_rollback->setObjectName(QStringLiteral("rollbackButton"));
+    m_target = new QComboBox(this);
+    m_target->setObjectName(QStringLiteral("deployTarget"));
+    m_target->addItem(tr("This machine"), QString());
+    m_target->setSizeAdjustPolicy(QComboBox::AdjustToContents);
     m_refresh = new QPushButton(tr("Refresh"), this);
     m_refresh->setToolTip(tr("Re-read the registry (it is re-read every few seconds anyway)"));
     m_status = new QLabel(this);
@@ -61,6 +67,10 @@ ModelsView::ModelsView(QWidget* parent) : QWidget(parent) {
     auto* buttons = new QHBoxLayout;
     buttons->setContentsMargins(4, 2, 4, 2);
     buttons->addWidget(m_deploy);
+    auto* on = new QLabel(tr("on"), this);
+    on->setBuddy(m_target);
+    buttons->addWidget(on);
+    buttons->addWidget(m_target);
     buttons->addWidget(m_rollback);
     buttons->addSpacing(12);
     buttons->addWidget(m_status, 1);
@@ -90,6 +100,7 @@ ModelsView::ModelsView(QWidget* parent) : QWidget(parent) {
     connect(m_deploy, &QPushButton::clicked, this, &ModelsView::requestDeploy);
     connect(m_rollback, &QPushButton::clicked, this, &ModelsView::requestRollback);
     connect(m_refresh, &QPushButton::clicked, this, &ModelsView::refresh);
+    connect(m_target, QOverload<int>::of(&QComboBox::currentIndexChanged), this, &ModelsView::updateButtons);
     connect(m_tree->selectionModel(), &QItemSelectionModel::selectionChanged, this,
             &ModelsView::onSelectionChanged);
     // A model's Serving column changes when a deployment lands: the buttons follow.
@@ -114,6 +125,23 @@ ModelsView::~ModelsView() {
 void ModelsView::setRefreshInterval(int ms) { m_timer->setInterval(ms); }
 
 void ModelsView::setConfirmHook(ConfirmHook hook) { m_confirm = std::move(hook); }
+
+void ModelsView::setTargetHosts(const QStringList& names) {
+    const QString current = m_target->currentData().toString();
+    QSignalBlocker block(m_target);
+    while (m_target->count() > 1) m_target->removeItem(1);
+    for (const auto& name : names) m_target->addItem(tr("host %1").arg(name), name);
+    const int keep = m_target->findData(current);
+    m_target->setCurrentIndex(keep >= 0 ? keep : 0);
+    block.unblock();
+    updateButtons();
+}
+
+QString ModelsView::deployHost() const {
+    const ModelEntry* entry = m_model->entry(selectedModel());
+    if (entry && entry->live()) return {};
+    return m_target->currentData().toString();
+}
 
 void ModelsView::setDeployTarget(const QString& host, int port) {
     m_host = host;
@@ -280,6 +308,10 @@ void ModelsView::updateButtons() {
     else
         rollbackTip = rollbackQuestion(model);
     m_rollback->setEnabled(!m_busy && live && back > 0);
+    m_target->setEnabled(!m_busy && !live);
+    m_target->setToolTip(live ? tr("%1 is live at %2: a deploy hot-swaps it there (undeploy it to move it)")
+                                    .arg(model, QString::fromStdString(live->url))
+                              : tr("Where a new server runs: this machine, or a host of the workspace (Hosts page)"));
     m_rollback->setToolTip(rollbackTip);
     m_refresh->setEnabled(m_registry != nullptr);
 }
@@ -287,6 +319,12 @@ void ModelsView::updateButtons() {
 QString ModelsView::deployQuestion(const QString& model, int64_t version) const {
     const ModelEntry* entry = m_model->entry(model);
     const core::Deployment* live = entry ? entry->live() : nullptr;
+    const QString host = deployHost();
+    if (!live && !host.isEmpty())
+        return tr("Deploy %1 v%2 to host %3? The model is copied there and a new server started on it.")
+            .arg(model)
+            .arg(version)
+            .arg(host);
     if (!live)
         return tr("Deploy %1 v%2 to a new local server at http://%3:%4 (or the next free port)?")
             .arg(model)

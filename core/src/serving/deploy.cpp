@@ -1,5 +1,5 @@
-// Local deployments: a detached `lathectl serve` per model, started once and hot-swapped after.
-// POSIX only; no LibTorch here.
+// Deployments: a detached `lathectl serve` per model, started once and hot-swapped after, on this
+// machine or on a host of the inventory (through a ServerHost). POSIX only; no LibTorch here.
 #include "lathe/core/deploy.h"
 
 #include <fcntl.h>
@@ -14,6 +14,7 @@
 #include <openssl/rand.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -21,6 +22,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <atomic>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -373,6 +375,43 @@ int64_t recordSwapped(Registry& registry, const Deployment& d, const std::string
     }
 }
 
+// A server on another host cannot write to this workspace: a local `lathectl watch` scrapes its
+// /metrics into it (the dashboard, alerts) for as long as the deployment lives, and exits when it
+// ends. One per server: a second one started for the same server (a hot swap) leaves at once.
+void startWatcher(Registry& registry, const DeployOptions& o, const Deployment& d, const std::string& alertRules) {
+    if (o.serverProgram.empty()) {
+        say(o, "no local lathectl to watch " + d.url + ": its metrics are not recorded in the workspace");
+        return;
+    }
+    try {
+        const auto dir = fs::path(Store::filesDirFor(registry.workspacePath())) / "deployments";
+        std::error_code ec;
+        fs::create_directories(dir, ec);
+        const auto log = (dir / (d.model + "-watch-" + d.instance.substr(0, 8) + ".log")).string();
+        std::vector<std::string> args{o.serverProgram, "watch",         "--db",      registry.workspacePath(),
+                                      "--model",       d.model,         "--instance", d.instance};
+        if (!alertRules.empty()) args.insert(args.end(), {"--alert-rules", alertRules});
+        spawnDetached(args, log);
+    } catch (const std::exception& ex) {
+        say(o, std::string("could not start the metrics watcher (") + ex.what() +
+                   "); the server runs, its metrics are not recorded");
+    }
+}
+
+// `--alert-rules FILE` of the server flags: read here by the watcher, not by the remote server.
+std::string takeAlertRules(std::vector<std::string>& args) {
+    std::string rules;
+    for (size_t i = 0; i + 1 < args.size();) {
+        if (args[i] == "--alert-rules") {
+            rules = args[i + 1];
+            args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(i) + 2);
+        } else {
+            ++i;
+        }
+    }
+    return rules;
+}
+
 // A deployment on another host (o.on, or a live one recorded there): the same steps as on this
 // machine, each through the ServerHost. A host that cannot be reached changes nothing: its
 // server is never written off as gone.
@@ -392,6 +431,14 @@ DeployResult deployElsewhere(Registry& registry, const ModelVersion& v, const st
             if (o.port != 0 && o.port != portOf(live->url))
                 throw ConfigError(v.name + " is live at " + live->url + "; undeploy it first to move it to port " +
                                   std::to_string(o.port));
+            if (!o.serverArgs.empty()) {
+                std::string flags;
+                for (const auto& a : o.serverArgs)
+                    if (a.rfind("--", 0) == 0) flags += (flags.empty() ? "" : " ") + a;
+                throw ConfigError(v.name + " is live at " + live->url + " on " + live->target.substr(4) +
+                                  " and a version change hot-swaps it, so " + flags +
+                                  " would not apply; undeploy it first to start a server with them");
+            }
             result.previousVersion = live->version;
             if (live->version == v.version && o.action == "deploy")
                 throw ConfigError(v.name + " v" + std::to_string(v.version) + " is already live at " + live->url);
@@ -411,6 +458,7 @@ DeployResult deployElsewhere(Registry& registry, const ModelVersion& v, const st
             d.endReason.clear();
             d.id = recordSwapped(registry, d, live->url, v);
             result.deployment = d;
+            startWatcher(registry, o, d, {});  // a watcher lost with this machine's restart comes back
             say(o, v.name + " v" + std::to_string(v.version) + " is live at " + d.url);
             return result;
         }
@@ -420,7 +468,8 @@ DeployResult deployElsewhere(Registry& registry, const ModelVersion& v, const st
         throw ConfigError(v.name + " is live at " + live->url + " (" + live->target + "); undeploy it first to move it to " +
                           (o.on ? o.on->target() : std::string("this machine")));
     }
-    auto host = o.on;
+    // A new server: on the host asked for, else where the recorded one ran (it is gone).
+    const auto host = o.on ? o.on : hostOfTarget(o, live->target);
     const std::string address = host->address();
     const uint16_t port = o.port != 0 ? o.port : host->freePort();
     say(o, "copying " + v.name + " v" + std::to_string(v.version) + " to " + host->target());
@@ -448,9 +497,12 @@ DeployResult deployElsewhere(Registry& registry, const ModelVersion& v, const st
             }
         }
     } forget{registry, d.instance};
-    std::vector<std::string> args{"serve",  "--file", path, "--name", v.name, "--version", std::to_string(v.version),
-                                  "--host", address,  "--port", std::to_string(port), "--instance-id", d.instance};
-    args.insert(args.end(), o.serverArgs.begin(), o.serverArgs.end());
+    std::vector<std::string> serverArgs = o.serverArgs;
+    const std::string alertRules = takeAlertRules(serverArgs);
+    std::vector<std::string> args{"serve",  "--file",   path,   "--name",        v.name,     "--version",
+                                  std::to_string(v.version), "--sha256", v.sha256, "--host", address,
+                                  "--port", std::to_string(port), "--instance-id", d.instance};
+    args.insert(args.end(), serverArgs.begin(), serverArgs.end());
     say(o, "starting a server on " + host->target() + " at " + d.url);
     d.pid = host->startServer(args, secret, d.logPath);
     try {
@@ -479,6 +531,7 @@ DeployResult deployElsewhere(Registry& registry, const ModelVersion& v, const st
     forget.recorded = true;
     result.deployment = d;
     result.started = true;
+    startWatcher(registry, o, d, alertRules);
     say(o, v.name + " v" + std::to_string(v.version) + " is live at " + d.url + " on " + host->target() + " (pid " +
                std::to_string(d.pid) + " there)");
     return result;
@@ -675,6 +728,39 @@ void checkTimeout(const DeployOptions& o) {
 }
 
 }  // namespace
+
+bool watchDeployment(Registry& registry, const std::string& model, const std::string& instance,
+                     const AlertRules& rules, const std::atomic<bool>& stop) {
+    checkModelName(model);
+    if (instance.empty() || instance.size() > 64 ||
+        !std::all_of(instance.begin(), instance.end(), [](unsigned char c) { return std::isalnum(c); }))
+        throw ConfigError("--instance must be a deployment's instance id (letters and digits)");
+    FileLock lock((fs::path(Store::filesDirFor(registry.workspacePath())) / "deployments" /
+                   ("watch-" + instance + ".lock"))
+                      .string(),
+                  false);
+    if (!lock.held()) return false;
+    auto current = [&] {
+        const auto live = registry.liveDeployment(model);
+        return live && live->instance == instance ? live : std::nullopt;
+    };
+    const auto live = current();
+    if (!live) return true;
+    Scraper scraper(registry, model, live->url, rules);
+    scraper.start();
+    auto next = std::chrono::steady_clock::now();
+    while (!stop.load()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        if (std::chrono::steady_clock::now() < next) continue;
+        next = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+        try {
+            if (!current()) break;  // undeployed, or replaced by another server
+        } catch (const std::exception&) {  // a busy workspace: look again in a second
+        }
+    }
+    scraper.stop();
+    return true;
+}
 
 bool deploymentUp(const Deployment& d, double timeoutS) {
     try {

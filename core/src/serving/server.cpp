@@ -157,10 +157,10 @@ bool isLoopbackHost(const std::string& host) {
     return v6.is_loopback();
 }
 
-void InferenceServer::load(const ServedModel& model) {
+void InferenceServer::load(const ServedModel& model, const std::string& sha256) {
     checkModelName(model.name);
-    std::string sha;
-    if (model.version > 0 && !d->options.workspace.empty()) {
+    std::string sha = sha256;
+    if (sha.empty() && model.version > 0 && !d->options.workspace.empty()) {
         Registry registry(d->options.workspace);
         sha = registry.resolve({model.name, model.version, {}}).sha256;
     }

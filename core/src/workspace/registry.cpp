@@ -1,5 +1,8 @@
 #include "lathe/core/registry.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <sqlite3.h>
 
 #include <cctype>
@@ -408,6 +411,15 @@ std::string Registry::deploymentToken(const std::string& instance) const {
 void Registry::storeDeploymentToken(const std::string& instance, const std::string& token) {
     if (instance.empty() || token.empty())
         throw ConfigError("a deployment token needs an instance id and a token");
+    // A token opens its server's control API: the file that keeps it (and SQLite's -wal and -shm
+    // beside it, where the row lands first) is for its owner only. A workspace created by Lathe is
+    // 0600 already; an older one that others could read is closed here, before the secret is in it.
+    for (const char* suffix : {"", "-wal", "-shm"}) {
+        const std::string file = d->path + suffix;
+        struct stat st {};
+        if (::stat(file.c_str(), &st) == 0 && st.st_uid == ::geteuid() && (st.st_mode & 077) != 0)
+            ::chmod(file.c_str(), st.st_mode & 0700);
+    }
     std::lock_guard<std::mutex> lk(d->mutex);
     d->write([&] {
         Stmt s(d->db, "INSERT OR REPLACE INTO deployment_tokens(instance, token, created_at) VALUES(?,?,?)");

@@ -324,6 +324,9 @@ void Store::Impl::open() {
         throw StoreError("cannot open workspace " + path + ": " + msg);
     }
     sqlite3_busy_timeout(writeDb, 5000);
+    // A new workspace is its owner's alone (it keeps deployment tokens): 0600, which SQLite's -wal
+    // and -shm files copy.
+    if (!exists) ::chmod(path.c_str(), 0600);
 
     // Inspect before changing anything: a foreign or newer file must be left exactly as it is,
     // so the journal mode is only switched to WAL once the file is known to be ours.

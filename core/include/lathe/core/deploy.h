@@ -5,12 +5,14 @@
 // version through the server's repository API instead of restarting it. A deployment on another
 // host runs the same server there, started and stopped through a ServerHost (over SSH:
 // lathe::remote::sshServerHost), with the artifact copied there and checked.
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "lathe/core/monitor.h"
 #include "lathe/core/registry.h"
 
 namespace lathe::core {
@@ -82,6 +84,13 @@ DeployResult rollback(Registry& registry, const std::string& model, const Deploy
 /// anything; when its pid still runs something that looks like its server, Error says how to stop
 /// it by hand (after the record was ended).
 void undeploy(Registry& registry, const std::string& model, const ServerHostFor& hostFor = {});
+/// Scrapes the live deployment `instance` of `model` into the workspace (as `lathectl serve --watch`
+/// does for a server on this machine: the dashboard's metrics, alerts) until `stop` is raised or
+/// that deployment ends (undeployed, or replaced by another server). What `lathectl watch` runs
+/// for a server on another host, started by deploy. Returns false at once when another watcher
+/// has this instance. Throws ConfigError for a bad model name or instance id.
+bool watchDeployment(Registry& registry, const std::string& model, const std::string& instance,
+                     const AlertRules& rules, const std::atomic<bool>& stop);
 /// Whether a deployment's server answers /v2/health/ready now.
 bool deploymentUp(const Deployment& d, double timeoutS = 1.0);
 

@@ -60,7 +60,9 @@ public:
     /// Loads (and warms up) a model. A model already served under that name is replaced
     /// atomically once the new one is ready: requests admitted before the switch finish on the
     /// old one. Throws (and keeps the old model) when the new one fails to load.
-    void load(const ServedModel& model);
+    /// `sha256`: the file must have this digest (a file copied to this host); empty: the
+    /// registry's digest for a registered version, none for a plain file.
+    void load(const ServedModel& model, const std::string& sha256 = {});
     /// Binds and starts serving; returns the port actually bound. Throws Error("port 8500 is in use ...").
     uint16_t start();
     uint16_t port() const;

@@ -8,6 +8,7 @@
 // The list is re-read from the registry every few seconds (deployments made by lathectl or the
 // rollout controller show up) on a worker thread; a generation counter drops stale reads.
 #include <QSet>
+#include <QStringList>
 #include <QString>
 #include <QThreadPool>
 #include <QWidget>
@@ -19,6 +20,7 @@
 
 #include "lathe/core/registry.h"
 
+class QComboBox;
 class QLabel;
 class QPushButton;
 class QTimer;
@@ -47,8 +49,14 @@ public:
     void setRefreshInterval(int ms);
     /// nullptr restores the default question box.
     void setConfirmHook(ConfirmHook hook);
-    /// Where a model without a live server is deployed (named in the confirmation).
+    /// Where a model without a live server is deployed on this machine (named in the confirmation).
     void setDeployTarget(const QString& host, int port);
+    /// The workspace's hosts, offered beside "This machine" as where a new server runs. The choice
+    /// is kept when it is still among them.
+    void setTargetHosts(const QStringList& names);
+    /// The host of the inventory a deploy of the selected version starts its server on; empty:
+    /// this machine, or the selected model is live (a live model is hot-swapped where it runs).
+    QString deployHost() const;
 
     /// While a deployment runs: buttons disabled, `text` shown as its progress.
     void setBusy(bool busy, const QString& text = {});
@@ -70,6 +78,7 @@ public:
     QTreeView* tree() const { return m_tree; }
     QPushButton* deployButton() const { return m_deploy; }
     QPushButton* rollbackButton() const { return m_rollback; }
+    QComboBox* targetBox() const { return m_target; }
     ServingDashboard* dashboard() const { return m_dashboard; }
     bool isRefreshing() const { return m_refreshing; }
     int refreshCount() const { return m_refreshCount; }
@@ -100,6 +109,7 @@ private:
     QPushButton* m_deploy = nullptr;
     QPushButton* m_rollback = nullptr;
     QPushButton* m_refresh = nullptr;
+    QComboBox* m_target = nullptr;
     QLabel* m_status = nullptr;
     ServingDashboard* m_dashboard = nullptr;
     QTimer* m_timer = nullptr;

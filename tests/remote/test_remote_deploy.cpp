@@ -1,0 +1,263 @@
+// Deployments on another host, end to end: a real sshd on 127.0.0.2 stands for a serving host,
+// reached through an ssh config alias (gpu-a) from a private $HOME. lathectl deploy --host gpu-a
+// copies the model there and starts its server; a hot swap and a rollback under load lose no
+// request; the workspace records the server's metrics through the local watcher; a host that
+// cannot be reached changes nothing; undeploy leaves no server and no watcher behind.
+#include <signal.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "lathe/core/deploy.h"
+#include "lathe/core/http_client.h"
+#include "lathe/core/loadgen.h"
+#include "lathe/core/registry.h"
+#include "lathe/core/server.h"
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "run_process.h"
+#include "serving_fixture.h"
+#include "skip.h"
+#include "sshd_fixture.h"
+
+using lathe::remote::test::SshdServer;
+using lathe::remote::test::writeFile;
+using lathe::test::runShell;
+using nlohmann::json;
+namespace fs = std::filesystem;
+namespace core = lathe::core;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::string inferBody(float value) {
+    json data = json::array();
+    for (int i = 0; i < 64; ++i) data.push_back(value + 0.001f * static_cast<float>(i));
+    return json{{"inputs", {{{"name", "input"}, {"shape", {1, 1, 8, 8}}, {"datatype", "FP32"}, {"data", data}}}}}
+        .dump();
+}
+
+constexpr int kInputs = 4;
+
+// What version `v` answers for each input, from a server of its own in this process.
+std::vector<std::vector<double>> answersOf(const core::ModelVersion& v) {
+    core::ServeOptions o;
+    o.port = 0;
+    core::InferenceServer server(o);
+    server.load({"digits", v.version, v.path});
+    const auto port = server.start();
+    std::vector<std::vector<double>> out;
+    for (int r = 0; r < kInputs; ++r) {
+        const auto a = core::httpRequest("POST", "http://127.0.0.1:" + std::to_string(port) + "/v2/models/digits/infer",
+                                         inferBody(0.2f * static_cast<float>(r)));
+        REQUIRE(a.status == 200);
+        out.push_back(json::parse(a.body)["outputs"][0]["data"].get<std::vector<double>>());
+    }
+    return out;
+}
+
+// Processes whose command line has `needle` (a pattern for pgrep -f; bracket a letter so that the
+// shell running pgrep does not match itself).
+std::vector<int> pidsMatching(const std::string& pattern) {
+    const auto r = runShell("pgrep -f -- '" + pattern + "' || true");
+    std::vector<int> pids;
+    std::istringstream in(r.out);
+    for (int pid; in >> pid;) pids.push_back(pid);
+    return pids;
+}
+
+bool waitUntil(const std::function<bool()>& done, double seconds) {
+    const auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
+    while (!done()) {
+        if (Clock::now() > deadline) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return true;
+}
+
+}  // namespace
+
+TEST_CASE("a model deployed on another host is hot-swapped and rolled back under load, watched, and undeployed",
+          "[remote][serving]") {
+    if (const std::string why = SshdServer::unavailableReason(); !why.empty()) LATHE_SKIP(why);
+    SshdServer host{"127.0.0.2"};
+    lathe::test::ServingWorkspace ws;
+    const std::string home = ws.file("home");
+    fs::create_directories(home + "/.ssh");
+    const auto config = [&](int port) {
+        return "Host gpu-a\n  HostName 127.0.0.2\n  Port " + std::to_string(port) + "\n  User " +
+               lathe::remote::test::currentUser() + "\n  IdentityFile " + host.clientKey() + "\n";
+    };
+    writeFile(home + "/.ssh/config", config(host.port()));
+    writeFile(home + "/.ssh/known_hosts", "[127.0.0.2]:" + std::to_string(host.port()) + " " + host.hostPublicKey() + "\n");
+    const std::string lathectl = lathe::test::binPath("lathectl");
+    const auto run = [&](const std::string& args) {
+        return runShell("env -u SSH_AUTH_SOCK HOME=" + home + " " + lathectl + " " + args + " --db " + ws.db());
+    };
+    REQUIRE(run("hosts add gpu-a --address gpu-a --lathectl " + lathectl).exitCode == 0);
+    // v2: other weights, so that every answer tells which version computed it.
+    {
+        core::Store store(ws.db());
+        core::RunSpec spec;
+        spec.epochs = 1;
+        spec.seed = 11;
+        const auto rec = core::trainAndRecord(store, spec, {});
+        REQUIRE(rec.result.status == core::RunStatus::Completed);
+        store.flush();
+        core::Registry registry(ws.db());
+        REQUIRE(core::registerModel(registry, &store, "digits", rec.runId, "", {}).version == 2);
+    }
+    core::Registry registry(ws.db());
+    const auto v1 = registry.resolve({"digits", 1, {}});
+    const auto v2 = registry.resolve({"digits", 2, {}});
+    std::map<std::string, std::vector<std::vector<double>>> refs{{"1", answersOf(v1)}, {"2", answersOf(v2)}};
+
+    // A name that is neither a host of the workspace nor an address: refused, saying where hosts are.
+    auto r = run("deploy digits:1 --host gpu-z");
+    CHECK(r.exitCode == 2);
+    CHECK_THAT(r.err, Catch::Contains("lathectl hosts list"));
+
+    r = run("deploy digits:1 --host gpu-a --json");
+    INFO(r.out << r.err);
+    REQUIRE(r.exitCode == 0);
+    const auto dep = json::parse(r.out);
+    CHECK(dep["target"] == "ssh:gpu-a");
+    CHECK(dep["started_server"] == true);
+    const std::string url = dep["url"].get<std::string>();
+    CHECK(url.rfind("http://127.0.0.2:", 0) == 0);  // where this machine reaches the host
+    const auto pid = dep["pid"].get<int64_t>();
+    const auto instance = registry.liveDeployment("digits")->instance;
+    const auto token = registry.deploymentToken(instance);
+    REQUIRE(token.size() == 64);
+    // The server there: lathectl serve of the copied file (its SHA-256 checked), the token never on
+    // its command line, and its token file gone once it was read.
+    const std::string cmdline = lathe::remote::test::readFile("/proc/" + std::to_string(pid) + "/cmdline");
+    CHECK(cmdline.find("serve") != std::string::npos);
+    CHECK(cmdline.find(v1.sha256) != std::string::npos);
+    CHECK(cmdline.find(token) == std::string::npos);
+    const char* realHome = std::getenv("HOME");
+    REQUIRE(realHome != nullptr);  // the host's home: sshd logs in with the passwd entry's
+    CHECK_FALSE(fs::exists(std::string(realHome) + "/.cache/lathe/deploy/" + instance + ".token"));
+    // Its control API wants the token: a load without it is refused.
+    const auto denied = core::httpRequest("POST", url + "/v2/repository/models/digits/load", "{}");
+    CHECK(denied.status == 401);
+
+    // Load, and two clients checking each answer against the version it is labelled with, while the
+    // live server is hot-swapped to v2 and rolled back to v1 over SSH.
+    core::LoadOptions lo;
+    lo.url = url;
+    lo.model = "digits";
+    lo.rate = 100;
+    lo.durationS = 6;
+    lo.users = 4;
+    core::LoadReport report;
+    std::thread load([&] { report = core::runLoad(lo); });
+    std::atomic<bool> stop{false};
+    std::atomic<int> failed{0}, mismatched{0};
+    std::mutex mutex;
+    std::map<std::string, int> versions;
+    std::vector<std::thread> checkers;
+    for (int t = 0; t < 2; ++t)
+        checkers.emplace_back([&, t] {
+            for (int i = 0; !stop; ++i) {
+                const int input = (t + i) % kInputs;
+                core::HttpResult a;
+                try {
+                    a = core::httpRequest("POST", url + "/v2/models/digits/infer",
+                                          inferBody(0.2f * static_cast<float>(input)));
+                } catch (const std::exception&) {
+                    ++failed;
+                    continue;
+                }
+                if (a.status != 200) {
+                    ++failed;
+                    continue;
+                }
+                const auto j = json::parse(a.body);
+                const auto label = j["model_version"].get<std::string>();
+                const auto got = j["outputs"][0]["data"].get<std::vector<double>>();
+                bool right = refs.count(label) > 0;
+                if (right) {
+                    const auto& want = refs[label][static_cast<size_t>(input)];
+                    right = got.size() == want.size();
+                    for (size_t k = 0; right && k < got.size(); ++k) right = std::fabs(got[k] - want[k]) <= 1e-3;
+                }
+                std::lock_guard<std::mutex> lk(mutex);
+                ++versions[label];
+                if (!right) ++mismatched;
+                std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            }
+        });
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    r = run("deploy digits:2 --json");
+    CHECK(r.exitCode == 0);
+    if (r.exitCode == 0) {
+        CHECK(json::parse(r.out)["started_server"] == false);
+        CHECK(json::parse(r.out)["pid"] == pid);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    r = run("rollback digits --json");
+    CHECK(r.exitCode == 0);
+    if (r.exitCode == 0) CHECK(json::parse(r.out)["version"] == 1);
+    load.join();
+    stop = true;
+    for (auto& c : checkers) c.join();
+    CHECK(report.sent > 300);
+    CHECK(report.errors == 0);
+    CHECK(failed == 0);
+    CHECK(mismatched == 0);
+    CHECK(versions["1"] > 0);
+    CHECK(versions["2"] > 0);
+
+    // The local watcher scraped the remote server into the workspace: one per server, however
+    // many deploys there were.
+    const std::string watcherPattern = "[l]athectl watch .*--instance " + instance;
+    CHECK(pidsMatching(watcherPattern).size() == 1);
+    CHECK(waitUntil([&] { return registry.servingMetrics("digits", "qps").size() >= 3; }, 10));
+    double peak = 0;
+    for (const auto& p : registry.servingMetrics("digits", "qps")) peak = std::max(peak, p.value);
+    CHECK(peak > 50);
+
+    // Unreachable over SSH: undeploy fails saying so, and the deployment stays live (its server runs).
+    writeFile(home + "/.ssh/config", config(lathe::remote::test::freePort("127.0.0.2")));
+    r = run("undeploy digits");
+    CHECK(r.exitCode != 0);
+    CHECK_THAT(r.err, Catch::Contains("gpu-a"));
+    REQUIRE(registry.liveDeployment("digits"));
+    CHECK(::kill(static_cast<pid_t>(pid), 0) == 0);
+    r = run("deployments digits --json");
+    REQUIRE(r.exitCode == 0);
+    CHECK(json::parse(r.out)[0]["live"] == true);
+    CHECK(json::parse(r.out)[0]["up"] == true);  // its HTTP port still answers
+
+    // A server that stops answering shows DOWN, never ended.
+    REQUIRE(::kill(static_cast<pid_t>(pid), SIGSTOP) == 0);
+    r = run("deployments digits --json");
+    ::kill(static_cast<pid_t>(pid), SIGCONT);
+    REQUIRE(r.exitCode == 0);
+    CHECK(json::parse(r.out)[0]["live"] == true);
+    CHECK(json::parse(r.out)[0]["up"] == false);
+
+    // Reachable again: undeploy stops the server there, and the watcher ends with the deployment.
+    writeFile(home + "/.ssh/config", config(host.port()));
+    r = run("undeploy digits");
+    INFO(r.err);
+    CHECK(r.exitCode == 0);
+    CHECK_FALSE(registry.liveDeployment("digits"));
+    CHECK(waitUntil([&] { return ::kill(static_cast<pid_t>(pid), 0) != 0; }, 5));
+    CHECK(waitUntil([&] { return pidsMatching(watcherPattern).empty(); }, 10));
+    CHECK(pidsMatching("[l]athectl serve .*--instance-id " + instance).empty());
+    std::error_code ec;
+    fs::remove(std::string(realHome) + "/.cache/lathe/models/" + v1.sha256 + fs::path(v1.path).extension().string(), ec);
+    fs::remove(std::string(realHome) + "/.cache/lathe/models/" + v2.sha256 + fs::path(v2.path).extension().string(), ec);
+}
