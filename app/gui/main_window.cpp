@@ -133,13 +133,12 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
     m_hosts->setObjectName(QStringLiteral("hostsView"));
     m_pages->addTab(m_hosts, tr("Hosts"));
     m_pages->setTabToolTip(2, tr("SSH hosts for runs across machines: add, check, trust their keys"));
-    connect(m_hosts, &widgets::HostsView::hostsChanged, this,
-            [this] {
-                m_form->setHosts(m_hosts->listModel()->hosts());
-                QStringList names;
-                for (const auto& h : m_hosts->listModel()->hosts()) names << QString::fromStdString(h.name);
-                m_models->setTargetHosts(names);
-            });
+    connect(m_hosts, &widgets::HostsView::hostsChanged, this, [this] {
+        m_form->setHosts(m_hosts->listModel()->hosts());
+        QStringList names;
+        for (const auto& h : m_hosts->listModel()->hosts()) names << QString::fromStdString(h.name);
+        m_models->setTargetHosts(names);
+    });
     m_hosts->setStore(m_store.get());
     setCentralWidget(m_pages);
 
@@ -248,15 +247,18 @@ void MainWindow::openRegistry() {
     }
     m_deploy = std::make_unique<DeploySession>(m_registry);
     // Deployments on the workspace's hosts: reached by name through the inventory, over SSH.
-    m_deploy->setServerHosts([store = m_store.get()](const std::string& target) -> std::shared_ptr<core::ServerHost> {
-        if (target.rfind("ssh:", 0) != 0) throw core::ConfigError("unknown deployment target '" + target + "'");
-        const std::string name = target.substr(4);
-        const auto rec = store->host(name);
-        if (!rec)
-            throw core::ConfigError("host '" + name +
-                                    "' is not among the workspace's hosts (any more); add it on the Hosts page");
-        return remote::sshServerHost(rec->name, remote::hostSpecFor(*rec), rec->lathectl);
-    });
+    m_deploy->setServerHosts(
+        [store = m_store.get()](const std::string& target) -> std::shared_ptr<core::ServerHost> {
+            if (target.rfind("ssh:", 0) != 0)
+                throw core::ConfigError("unknown deployment target '" + target + "'");
+            const std::string name = target.substr(4);
+            const auto rec = store->host(name);
+            if (!rec)
+                throw core::ConfigError(
+                    "host '" + name +
+                    "' is not among the workspace's hosts (any more); add it on the Hosts page");
+            return remote::sshServerHost(rec->name, remote::hostSpecFor(*rec), rec->lathectl);
+        });
     connectDeploySession();
     m_models->setRegistry(m_registry);
 }

@@ -66,7 +66,10 @@ bool isHostName(const std::string& word) {
 struct Target {
     remote::HostSpec spec;
     std::optional<core::HostRecord> record;
-    std::string label() const { return record ? record->name + " (" + spec.label() + ")" : spec.label(); }
+    std::string label() const {
+        return record && record->name != spec.label() ? record->name + " (" + spec.label() + ")"
+                                                      : spec.label();
+    }
 };
 
 Target resolveTarget(const std::string& word, const std::string& db) {

@@ -157,8 +157,8 @@ void runServe(ServeState& st, int& exitCode) {
         served.version = st.fileVersion;
         if (!st.sha256.empty() &&
             (st.sha256.size() != 64 || !std::all_of(st.sha256.begin(), st.sha256.end(), [](unsigned char c) {
-                return std::isxdigit(c) && !std::isupper(c);
-            })))
+                 return std::isxdigit(c) && !std::isupper(c);
+             })))
             throw UsageError("--sha256 must be the file's SHA-256: 64 lower-case hex digits");
         try {
             core::readArtifact(st.file);
@@ -239,15 +239,16 @@ void printDeployment(const core::DeployResult& r, bool json) {
                   << std::endl;
         return;
     }
-    std::printf("%s v%lld live at %s%s%s\n", d.model.c_str(), static_cast<long long>(d.version), d.url.c_str(),
-                d.target.rfind("ssh:", 0) == 0 ? (" on " + d.target.substr(4)).c_str() : "",
+    std::printf("%s v%lld live at %s%s%s\n", d.model.c_str(), static_cast<long long>(d.version),
+                d.url.c_str(), d.target.rfind("ssh:", 0) == 0 ? (" on " + d.target.substr(4)).c_str() : "",
                 r.previousVersion ? (" (was v" + std::to_string(r.previousVersion) + ")").c_str() : "");
 }
 
 // Reaches the host of a deployment recorded as "ssh:NAME" through the workspace's inventory.
 core::ServerHostFor inventoryHosts(const std::string& db) {
     return [db](const std::string& target) -> std::shared_ptr<core::ServerHost> {
-        if (target.rfind("ssh:", 0) != 0) throw core::ConfigError("unknown deployment target '" + target + "'");
+        if (target.rfind("ssh:", 0) != 0)
+            throw core::ConfigError("unknown deployment target '" + target + "'");
         const std::string name = target.substr(4);
         CommonOptions opts;
         opts.db = db;
@@ -275,9 +276,10 @@ std::shared_ptr<core::ServerHost> inventoryHostNamed(const DeployState& st) {
     in_addr v4{};
     in6_addr v6{};
     if (::inet_pton(AF_INET, st.host.c_str(), &v4) != 1 && ::inet_pton(AF_INET6, st.host.c_str(), &v6) != 1)
-        throw UsageError("--host " + st.host +
-                         ": no such host in the workspace (lathectl hosts list shows them, lathectl hosts add "
-                         "adds one), and not an IP address for a server on this machine to listen on");
+        throw UsageError(
+            "--host " + st.host +
+            ": no such host in the workspace (lathectl hosts list shows them, lathectl hosts add "
+            "adds one), and not an IP address for a server on this machine to listen on");
     return nullptr;
 }
 
@@ -494,7 +496,8 @@ void registerServe(CLI::App& app, int& exitCode) {
         auto& stop = installStopHandler();
         const bool watched = core::watchDeployment(*registry, watch->model, watch->instance, rules, stop);
         removeStopHandler();
-        std::fprintf(stderr, watched ? "watch of %s ended\n" : "%s is watched already\n", watch->model.c_str());
+        std::fprintf(stderr, watched ? "watch of %s ended\n" : "%s is watched already\n",
+                     watch->model.c_str());
     });
 
     auto hist = std::make_shared<DeployState>();

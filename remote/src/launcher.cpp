@@ -132,8 +132,8 @@ void checkOne(HostState& h, const RemoteLaunchOptions& o, const Staging& staging
         r.hostKey = h.control->hostKeyFingerprint();
         r.address = h.control->peerAddress();
         if (r.address.empty()) {  // reached through a proxy (ProxyJump): ask the host itself
-            const std::string own =
-                h.control->run(posixShell("hostname -I 2>/dev/null | cut -d' ' -f1"), "asking its address", 30);
+            const std::string own = h.control->run(posixShell("hostname -I 2>/dev/null | cut -d' ' -f1"),
+                                                   "asking its address", 30);
             r.address = own.substr(0, own.find_first_of(" \n"));
         }
         if (r.address.empty()) {
@@ -591,9 +591,10 @@ core::LaunchResult launchChecked(const core::LaunchOptions& base, const RemoteLa
                                 "; give --master-addr");
     const std::string libEnv0 =
         first.libraryPath.empty() ? "" : "LD_LIBRARY_PATH=" + shellQuote(first.libraryPath) + " ";
-    const std::string portText = first.control->run(
-        posixShell(libEnv0 + shellQuote(first.report.lathectl) + " free-port --address " + shellQuote(master)),
-        "finding a free port on " + first.host.name + " for " + master, 60);
+    const std::string portText =
+        first.control->run(posixShell(libEnv0 + shellQuote(first.report.lathectl) + " free-port --address " +
+                                      shellQuote(master)),
+                           "finding a free port on " + first.host.name + " for " + master, 60);
     int port = 0;
     try {
         port = std::stoi(portText);

@@ -11,8 +11,8 @@
 #include <fstream>
 #include <mutex>
 #include <sstream>
-#include <vector>
 #include <thread>
+#include <vector>
 
 #include "lathe/core/error.h"
 #include "lathe/remote/sftp.h"
@@ -41,7 +41,8 @@ public:
     }
 
     uint16_t freePort() override {
-        const std::string out = run(program() + " free-port --address " + shellQuote(address()), "finding a free port");
+        const std::string out =
+            run(program() + " free-port --address " + shellQuote(address()), "finding a free port");
         try {
             const int port = std::stoi(out);
             if (port > 0 && port < 65536) return static_cast<uint16_t>(port);
@@ -51,7 +52,8 @@ public:
     }
 
     std::string stageArtifact(const std::string& localPath, const std::string& sha256) override {
-        const std::string path = std::string(kModels) + "/" + sha256 + fs::path(localPath).extension().string();
+        const std::string path =
+            std::string(kModels) + "/" + sha256 + fs::path(localPath).extension().string();
         try {
             if (remoteSha256(session(), path) == sha256) return absolute(path);
         } catch (const SshError&) {  // not there yet
@@ -103,13 +105,14 @@ public:
         // Its program is lathectl (/proc/PID/exe, which argv[0] cannot fake) and its arguments are
         // `serve … --instance-id INSTANCE`.
         const std::string p = "/proc/" + std::to_string(pid);
-        const std::string out = run("if [ -r " + p + "/cmdline ]; then readlink " + p + "/exe; tr '\\0' '\\n' < " + p +
-                                        "/cmdline; fi",
+        const std::string out = run("if [ -r " + p + "/cmdline ]; then readlink " + p +
+                                        "/exe; tr '\\0' '\\n' < " + p + "/cmdline; fi",
                                     "looking at the server process");
         std::istringstream lines(out);
         std::string exe, line;
         std::getline(lines, exe);
-        if (exe.size() > 10 && exe.compare(exe.size() - 10, 10, " (deleted)") == 0) exe.resize(exe.size() - 10);
+        if (exe.size() > 10 && exe.compare(exe.size() - 10, 10, " (deleted)") == 0)
+            exe.resize(exe.size() - 10);
         if (fs::path(exe).filename() != "lathectl") return false;
         std::vector<std::string> args;
         while (std::getline(lines, line)) args.push_back(line);
@@ -125,14 +128,16 @@ public:
             const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
             while (isServer(pid, instance) && std::chrono::steady_clock::now() < deadline)
                 std::this_thread::sleep_for(std::chrono::milliseconds(200));
-            if (isServer(pid, instance)) run("kill -KILL " + std::to_string(pid) + " 2>/dev/null; true", "killing the server");
+            if (isServer(pid, instance))
+                run("kill -KILL " + std::to_string(pid) + " 2>/dev/null; true", "killing the server");
         }
         run("rm -f -- " + shellQuote(tokenFile(instance)), "removing the token file");
     }
 
     std::string logTail(const std::string& logPath) override {
         try {
-            const std::string out = run("tail -n 8 -- " + shellQuote(logPath) + " 2>/dev/null; true", "reading the log");
+            const std::string out =
+                run("tail -n 8 -- " + shellQuote(logPath) + " 2>/dev/null; true", "reading the log");
             std::string indented;
             std::istringstream lines(out);
             for (std::string l; std::getline(lines, l);) indented += "\n  " + l;
@@ -143,7 +148,9 @@ public:
     }
 
 private:
-    [[noreturn]] void fail(const std::string& what) const { throw core::Error("host " + m_name + ": " + what); }
+    [[noreturn]] void fail(const std::string& what) const {
+        throw core::Error("host " + m_name + ": " + what);
+    }
 
     // SSH failures become core::Error, which deploy reports as they are.
     template <typename F>
@@ -152,7 +159,8 @@ private:
             f();
         } catch (const SshError& ex) {
             m_session.reset();
-            throw core::Error(std::string(ex.what()) + (m_name == m_spec.label() ? "" : " (host " + m_name + ")"));
+            throw core::Error(std::string(ex.what()) +
+                              (m_name == m_spec.label() ? "" : " (host " + m_name + ")"));
         }
     }
 
@@ -182,7 +190,9 @@ private:
         session();
         return m_home.empty() ? relative : m_home + "/" + relative;
     }
-    static std::string tokenFile(const std::string& instance) { return std::string(kDeploy) + "/" + instance + ".token"; }
+    static std::string tokenFile(const std::string& instance) {
+        return std::string(kDeploy) + "/" + instance + ".token";
+    }
 
     std::string m_name;
     HostSpec m_spec;

@@ -238,8 +238,7 @@ struct SshSession::Impl {
                         HostKeyError::Reason::Unknown, label(), fingerprint,
                         "host key " + keyType + " " + fingerprint + " is not in " + knownHosts +
                             "; compare it with the host's own (ssh-keygen -lf on the host), then "
-                            "connect once with trust on first use (lathectl hosts check "
-                            "--trust-on-first-use) or add it with ssh-keyscan");
+                            "add it with lathectl hosts trust HOST (it shows the key and asks)");
                 if (ssh_session_update_known_hosts(session) != SSH_OK)
                     throw HostKeyError(
                         HostKeyError::Reason::Unusable, label(), fingerprint,

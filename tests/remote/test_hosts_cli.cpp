@@ -40,7 +40,7 @@ TEST_CASE("lathectl hosts check verifies the host key and reports the host", "[r
     CHECK(strict.exitCode == 1);
     CHECK_THAT(strict.err, Catch::Contains("is not in " + sshd.knownHosts()) &&
                                Catch::Contains(sshd.hostKeyFingerprint()) &&
-                               Catch::Contains("--trust-on-first-use"));
+                               Catch::Contains("lathectl hosts trust"));
 
     const auto tofu = lathe::test::runShell(hostsCheck(sshd, "--trust-on-first-use --json"));
     REQUIRE(tofu.exitCode == 0);

@@ -43,7 +43,8 @@ namespace {
 std::string inferBody(float value) {
     json data = json::array();
     for (int i = 0; i < 64; ++i) data.push_back(value + 0.001f * static_cast<float>(i));
-    return json{{"inputs", {{{"name", "input"}, {"shape", {1, 1, 8, 8}}, {"datatype", "FP32"}, {"data", data}}}}}
+    return json{
+        {"inputs", {{{"name", "input"}, {"shape", {1, 1, 8, 8}}, {"datatype", "FP32"}, {"data", data}}}}}
         .dump();
 }
 
@@ -58,8 +59,9 @@ std::vector<std::vector<double>> answersOf(const core::ModelVersion& v) {
     const auto port = server.start();
     std::vector<std::vector<double>> out;
     for (int r = 0; r < kInputs; ++r) {
-        const auto a = core::httpRequest("POST", "http://127.0.0.1:" + std::to_string(port) + "/v2/models/digits/infer",
-                                         inferBody(0.2f * static_cast<float>(r)));
+        const auto a =
+            core::httpRequest("POST", "http://127.0.0.1:" + std::to_string(port) + "/v2/models/digits/infer",
+                              inferBody(0.2f * static_cast<float>(r)));
         REQUIRE(a.status == 200);
         out.push_back(json::parse(a.body)["outputs"][0]["data"].get<std::vector<double>>());
     }
@@ -87,8 +89,9 @@ bool waitUntil(const std::function<bool()>& done, double seconds) {
 
 }  // namespace
 
-TEST_CASE("a model deployed on another host is hot-swapped and rolled back under load, watched, and undeployed",
-          "[remote][serving]") {
+TEST_CASE(
+    "a model deployed on another host is hot-swapped and rolled back under load, watched, and undeployed",
+    "[remote][serving]") {
     if (const std::string why = SshdServer::unavailableReason(); !why.empty()) LATHE_SKIP(why);
     SshdServer host{"127.0.0.2"};
     lathe::test::ServingWorkspace ws;
@@ -99,10 +102,12 @@ TEST_CASE("a model deployed on another host is hot-swapped and rolled back under
                lathe::remote::test::currentUser() + "\n  IdentityFile " + host.clientKey() + "\n";
     };
     writeFile(home + "/.ssh/config", config(host.port()));
-    writeFile(home + "/.ssh/known_hosts", "[127.0.0.2]:" + std::to_string(host.port()) + " " + host.hostPublicKey() + "\n");
+    writeFile(home + "/.ssh/known_hosts",
+              "[127.0.0.2]:" + std::to_string(host.port()) + " " + host.hostPublicKey() + "\n");
     const std::string lathectl = lathe::test::binPath("lathectl");
     const auto run = [&](const std::string& args) {
-        return runShell("env -u SSH_AUTH_SOCK HOME=" + home + " " + lathectl + " " + args + " --db " + ws.db());
+        return runShell("env -u SSH_AUTH_SOCK HOME=" + home + " " + lathectl + " " + args + " --db " +
+                        ws.db());
     };
     REQUIRE(run("hosts add gpu-a --address gpu-a --lathectl " + lathectl).exitCode == 0);
     // v2: other weights, so that every answer tells which version computed it.
@@ -148,6 +153,10 @@ TEST_CASE("a model deployed on another host is hot-swapped and rolled back under
     const char* realHome = std::getenv("HOME");
     REQUIRE(realHome != nullptr);  // the host's home: sshd logs in with the passwd entry's
     CHECK_FALSE(fs::exists(std::string(realHome) + "/.cache/lathe/deploy/" + instance + ".token"));
+    // Server flags cannot reach the live server (a version change hot-swaps it): refused.
+    r = run("deploy digits:2 --max-batch 8");
+    CHECK(r.exitCode == 2);
+    CHECK_THAT(r.err, Catch::Contains("would not apply") && Catch::Contains("host gpu-a"));
     // Its control API wants the token: a load without it is refused.
     const auto denied = core::httpRequest("POST", url + "/v2/repository/models/digits/load", "{}");
     CHECK(denied.status == 401);
@@ -190,7 +199,8 @@ TEST_CASE("a model deployed on another host is hot-swapped and rolled back under
                 if (right) {
                     const auto& want = refs[label][static_cast<size_t>(input)];
                     right = got.size() == want.size();
-                    for (size_t k = 0; right && k < got.size(); ++k) right = std::fabs(got[k] - want[k]) <= 1e-3;
+                    for (size_t k = 0; right && k < got.size(); ++k)
+                        right = std::fabs(got[k] - want[k]) <= 1e-3;
                 }
                 std::lock_guard<std::mutex> lk(mutex);
                 ++versions[label];
@@ -258,6 +268,11 @@ TEST_CASE("a model deployed on another host is hot-swapped and rolled back under
     CHECK(waitUntil([&] { return pidsMatching(watcherPattern).empty(); }, 10));
     CHECK(pidsMatching("[l]athectl serve .*--instance-id " + instance).empty());
     std::error_code ec;
-    fs::remove(std::string(realHome) + "/.cache/lathe/models/" + v1.sha256 + fs::path(v1.path).extension().string(), ec);
-    fs::remove(std::string(realHome) + "/.cache/lathe/models/" + v2.sha256 + fs::path(v2.path).extension().string(), ec);
+    fs::remove(std::string(realHome) + "/.cache/lathe/deploy/" + instance + ".log", ec);
+    fs::remove(
+        std::string(realHome) + "/.cache/lathe/models/" + v1.sha256 + fs::path(v1.path).extension().string(),
+        ec);
+    fs::remove(
+        std::string(realHome) + "/.cache/lathe/models/" + v2.sha256 + fs::path(v2.path).extension().string(),
+        ec);
 }

@@ -58,8 +58,7 @@ TEST_CASE("unknown host key is refused with the host and its SHA256 fingerprint"
               "host " + label + ": host key ssh-ed25519 " + sshd.hostKeyFingerprint() + " is not in " +
                   sshd.knownHosts() +
                   "; compare it with the host's own (ssh-keygen -lf on the host), then "
-                  "connect once with trust on first use (lathectl hosts check "
-                  "--trust-on-first-use) or add it with ssh-keyscan");
+                  "add it with lathectl hosts trust HOST (it shows the key and asks)");
     }
     CHECK_FALSE(session.isConnected());
     // Strict mode must not have recorded anything.

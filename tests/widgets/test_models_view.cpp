@@ -414,11 +414,34 @@ TEST_CASE("ModelsView: a new server's host is chosen beside Deploy, and a live m
     view.setTargetHosts({"gpu-c"});
     CHECK(view.deployHost().isEmpty());
 
-    // digits is live: a deploy hot-swaps it where it runs, whatever the box says.
+    // digits is live here: a deploy hot-swaps it where it runs; the box shows that place, greyed.
     view.targetBox()->setCurrentIndex(1);
+    CHECK(view.deployHost() == "gpu-c");
     view.selectModel("digits", 3);
     CHECK_FALSE(view.targetBox()->isEnabled());
+    CHECK(view.targetBox()->currentIndex() == 0);
     CHECK(view.targetBox()->toolTip().contains("hot-swaps it there"));
     CHECK(view.deployHost().isEmpty());
+    // Back on spirals, the choice made for it is still there.
+    view.selectModel("spirals", 1);
+    CHECK(view.targetBox()->isEnabled());
+    CHECK(view.deployHost() == "gpu-c");
+
+    // A model live on a host shows that host, in the box and beside its URL.
+    lathe::core::Deployment d;
+    d.model = "spirals";
+    d.version = 1;
+    d.target = "ssh:gpu-c";
+    d.url = "http://10.0.0.7:8500";
+    fx.registry->recordDeployment(d);
+    const int n = refreshed.count();
+    view.refresh();
+    REQUIRE(waitUntil([&] { return refreshed.count() > n; }, 5000));
+    view.selectModel("spirals", 1);
+    CHECK_FALSE(view.targetBox()->isEnabled());
+    CHECK(view.targetBox()->currentText() == "host gpu-c");
+    CHECK(view.deployHost().isEmpty());
+    const auto row = view.listModel()->indexOf("spirals", 1);
+    CHECK(cell(*view.listModel(), row, 1).contains("http://10.0.0.7:8500 on gpu-c"));
     view.grab().save(outputPath("models_view_target.png"));
 }

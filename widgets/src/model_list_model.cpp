@@ -105,6 +105,8 @@ void ModelListModel::prepare(Node& node) {
     const core::Deployment* live = node.entry.live();
     node.liveVersion = live ? live->version : 0;
     node.liveUrl = live ? live->url : std::string();
+    // Where it runs, when that is not this machine: "http://10.0.0.7:8500 on gpu-a".
+    if (live && live->target.rfind("ssh:", 0) == 0) node.liveUrl += " on " + live->target.substr(4);
 }
 
 void ModelListModel::setModels(std::vector<ModelEntry> models) {

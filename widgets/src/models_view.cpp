@@ -100,7 +100,10 @@ ModelsView::ModelsView(QWidget* parent) : QWidget(parent) {
     connect(m_deploy, &QPushButton::clicked, this, &ModelsView::requestDeploy);
     connect(m_rollback, &QPushButton::clicked, this, &ModelsView::requestRollback);
     connect(m_refresh, &QPushButton::clicked, this, &ModelsView::refresh);
-    connect(m_target, QOverload<int>::of(&QComboBox::currentIndexChanged), this, &ModelsView::updateButtons);
+    connect(m_target, QOverload<int>::of(&QComboBox::currentIndexChanged), this, [this] {
+        if (m_target->isEnabled()) m_chosenHost = m_target->currentData().toString();
+        updateButtons();
+    });
     connect(m_tree->selectionModel(), &QItemSelectionModel::selectionChanged, this,
             &ModelsView::onSelectionChanged);
     // A model's Serving column changes when a deployment lands: the buttons follow.
@@ -127,20 +130,19 @@ void ModelsView::setRefreshInterval(int ms) { m_timer->setInterval(ms); }
 void ModelsView::setConfirmHook(ConfirmHook hook) { m_confirm = std::move(hook); }
 
 void ModelsView::setTargetHosts(const QStringList& names) {
-    const QString current = m_target->currentData().toString();
-    QSignalBlocker block(m_target);
-    while (m_target->count() > 1) m_target->removeItem(1);
-    for (const auto& name : names) m_target->addItem(tr("host %1").arg(name), name);
-    const int keep = m_target->findData(current);
-    m_target->setCurrentIndex(keep >= 0 ? keep : 0);
-    block.unblock();
+    {
+        QSignalBlocker block(m_target);
+        while (m_target->count() > 1) m_target->removeItem(1);
+        for (const auto& name : names) m_target->addItem(tr("host %1").arg(name), name);
+    }
+    if (!names.contains(m_chosenHost)) m_chosenHost.clear();
     updateButtons();
 }
 
 QString ModelsView::deployHost() const {
     const ModelEntry* entry = m_model->entry(selectedModel());
     if (entry && entry->live()) return {};
-    return m_target->currentData().toString();
+    return m_chosenHost;
 }
 
 void ModelsView::setDeployTarget(const QString& host, int port) {
@@ -308,10 +310,21 @@ void ModelsView::updateButtons() {
     else
         rollbackTip = rollbackQuestion(model);
     m_rollback->setEnabled(!m_busy && live && back > 0);
-    m_target->setEnabled(!m_busy && !live);
-    m_target->setToolTip(live ? tr("%1 is live at %2: a deploy hot-swaps it there (undeploy it to move it)")
-                                    .arg(model, QString::fromStdString(live->url))
-                              : tr("Where a new server runs: this machine, or a host of the workspace (Hosts page)"));
+    {
+        // The box shows where a deploy goes: the person's choice, or where a live model runs.
+        QSignalBlocker block(m_target);
+        m_target->setEnabled(!m_busy && !live);
+        QString shown = m_chosenHost;
+        if (live)
+            shown = live->target.rfind("ssh:", 0) == 0 ? QString::fromStdString(live->target.substr(4))
+                                                       : QString();
+        const int index = m_target->findData(shown);
+        m_target->setCurrentIndex(index >= 0 ? index : 0);
+    }
+    m_target->setToolTip(
+        live ? tr("%1 is live at %2: a deploy hot-swaps it there (undeploy it to move it)")
+                   .arg(model, QString::fromStdString(live->url))
+             : tr("Where a new server runs: this machine, or a host of the workspace (Hosts page)"));
     m_rollback->setToolTip(rollbackTip);
     m_refresh->setEnabled(m_registry != nullptr);
 }

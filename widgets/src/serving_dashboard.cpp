@@ -372,8 +372,12 @@ void ServingDashboard::updateSummary() {
     for (const auto& d : m_deployments)
         if (d.live()) live = &d;
     if (live)
-        parts
-            << tr("v%1 live · %2").arg(live->version).arg(QString::fromStdString(live->url).toHtmlEscaped());
+        parts << tr("v%1 live · %2")
+                     .arg(live->version)
+                     .arg(QString::fromStdString(live->url + (live->target.rfind("ssh:", 0) == 0
+                                                                  ? " on " + live->target.substr(4)
+                                                                  : std::string()))
+                              .toHtmlEscaped());
     else if (!m_deployments.empty())
         parts << tr("not deployed");
     auto value = [this](const char* key) { return lastValue(key); };

@@ -14,6 +14,7 @@
 #include <openssl/rand.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
@@ -22,7 +23,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <atomic>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -354,22 +354,30 @@ void hotSwap(const Deployment& live, const ModelVersion& v, const DeployOptions&
 
 bool remoteTarget(const std::string& target) { return target.rfind("ssh:", 0) == 0; }
 
+// "host gpu-a" for the target "ssh:gpu-a", as messages name it.
+std::string placeOf(const std::string& target) {
+    return remoteTarget(target) ? "host " + target.substr(4) : target == "local" ? "this machine" : target;
+}
+
 std::shared_ptr<ServerHost> hostOfTarget(const DeployOptions& o, const std::string& target) {
     if (o.on && o.on->target() == target) return o.on;
-    if (!o.hostFor) throw ConfigError("the deployment runs on " + target + ", which this program cannot reach");
+    if (!o.hostFor)
+        throw ConfigError("the deployment runs on " + placeOf(target) + ", which this program cannot reach");
     return o.hostFor(target);
 }
 
 // Records `d` (a few tries when the workspace is busy), or says what serves and how to record it.
-int64_t recordSwapped(Registry& registry, const Deployment& d, const std::string& url, const ModelVersion& v) {
+int64_t recordSwapped(Registry& registry, const Deployment& d, const std::string& url,
+                      const ModelVersion& v) {
     for (int attempt = 0;; ++attempt) {
         try {
             return registry.recordDeployment(d);
         } catch (const std::exception& ex) {
             if (attempt >= 2)
                 throw Error(url + " now serves " + v.name + " v" + std::to_string(v.version) +
-                            ", but the deployment history could not be updated (" + ex.what() + "); run `lathectl deploy " +
-                            v.name + ":" + std::to_string(v.version) + "` again to record it");
+                            ", but the deployment history could not be updated (" + ex.what() +
+                            "); run `lathectl deploy " + v.name + ":" + std::to_string(v.version) +
+                            "` again to record it");
             std::this_thread::sleep_for(std::chrono::seconds(1));
         }
     }
@@ -378,7 +386,8 @@ int64_t recordSwapped(Registry& registry, const Deployment& d, const std::string
 // A server on another host cannot write to this workspace: a local `lathectl watch` scrapes its
 // /metrics into it (the dashboard, alerts) for as long as the deployment lives, and exits when it
 // ends. One per server: a second one started for the same server (a hot swap) leaves at once.
-void startWatcher(Registry& registry, const DeployOptions& o, const Deployment& d, const std::string& alertRules) {
+void startWatcher(Registry& registry, const DeployOptions& o, const Deployment& d,
+                  const std::string& alertRules) {
     if (o.serverProgram.empty()) {
         say(o, "no local lathectl to watch " + d.url + ": its metrics are not recorded in the workspace");
         return;
@@ -388,8 +397,8 @@ void startWatcher(Registry& registry, const DeployOptions& o, const Deployment& 
         std::error_code ec;
         fs::create_directories(dir, ec);
         const auto log = (dir / (d.model + "-watch-" + d.instance.substr(0, 8) + ".log")).string();
-        std::vector<std::string> args{o.serverProgram, "watch",         "--db",      registry.workspacePath(),
-                                      "--model",       d.model,         "--instance", d.instance};
+        std::vector<std::string> args{o.serverProgram, "watch", "--db",       registry.workspacePath(),
+                                      "--model",       d.model, "--instance", d.instance};
         if (!alertRules.empty()) args.insert(args.end(), {"--alert-rules", alertRules});
         spawnDetached(args, log);
     } catch (const std::exception& ex) {
@@ -404,7 +413,8 @@ std::string takeAlertRules(std::vector<std::string>& args) {
     for (size_t i = 0; i + 1 < args.size();) {
         if (args[i] == "--alert-rules") {
             rules = args[i + 1];
-            args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(i) + 2);
+            args.erase(args.begin() + static_cast<std::ptrdiff_t>(i),
+                       args.begin() + static_cast<std::ptrdiff_t>(i) + 2);
         } else {
             ++i;
         }
@@ -422,27 +432,30 @@ DeployResult deployElsewhere(Registry& registry, const ModelVersion& v, const st
         auto host = hostOfTarget(o, live->target);
         if (host->isServer(live->pid, live->instance)) {
             if (!deploymentUp(*live, 1.0) && !deploymentUp(*live, 10.0))
-                throw Error(v.name + "'s server on " + live->target + " (pid " + std::to_string(live->pid) + ", " +
-                            live->url + ") is running but does not answer /v2/health/ready; nothing was changed. Its log " +
-                            live->logPath + " there ends:" + host->logTail(live->logPath));
+                throw Error(
+                    v.name + "'s server on " + placeOf(live->target) + " (pid " + std::to_string(live->pid) +
+                    ", " + live->url +
+                    ") is running but does not answer /v2/health/ready; nothing was changed. Its log " +
+                    live->logPath + " there ends:" + host->logTail(live->logPath));
             if (serverInstance(live->url) != live->instance)
-                throw Error("the server answering at " + live->url + " is not the one recorded for " + v.name +
-                            "; nothing was changed");
+                throw Error("the server answering at " + live->url + " is not the one recorded for " +
+                            v.name + "; nothing was changed");
             if (o.port != 0 && o.port != portOf(live->url))
-                throw ConfigError(v.name + " is live at " + live->url + "; undeploy it first to move it to port " +
-                                  std::to_string(o.port));
+                throw ConfigError(v.name + " is live at " + live->url +
+                                  "; undeploy it first to move it to port " + std::to_string(o.port));
             if (!o.serverArgs.empty()) {
                 std::string flags;
                 for (const auto& a : o.serverArgs)
                     if (a.rfind("--", 0) == 0) flags += (flags.empty() ? "" : " ") + a;
-                throw ConfigError(v.name + " is live at " + live->url + " on " + live->target.substr(4) +
+                throw ConfigError(v.name + " is live at " + live->url + " on " + placeOf(live->target) +
                                   " and a version change hot-swaps it, so " + flags +
                                   " would not apply; undeploy it first to start a server with them");
             }
             result.previousVersion = live->version;
             if (live->version == v.version && o.action == "deploy")
-                throw ConfigError(v.name + " v" + std::to_string(v.version) + " is already live at " + live->url);
-            say(o, "copying " + v.name + " v" + std::to_string(v.version) + " to " + live->target);
+                throw ConfigError(v.name + " v" + std::to_string(v.version) + " is already live at " +
+                                  live->url);
+            say(o, "copying " + v.name + " v" + std::to_string(v.version) + " to " + placeOf(live->target));
             const std::string path = host->stageArtifact(v.path, v.sha256);
             say(o, "hot-swapping " + v.name + " v" + std::to_string(live->version) + " -> v" +
                        std::to_string(v.version) + " at " + live->url);
@@ -465,14 +478,15 @@ DeployResult deployElsewhere(Registry& registry, const ModelVersion& v, const st
         registry.endDeployment(live->id, "server not running");
         result.previousVersion = live->version;
     } else if (live) {
-        throw ConfigError(v.name + " is live at " + live->url + " (" + live->target + "); undeploy it first to move it to " +
-                          (o.on ? o.on->target() : std::string("this machine")));
+        throw ConfigError(v.name + " is live at " + live->url + " on " + placeOf(live->target) +
+                          "; undeploy it first to move it to " +
+                          (o.on ? placeOf(o.on->target()) : std::string("this machine")));
     }
     // A new server: on the host asked for, else where the recorded one ran (it is gone).
     const auto host = o.on ? o.on : hostOfTarget(o, live->target);
     const std::string address = host->address();
     const uint16_t port = o.port != 0 ? o.port : host->freePort();
-    say(o, "copying " + v.name + " v" + std::to_string(v.version) + " to " + host->target());
+    say(o, "copying " + v.name + " v" + std::to_string(v.version) + " to " + placeOf(host->target()));
     const std::string path = host->stageArtifact(v.path, v.sha256);
     Deployment d;
     d.model = v.name;
@@ -499,24 +513,28 @@ DeployResult deployElsewhere(Registry& registry, const ModelVersion& v, const st
     } forget{registry, d.instance};
     std::vector<std::string> serverArgs = o.serverArgs;
     const std::string alertRules = takeAlertRules(serverArgs);
-    std::vector<std::string> args{"serve",  "--file",   path,   "--name",        v.name,     "--version",
-                                  std::to_string(v.version), "--sha256", v.sha256, "--host", address,
-                                  "--port", std::to_string(port), "--instance-id", d.instance};
+    std::vector<std::string> args{
+        "serve",    "--file", path,     "--name", v.name,   "--version",          std::to_string(v.version),
+        "--sha256", v.sha256, "--host", address,  "--port", std::to_string(port), "--instance-id",
+        d.instance};
     args.insert(args.end(), serverArgs.begin(), serverArgs.end());
-    say(o, "starting a server on " + host->target() + " at " + d.url);
+    say(o, "starting a server on " + placeOf(host->target()) + " at " + d.url);
     d.pid = host->startServer(args, secret, d.logPath);
     try {
-        const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.readyTimeoutS);
+        const auto deadline =
+            std::chrono::steady_clock::now() + std::chrono::duration<double>(o.readyTimeoutS);
         for (;;) {
-            if (serverInstance(d.url) == d.instance && deploymentUp(d, 1.0) && servedVersion(d.url, v.name, 2) == v.version)
+            if (serverInstance(d.url) == d.instance && deploymentUp(d, 1.0) &&
+                servedVersion(d.url, v.name, 2) == v.version)
                 break;
             if (!host->isServer(d.pid, d.instance))
-                throw Error("the server for " + v.name + " on " + host->target() + " exited before it was ready; its log " +
-                            d.logPath + " there ends:" + host->logTail(d.logPath));
+                throw Error("the server for " + v.name + " on " + placeOf(host->target()) +
+                            " exited before it was ready; its log " + d.logPath +
+                            " there ends:" + host->logTail(d.logPath));
             if (std::chrono::steady_clock::now() > deadline)
-                throw Error("the server for " + v.name + " on " + host->target() + " was not ready within " +
-                            seconds(o.readyTimeoutS) + " s; stopped it. Its log " + d.logPath + " there ends:" +
-                            host->logTail(d.logPath));
+                throw Error("the server for " + v.name + " on " + placeOf(host->target()) +
+                            " was not ready within " + seconds(o.readyTimeoutS) + " s; stopped it. Its log " +
+                            d.logPath + " there ends:" + host->logTail(d.logPath));
             std::this_thread::sleep_for(std::chrono::milliseconds(200));
         }
         host->serverStarted(d.instance);
@@ -532,8 +550,8 @@ DeployResult deployElsewhere(Registry& registry, const ModelVersion& v, const st
     result.deployment = d;
     result.started = true;
     startWatcher(registry, o, d, alertRules);
-    say(o, v.name + " v" + std::to_string(v.version) + " is live at " + d.url + " on " + host->target() + " (pid " +
-               std::to_string(d.pid) + " there)");
+    say(o, v.name + " v" + std::to_string(v.version) + " is live at " + d.url + " on " +
+               placeOf(host->target()) + " (pid " + std::to_string(d.pid) + " there)");
     return result;
 }
 
@@ -754,7 +772,7 @@ bool watchDeployment(Registry& registry, const std::string& model, const std::st
         if (std::chrono::steady_clock::now() < next) continue;
         next = std::chrono::steady_clock::now() + std::chrono::seconds(1);
         try {
-            if (!current()) break;  // undeployed, or replaced by another server
+            if (!current()) break;         // undeployed, or replaced by another server
         } catch (const std::exception&) {  // a busy workspace: look again in a second
         }
     }
@@ -806,7 +824,9 @@ void undeploy(Registry& registry, const std::string& model, const ServerHostFor&
     if (!live) throw ConfigError(model + " is not deployed");
     if (remoteTarget(live->target)) {
         // A host that cannot be reached throws here: the record stays live (its server may run).
-        if (!hostFor) throw ConfigError(model + " runs on " + live->target + ", which this program cannot reach");
+        if (!hostFor)
+            throw ConfigError(model + " runs on " + placeOf(live->target) +
+                              ", which this program cannot reach");
         const auto host = hostFor(live->target);
         if (host->isServer(live->pid, live->instance)) host->stopServer(live->pid, live->instance);
         registry.endDeployment(live->id, "undeployed");

@@ -8,8 +8,8 @@
 // The list is re-read from the registry every few seconds (deployments made by lathectl or the
 // rollout controller show up) on a worker thread; a generation counter drops stale reads.
 #include <QSet>
-#include <QStringList>
 #include <QString>
+#include <QStringList>
 #include <QThreadPool>
 #include <QWidget>
 
@@ -110,6 +110,8 @@ private:
     QPushButton* m_rollback = nullptr;
     QPushButton* m_refresh = nullptr;
     QComboBox* m_target = nullptr;
+    QString m_chosenHost;  // the person's choice in m_target ("": this machine), kept while a live model
+                           // shows its own
     QLabel* m_status = nullptr;
     ServingDashboard* m_dashboard = nullptr;
     QTimer* m_timer = nullptr;
