@@ -46,6 +46,7 @@ public:
     /// Reaches the hosts of the workspace ("ssh:NAME" targets): where a new server may be started,
     /// and where live deployments elsewhere are hot-swapped, rolled back and stopped.
     void setServerHosts(core::ServerHostFor hosts) { m_hosts = std::move(hosts); }
+    const core::ServerHostFor& serverHosts() const { return m_hosts; }
     /// Starts a deployment of `model` v`version` in the background; false when one is running.
     /// `host`: a host of the workspace for a new server (empty: this machine).
     bool deploy(const QString& model, qint64 version, const QString& host = {});

@@ -465,11 +465,26 @@ void registerServe(CLI::App& app, int& exitCode) {
     });
 
     auto un = std::make_shared<DeployState>();
+    auto forget = std::make_shared<bool>(false);
     auto* u = app.add_subcommand("undeploy", "stop NAME's server and end its deployment");
     u->add_option("NAME", un->ref, "model name")->required();
+    u->add_flag("--forget", *forget,
+                "end the deployment without reaching its server (its host is gone for good); the "
+                "server, if it still runs, is left running");
     addCommonOptions(u, un->common, false);
-    u->callback([un] {
+    u->callback([un, forget] {
         auto registry = openRegistry(un->common);
+        core::checkModelName(un->ref);
+        if (*forget) {
+            const auto d = core::forgetDeployment(*registry, un->ref);
+            std::printf("%s forgotten; its server (%s, pid %lld%s) was not stopped%s\n", un->ref.c_str(),
+                        d.url.c_str(), static_cast<long long>(d.pid),
+                        d.target.rfind("ssh:", 0) == 0 ? (" on " + d.target.substr(4)).c_str() : "",
+                        d.instance.empty()
+                            ? ""
+                            : ("; if it still runs, stop it with pkill -f " + d.instance).c_str());
+            return;
+        }
         core::undeploy(*registry, un->ref, inventoryHosts(un->common.db));
         std::printf("%s undeployed\n", un->ref.c_str());
     });

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -35,14 +36,19 @@ public:
     std::string target() const override { return "ssh:" + m_name; }
 
     std::string address() override {
-        const std::string a = session().peerAddress();
+        std::string a = session().peerAddress();
+        if (a.empty()) {  // behind ProxyJump: the host's own first address
+            a = run("hostname -I 2>/dev/null | cut -d' ' -f1", "asking its address");
+            while (!a.empty() && std::isspace(static_cast<unsigned char>(a.back()))) a.pop_back();
+        }
         if (a.empty()) fail("cannot tell the address this machine reaches it at");
         return a;
     }
 
     uint16_t freePort() override {
-        const std::string out =
-            run(program() + " free-port --address " + shellQuote(address()), "finding a free port");
+        // Free on every address of the family: the server listens on all of them.
+        const std::string any = address().find(':') != std::string::npos ? "::" : "0.0.0.0";
+        const std::string out = run(program() + " free-port --address " + any, "finding a free port");
         try {
             const int port = std::stoi(out);
             if (port > 0 && port < 65536) return static_cast<uint16_t>(port);
@@ -87,13 +93,16 @@ public:
         std::string cmd = "cd && umask 077 && { setsid " + program();
         for (const auto& a : serveArgs) cmd += " " + shellQuote(a);
         cmd += " --token-file " + shellQuote(tokenPath) + " >" + shellQuote(logPath) +
-               " 2>&1 </dev/null & echo $!; }";
+               " 2>&1 </dev/null & echo \"lathe-server-pid=$!\"; }";
+        // The pid on a line of its own: a login's start-up files may print before it.
         const std::string out = run(cmd, "starting the server");
-        try {
-            return std::stoll(out);
-        } catch (const std::exception&) {
-            fail("the server's start printed no pid");
-        }
+        std::istringstream lines(out);
+        for (std::string line; std::getline(lines, line);)
+            if (line.rfind("lathe-server-pid=", 0) == 0) try {
+                    return std::stoll(line.substr(17));
+                } catch (const std::exception&) {
+                }
+        fail("the server's start printed no pid");
     }
 
     void serverStarted(const std::string& instance) override {
@@ -102,23 +111,23 @@ public:
 
     bool isServer(int64_t pid, const std::string& instance) override {
         if (pid <= 0 || instance.empty()) return false;
-        // Its program is lathectl (/proc/PID/exe, which argv[0] cannot fake) and its arguments are
-        // `serve … --instance-id INSTANCE`.
+        // Ours (same user) and the deployment's server: `serve … --instance-id INSTANCE` on its
+        // command line. Not its executable's name: the inventory's lathectl may be a wrapper
+        // script that execs it, and setsid runs for a moment before it. A process gone between
+        // two reads is simply not there.
         const std::string p = "/proc/" + std::to_string(pid);
-        const std::string out = run("if [ -r " + p + "/cmdline ]; then readlink " + p +
-                                        "/exe; tr '\\0' '\\n' < " + p + "/cmdline; fi",
-                                    "looking at the server process");
+        const std::string out =
+            run("if [ \"$(stat -c %u " + p + " 2>/dev/null)\" = \"$(id -u)\" ]; then tr '\\0' '\\n' < " + p +
+                    "/cmdline; fi 2>/dev/null; true",
+                "looking at the server process");
         std::istringstream lines(out);
-        std::string exe, line;
-        std::getline(lines, exe);
-        if (exe.size() > 10 && exe.compare(exe.size() - 10, 10, " (deleted)") == 0)
-            exe.resize(exe.size() - 10);
-        if (fs::path(exe).filename() != "lathectl") return false;
         std::vector<std::string> args;
-        while (std::getline(lines, line)) args.push_back(line);
-        if (args.size() < 2 || args[1] != "serve") return false;
-        for (size_t i = 2; i + 1 < args.size(); ++i)
-            if (args[i] == "--instance-id") return args[i + 1] == instance;
+        for (std::string line; std::getline(lines, line);) args.push_back(line);
+        bool serve = false;
+        for (size_t i = 0; i < args.size(); ++i) {
+            serve |= args[i] == "serve";
+            if (serve && args[i] == "--instance-id" && i + 1 < args.size()) return args[i + 1] == instance;
+        }
         return false;
     }
 
@@ -128,9 +137,11 @@ public:
             const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
             while (isServer(pid, instance) && std::chrono::steady_clock::now() < deadline)
                 std::this_thread::sleep_for(std::chrono::milliseconds(200));
-            if (isServer(pid, instance))
-                run("kill -KILL " + std::to_string(pid) + " 2>/dev/null; true", "killing the server");
         }
+        // The net under it: any process of ours still carrying the instance id (a pid that never
+        // came back, a wrapper's child). The bracket keeps the pattern off this shell's own line.
+        run("pkill -KILL -u \"$(id -u)\" -f -- " + shellQuote("[-]-instance-id " + instance) + "; true",
+            "stopping the server");
         run("rm -f -- " + shellQuote(tokenFile(instance)), "removing the token file");
     }
 

@@ -3,6 +3,7 @@
 // copies the model there and starts its server; a hot swap and a rollback under load lose no
 // request; the workspace records the server's metrics through the local watcher; a host that
 // cannot be reached changes nothing; undeploy leaves no server and no watcher behind.
+#include <pwd.h>
 #include <signal.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -21,6 +22,7 @@
 #include "lathe/core/loadgen.h"
 #include "lathe/core/registry.h"
 #include "lathe/core/server.h"
+#include "lathe/core/sha256.h"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
@@ -77,6 +79,16 @@ std::vector<int> pidsMatching(const std::string& pattern) {
     for (int pid; in >> pid;) pids.push_back(pid);
     return pids;
 }
+
+// Kills whatever still carries a deployment's instance id (its server, its watcher) when a
+// check fails half-way: nothing of the test outlives it.
+struct CleanUp {
+    std::string instance;
+    ~CleanUp() {
+        runShell("pkill -KILL -f -- '[-]-instance-id " + instance + "'; pkill -KILL -f -- '[-]-instance " +
+                 instance + "'; true");
+    }
+};
 
 bool waitUntil(const std::function<bool()>& done, double seconds) {
     const auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
@@ -142,17 +154,24 @@ TEST_CASE(
     CHECK(url.rfind("http://127.0.0.2:", 0) == 0);  // where this machine reaches the host
     const auto pid = dep["pid"].get<int64_t>();
     const auto instance = registry.liveDeployment("digits")->instance;
+    CleanUp cleanUp{instance};
     const auto token = registry.deploymentToken(instance);
     REQUIRE(token.size() == 64);
-    // The server there: lathectl serve of the copied file (its SHA-256 checked), the token never on
-    // its command line, and its token file gone once it was read.
+    // The server there: lathectl serve of the copy in the host's model cache (not the workspace's
+    // file), told its SHA-256, listening on all addresses; the token never on its command line, and
+    // its token file gone once it was read. The host's home: sshd logs in with the passwd entry's.
+    const std::string realHome = ::getpwuid(::getuid())->pw_dir;
+    const std::string copy =
+        realHome + "/.cache/lathe/models/" + v1.sha256 + fs::path(v1.path).extension().string();
     const std::string cmdline = lathe::remote::test::readFile("/proc/" + std::to_string(pid) + "/cmdline");
-    CHECK(cmdline.find("serve") != std::string::npos);
-    CHECK(cmdline.find(v1.sha256) != std::string::npos);
+    const auto arg = [](const std::string& a, const std::string& b) { return a + '\0' + b + '\0'; };
+    CHECK(cmdline.rfind(lathectl + '\0' + "serve" + '\0', 0) == 0);
+    CHECK(cmdline.find(arg("--file", copy)) != std::string::npos);
+    CHECK(cmdline.find(arg("--sha256", v1.sha256)) != std::string::npos);
+    CHECK(cmdline.find(arg("--host", "0.0.0.0")) != std::string::npos);
     CHECK(cmdline.find(token) == std::string::npos);
-    const char* realHome = std::getenv("HOME");
-    REQUIRE(realHome != nullptr);  // the host's home: sshd logs in with the passwd entry's
-    CHECK_FALSE(fs::exists(std::string(realHome) + "/.cache/lathe/deploy/" + instance + ".token"));
+    CHECK(core::sha256File(copy) == v1.sha256);
+    CHECK_FALSE(fs::exists(realHome + "/.cache/lathe/deploy/" + instance + ".token"));
     // Server flags cannot reach the live server (a version change hot-swaps it): refused.
     r = run("deploy digits:2 --max-batch 8");
     CHECK(r.exitCode == 2);
@@ -238,12 +257,20 @@ TEST_CASE(
     for (const auto& p : registry.servingMetrics("digits", "qps")) peak = std::max(peak, p.value);
     CHECK(peak > 50);
 
-    // Unreachable over SSH: undeploy fails saying so, and the deployment stays live (its server runs).
+    // Unreachable over SSH: a hot swap and undeploy fail naming the host, and the deployment stays
+    // live as it was (its server runs).
+    const auto before = registry.liveDeployment("digits");
+    REQUIRE(before);
     writeFile(home + "/.ssh/config", config(lathe::remote::test::freePort("127.0.0.2")));
-    r = run("undeploy digits");
+    r = run("deploy digits:2");
     CHECK(r.exitCode != 0);
     CHECK_THAT(r.err, Catch::Contains("gpu-a"));
+    CHECK(registry.liveDeployment("digits")->id == before->id);
+    r = run("undeploy digits");
+    CHECK(r.exitCode != 0);
+    CHECK_THAT(r.err, Catch::Contains("gpu-a") && Catch::Contains("--forget"));
     REQUIRE(registry.liveDeployment("digits"));
+    CHECK(registry.liveDeployment("digits")->id == before->id);
     CHECK(::kill(static_cast<pid_t>(pid), 0) == 0);
     r = run("deployments digits --json");
     REQUIRE(r.exitCode == 0);
@@ -267,12 +294,51 @@ TEST_CASE(
     CHECK(waitUntil([&] { return ::kill(static_cast<pid_t>(pid), 0) != 0; }, 5));
     CHECK(waitUntil([&] { return pidsMatching(watcherPattern).empty(); }, 10));
     CHECK(pidsMatching("[l]athectl serve .*--instance-id " + instance).empty());
+
+    // A server that died there is replaced by a new one on the same host; one forgotten (its host
+    // gone for good) is left running, and the message says how to stop it.
+    r = run("deploy digits:2 --host gpu-a --json");
+    REQUIRE(r.exitCode == 0);
+    const auto pid2 = json::parse(r.out)["pid"].get<int64_t>();
+    const auto instance2 = registry.liveDeployment("digits")->instance;
+    CleanUp cleanUp2{instance2};
+    REQUIRE(::kill(static_cast<pid_t>(pid2), SIGKILL) == 0);
+    CHECK(waitUntil([&] { return ::kill(static_cast<pid_t>(pid2), 0) != 0; }, 5));
+    r = run("deploy digits:1 --json");
+    INFO(r.err);
+    REQUIRE(r.exitCode == 0);
+    CHECK(json::parse(r.out)["started_server"] == true);
+    CHECK(json::parse(r.out)["target"] == "ssh:gpu-a");
+    const auto pid3 = json::parse(r.out)["pid"].get<int64_t>();
+    const auto instance3 = registry.liveDeployment("digits")->instance;
+    CleanUp cleanUp3{instance3};
+    CHECK(registry.deployments("digits").at(1).endReason == "server not running");
+    r = run("undeploy digits --forget");
+    CHECK(r.exitCode == 0);
+    CHECK_THAT(r.out, Catch::Contains("was not stopped") && Catch::Contains("pkill -f " + instance3));
+    CHECK_FALSE(registry.liveDeployment("digits"));
+    CHECK(::kill(static_cast<pid_t>(pid3), 0) == 0);  // left running, as it said
+
     std::error_code ec;
-    fs::remove(std::string(realHome) + "/.cache/lathe/deploy/" + instance + ".log", ec);
-    fs::remove(
-        std::string(realHome) + "/.cache/lathe/models/" + v1.sha256 + fs::path(v1.path).extension().string(),
-        ec);
-    fs::remove(
-        std::string(realHome) + "/.cache/lathe/models/" + v2.sha256 + fs::path(v2.path).extension().string(),
-        ec);
+    for (const auto& i : {instance, instance2, instance3})
+        fs::remove(realHome + "/.cache/lathe/deploy/" + i + ".log", ec);
+    fs::remove(copy, ec);
+    fs::remove(realHome + "/.cache/lathe/models/" + v2.sha256 + fs::path(v2.path).extension().string(), ec);
+}
+
+TEST_CASE("a --file server without a control token loads no other file", "[remote][serving]") {
+    lathe::test::ServingWorkspace ws;
+    core::ServeOptions o;
+    o.port = 0;
+    core::InferenceServer server(o);
+    server.load({"digits", 1, ws.version().path});
+    const auto port = server.start();
+    const json body{
+        {"parameters", {{"version", "2"}, {"path", ws.version().path}, {"sha256", ws.version().sha256}}}};
+    const auto r = core::httpRequest(
+        "POST", "http://127.0.0.1:" + std::to_string(port) + "/v2/repository/models/digits/load",
+        body.dump());
+    CHECK(r.status == 403);
+    CHECK_THAT(r.body, Catch::Contains("without a control token"));
+    CHECK(server.servedVersion("digits") == 1);
 }

@@ -6,6 +6,10 @@
 #include <QTabWidget>
 #include <QTemporaryDir>
 
+#include <signal.h>
+
+#include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -27,11 +31,13 @@
 #include "lathe/widgets/serving_tables.h"
 #include "main_window.h"
 #include "skip.h"
+#include "sshd_fixture.h"
 #include "test_helpers.h"
 
 using lathe::app::DeployOutcome;
 using lathe::app::DeploySession;
 using lathe::app::MainWindow;
+using lathe::remote::test::SshdServer;
 using lathe::test::outputPath;
 using lathe::test::waitUntil;
 using Series = lathe::widgets::ServingChart::Series;
@@ -192,4 +198,119 @@ TEST_CASE("End to end: deploy, hot-swap and roll back a trained model from the M
     chart->plot()->replot(QCustomPlot::rpImmediateRefresh);
     dash->batchPlot()->replot(QCustomPlot::rpImmediateRefresh);
     window->grab().save(outputPath("gui_models_deployed.png"));
+}
+
+TEST_CASE(
+    "End to end: the Models page deploys to a host of the workspace over SSH, hot-swaps and undeploys there",
+    "[widgets][e2e][models][deploy][remote]") {
+    const QString lathectl = QStringLiteral(LATHE_BIN_DIR "/lathectl");
+    if (!QFileInfo(lathectl).isExecutable())
+        LATHE_SKIP(lathectl.toStdString() + " is not built (ninja lathectl)");
+    if (const std::string why = SshdServer::unavailableReason(); !why.empty()) LATHE_SKIP(why);
+    SshdServer sshd{"127.0.0.2"};
+    QTemporaryDir dir;
+    REQUIRE(dir.isValid());
+    // The workbench reads ~/.ssh from $HOME: a private one, with the host's key known.
+    const std::string home = (dir.path() + "/home").toStdString();
+    std::filesystem::create_directories(home + "/.ssh");
+    lathe::remote::test::writeFile(home + "/.ssh/known_hosts", "[127.0.0.2]:" + std::to_string(sshd.port()) +
+                                                                   " " + sshd.hostPublicKey() + "\n");
+    const std::string oldHome = std::getenv("HOME") ? std::getenv("HOME") : "";
+    ::setenv("HOME", home.c_str(), 1);
+    struct RestoreHome {
+        std::string home;
+        ~RestoreHome() { ::setenv("HOME", home.c_str(), 1); }
+    } restoreHome{oldHome};
+
+    const std::string path = (dir.path() + "/workspace.db").toStdString();
+    lathe::core::ModelVersion v1, v2;
+    {
+        lathe::core::Store store(path);
+        lathe::core::RunSpec spec;
+        spec.epochs = 1;
+        const auto rec = lathe::core::trainAndRecord(store, spec, {});
+        REQUIRE(rec.result.status == lathe::core::RunStatus::Completed);
+        store.flush();
+        lathe::core::Registry registry(path);
+        v1 = lathe::core::registerModel(registry, &store, "digits", rec.runId, "", {});
+        v2 = lathe::core::registerModel(registry, &store, "digits", rec.runId, "", {}, v1.version);
+        lathe::core::HostRecord h;
+        h.name = "gpu-a";
+        h.address = "127.0.0.2";
+        h.port = sshd.port();
+        h.user = lathe::remote::test::currentUser();
+        h.identity = sshd.clientKey();
+        h.lathectl = lathectl.toStdString();
+        store.addHost(h);
+    }
+
+    auto window = std::make_unique<MainWindow>(std::make_unique<lathe::core::Store>(path));
+    // Undeploys through the window's own host lookup, whatever happens below.
+    struct UndeployThere {
+        MainWindow* window;
+        ~UndeployThere() {
+            try {
+                if (window->registry()->liveDeployment("digits"))
+                    lathe::core::undeploy(*window->registry(), "digits",
+                                          window->deploySession()->serverHosts());
+            } catch (...) {
+            }
+        }
+    } cleanup{window.get()};
+    window->resize(1400, 900);
+    window->show();
+    window->pageTabs()->setCurrentIndex(1);
+    window->deploySession()->setServerProgram(lathectl.toStdString());
+    auto* models = window->modelsView();
+    QStringList asked;
+    models->setConfirmHook([&](const QString&, const QString& question) {
+        asked << question;
+        return true;
+    });
+    REQUIRE(waitUntil([&] { return models->listModel()->modelCount() == 1; }, 5000));
+    // The Hosts page's list reaches the box beside Deploy.
+    REQUIRE(waitUntil([&] { return models->targetBox()->findData(QStringLiteral("gpu-a")) > 0; }, 10000));
+    models->selectModel("digits", 1);
+    models->targetBox()->setCurrentIndex(models->targetBox()->findData(QStringLiteral("gpu-a")));
+
+    const auto first = clickAndWait(*window, models->deployButton());
+    CHECK(asked.back() ==
+          "Deploy digits v1 to host gpu-a? The model is copied there and a new server started on it.");
+    CHECK(first.started);
+    CHECK(first.target == "ssh:gpu-a");
+    CHECK(first.url.startsWith("http://127.0.0.2:"));
+    CHECK(models->statusText().contains(" on gpu-a"));
+    const auto live1 = window->registry()->liveDeployment("digits");
+    REQUIRE(live1);
+    CHECK(live1->target == "ssh:gpu-a");
+    CHECK(lathe::core::deploymentUp(*live1, 5.0));
+
+    // v2 over it: hot-swapped on the host, through the inventory; the box shows where it runs.
+    REQUIRE(waitUntil(
+        [&] {
+            const auto* e = models->listModel()->entry(QStringLiteral("digits"));
+            return e && e->live() && e->live()->version == 1;
+        },
+        15000));
+    models->selectModel("digits", 2);
+    CHECK_FALSE(models->targetBox()->isEnabled());
+    CHECK(models->targetBox()->currentText() == "host gpu-a");
+    const auto second = clickAndWait(*window, models->deployButton());
+    CHECK_FALSE(second.started);
+    CHECK(second.version == 2);
+    CHECK(second.url == first.url);
+    CHECK(window->registry()->liveDeployment("digits")->pid == live1->pid);
+    window->grab().save(outputPath("gui_deploy_remote.png"));
+
+    // Undeploy through the window's own way to its hosts (the inventory).
+    lathe::core::undeploy(*window->registry(), "digits", window->deploySession()->serverHosts());
+    CHECK_FALSE(window->registry()->liveDeployment("digits"));
+    CHECK(waitUntil([&] { return ::kill(static_cast<pid_t>(live1->pid), 0) != 0; }, 10000));
+    const char* realHome = oldHome.c_str();
+    std::error_code ec;
+    for (const auto* v : {&v1, &v2})
+        std::filesystem::remove(std::string(realHome) + "/.cache/lathe/models/" + v->sha256 +
+                                    std::filesystem::path(v->path).extension().string(),
+                                ec);
+    std::filesystem::remove(std::string(realHome) + "/.cache/lathe/deploy/" + live1->instance + ".log", ec);
 }

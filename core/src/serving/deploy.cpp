@@ -352,6 +352,21 @@ void hotSwap(const Deployment& live, const ModelVersion& v, const DeployOptions&
                 ". If the load finishes later, deploy v" + std::to_string(v.version) + " again to record it");
 }
 
+// The record of a hot swap: the live deployment's server (pid, URL, instance) with the new
+// version and who did it.
+Deployment swappedRecord(const Deployment& live, const ModelVersion& v, const DeployOptions& o) {
+    Deployment d = live;
+    d.id = 0;
+    d.version = v.version;
+    d.actor = o.actor;
+    d.action = o.action;
+    d.reason = o.reason;
+    d.startedAt = 0;
+    d.endedAt = 0;
+    d.endReason.clear();
+    return d;
+}
+
 bool remoteTarget(const std::string& target) { return target.rfind("ssh:", 0) == 0; }
 
 // "host gpu-a" for the target "ssh:gpu-a", as messages name it.
@@ -460,15 +475,7 @@ DeployResult deployElsewhere(Registry& registry, const ModelVersion& v, const st
             say(o, "hot-swapping " + v.name + " v" + std::to_string(live->version) + " -> v" +
                        std::to_string(v.version) + " at " + live->url);
             hotSwap(*live, v, o, registry.deploymentToken(live->instance), path);
-            Deployment d = *live;
-            d.id = 0;
-            d.version = v.version;
-            d.actor = o.actor;
-            d.action = o.action;
-            d.reason = o.reason;
-            d.startedAt = 0;
-            d.endedAt = 0;
-            d.endReason.clear();
+            Deployment d = swappedRecord(*live, v, o);
             d.id = recordSwapped(registry, d, live->url, v);
             result.deployment = d;
             startWatcher(registry, o, d, {});  // a watcher lost with this machine's restart comes back
@@ -496,7 +503,12 @@ DeployResult deployElsewhere(Registry& registry, const ModelVersion& v, const st
     d.action = o.action;
     d.reason = o.reason;
     d.instance = instanceToken();
-    d.url = "http://" + address + ":" + std::to_string(port);
+    // Clients reach it at the address this machine reached the host at; it listens on all of
+    // the host's addresses of that family (a cloud host's public address is often not on any of
+    // its interfaces).
+    const bool v6 = address.find(':') != std::string::npos;
+    const std::string listenOn = v6 ? "::" : "0.0.0.0";
+    d.url = "http://" + (v6 ? "[" + address + "]" : address) + ":" + std::to_string(port);
     const std::string secret = controlToken();
     registry.storeDeploymentToken(d.instance, secret);
     struct ForgetUnlessRecorded {
@@ -515,12 +527,22 @@ DeployResult deployElsewhere(Registry& registry, const ModelVersion& v, const st
     const std::string alertRules = takeAlertRules(serverArgs);
     std::vector<std::string> args{
         "serve",    "--file", path,     "--name", v.name,   "--version",          std::to_string(v.version),
-        "--sha256", v.sha256, "--host", address,  "--port", std::to_string(port), "--instance-id",
+        "--sha256", v.sha256, "--host", listenOn, "--port", std::to_string(port), "--instance-id",
         d.instance};
     args.insert(args.end(), serverArgs.begin(), serverArgs.end());
     say(o, "starting a server on " + placeOf(host->target()) + " at " + d.url);
-    d.pid = host->startServer(args, secret, d.logPath);
+    // Whatever goes wrong from the start until the deployment is recorded stops the server (by
+    // its instance id when its pid never came back): none runs without a record.
+    const auto stopIt = [&](const std::string& why) {
+        try {
+            host->stopServer(d.pid, d.instance);
+        } catch (const std::exception& ex) {
+            throw Error(why + "; and its server could not be stopped (" + ex.what() + "): stop it on " +
+                        placeOf(host->target()) + " with pkill -f " + d.instance);
+        }
+    };
     try {
+        d.pid = host->startServer(args, secret, d.logPath);
         const auto deadline =
             std::chrono::steady_clock::now() + std::chrono::duration<double>(o.readyTimeoutS);
         for (;;) {
@@ -537,14 +559,15 @@ DeployResult deployElsewhere(Registry& registry, const ModelVersion& v, const st
                             d.logPath + " there ends:" + host->logTail(d.logPath));
             std::this_thread::sleep_for(std::chrono::milliseconds(200));
         }
-        host->serverStarted(d.instance);
         d.id = registry.recordDeployment(d);
-    } catch (...) {
-        try {
-            host->stopServer(d.pid, d.instance);
-        } catch (...) {  // the first error says what went wrong
-        }
+    } catch (const std::exception& ex) {
+        stopIt(ex.what());
         throw;
+    }
+    try {
+        host->serverStarted(d.instance);  // the token file goes; stopServer removes it too
+    } catch (const std::exception& ex) {
+        say(o, std::string("note: ") + ex.what());
     }
     forget.recorded = true;
     result.deployment = d;
@@ -594,15 +617,7 @@ DeployResult deployLocked(Registry& registry, const ModelVersion& v, const Model
         say(o, "hot-swapping " + v.name + " v" + std::to_string(live->version) + " -> v" +
                    std::to_string(v.version) + " at " + live->url);
         hotSwap(*live, v, o, registry.deploymentToken(live->instance));
-        Deployment d = *live;
-        d.id = 0;
-        d.version = v.version;
-        d.actor = o.actor;
-        d.action = o.action;
-        d.reason = o.reason;
-        d.startedAt = 0;
-        d.endedAt = 0;
-        d.endReason.clear();
+        Deployment d = swappedRecord(*live, v, o);
         // The server already serves the new version: its record must follow (a busy workspace
         // gets a few more chances), or the error says exactly what serves and how to record it.
         for (int attempt = 0;; ++attempt) {
@@ -762,7 +777,16 @@ bool watchDeployment(Registry& registry, const std::string& model, const std::st
         const auto live = registry.liveDeployment(model);
         return live && live->instance == instance ? live : std::nullopt;
     };
-    const auto live = current();
+    std::optional<Deployment> live;
+    for (int attempt = 0;; ++attempt) {  // a workspace busy with the deploy that started us
+        try {
+            live = current();
+            break;
+        } catch (const std::exception&) {
+            if (attempt >= 20 || stop.load()) throw;
+            std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        }
+    }
     if (!live) return true;
     Scraper scraper(registry, model, live->url, rules);
     scraper.start();
@@ -778,6 +802,16 @@ bool watchDeployment(Registry& registry, const std::string& model, const std::st
     }
     scraper.stop();
     return true;
+}
+
+Deployment forgetDeployment(Registry& registry, const std::string& model) {
+    const auto lock = modelLock(registry, model);
+    const auto live = registry.liveDeployment(model);
+    if (!live) throw ConfigError(model + " is not deployed");
+    registry.endDeployment(live->id, "forgotten: its server was not stopped");
+    for (const auto& a : registry.alerts(model))
+        if (a.resolvedAt == 0) registry.resolveAlert(a.id, nowSeconds());
+    return *live;
 }
 
 bool deploymentUp(const Deployment& d, double timeoutS) {
@@ -827,8 +861,15 @@ void undeploy(Registry& registry, const std::string& model, const ServerHostFor&
         if (!hostFor)
             throw ConfigError(model + " runs on " + placeOf(live->target) +
                               ", which this program cannot reach");
-        const auto host = hostFor(live->target);
-        if (host->isServer(live->pid, live->instance)) host->stopServer(live->pid, live->instance);
+        const std::string forget =
+            " (to end the deployment without stopping its server: lathectl undeploy " + model + " --forget)";
+        try {
+            hostFor(live->target)->stopServer(live->pid, live->instance);
+        } catch (const ConfigError& ex) {
+            throw ConfigError(ex.what() + forget);
+        } catch (const Error& ex) {
+            throw Error(ex.what() + forget);
+        }
         registry.endDeployment(live->id, "undeployed");
         for (const auto& a : registry.alerts(model))
             if (a.resolvedAt == 0) registry.resolveAlert(a.id, nowSeconds());

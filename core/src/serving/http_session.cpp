@@ -236,6 +236,12 @@ void Session::loadFile(const std::string& name) {
         m.name = name;
         const auto j = nlohmann::json::parse(m_request.body().empty() ? std::string("{}") : m_request.body());
         const auto params = j.value("parameters", nlohmann::json::object());
+        // A path names any file this server's user can read: only the deployment that holds the
+        // token may name one (on loopback, other local users could otherwise swap the model).
+        if (m_server->controlTokenSha256.empty())
+            return sendError(403,
+                             "this server was started with --file and without a control token: it loads "
+                             "nothing else (start it with --token-file, as lathectl deploy --host does)");
         if (!params.contains("path") || !params.contains("version"))
             return sendError(400,
                              "this server was started with --file and has no registry: a load names the "
@@ -249,13 +255,25 @@ void Session::loadFile(const std::string& name) {
     } catch (const std::exception& ex) {
         return sendError(400, std::string("bad load request: ") + ex.what());
     }
+    loadInBackground([server = m_server, m, sha] {
+        server->load(m, sha);
+        return m;
+    });
+}
+
+// Loading takes seconds: on its own thread, answered on this connection's strand when done.
+// `load` returns what it loaded; its errors answer 404 (no such version), 400 (refused) or 500.
+void Session::loadInBackground(std::function<ServedModel()> load) {
     std::lock_guard<std::mutex> lk(m_server->loadersMutex);
-    m_server->loaders.emplace_back([self = shared_from_this(), m, sha] {
+    m_server->loaders.emplace_back([self = shared_from_this(), load = std::move(load)] {
         int status = 200;
         std::string body;
         try {
-            self->m_server->load(m, sha);
+            const ServedModel m = load();
             body = jsonOk({{"name", m.name}, {"version", std::to_string(m.version)}});
+        } catch (const NotFoundError& ex) {
+            status = 404;
+            body = errorBody(ex.what());
         } catch (const ConfigError& ex) {
             status = 400;
             body = errorBody(ex.what());
@@ -348,28 +366,12 @@ void Session::loadModel(const std::string& name) {
     } catch (const std::exception& ex) {
         return sendError(400, std::string("bad load request: ") + ex.what());
     }
-    // Loading takes seconds: on its own thread, answered on this connection's strand when done.
-    std::lock_guard<std::mutex> lk(m_server->loadersMutex);
-    m_server->loaders.emplace_back([self = shared_from_this(), ref] {
-        int status = 200;
-        std::string body;
-        try {
-            Registry registry(self->m_server->options.workspace);
-            const auto v = registry.resolve(ref);
-            self->m_server->load({ref.name, v.version, v.path}, v.sha256);
-            body = jsonOk({{"name", ref.name}, {"version", std::to_string(v.version)}});
-        } catch (const NotFoundError& ex) {
-            status = 404;
-            body = errorBody(ex.what());
-        } catch (const ConfigError& ex) {
-            status = 400;
-            body = errorBody(ex.what());
-        } catch (const std::exception& ex) {
-            status = 500;
-            body = errorBody(std::string("load failed, the previous version keeps serving: ") + ex.what());
-        }
-        net::post(self->m_stream.get_executor(),
-                  [self, status, body = std::move(body)]() mutable { self->send(status, std::move(body)); });
+    loadInBackground([server = m_server, ref] {
+        Registry registry(server->options.workspace);
+        const auto v = registry.resolve(ref);
+        const ServedModel m{ref.name, v.version, v.path};
+        server->load(m, v.sha256);
+        return m;
     });
 }
 

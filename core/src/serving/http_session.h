@@ -7,6 +7,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -55,6 +56,7 @@ private:
     void answer(const LoadedModel& model, const std::string& id, int64_t rows, bool binary, BatchResult& r);
     void loadModel(const std::string& name);
     void loadFile(const std::string& name);
+    void loadInBackground(std::function<ServedModel()> load);
 
     // `jsonLength` >= 0: a binary tensor data body, whose JSON part is that long.
     void send(int status, std::string body, const char* type = "application/json", int64_t jsonLength = -1);

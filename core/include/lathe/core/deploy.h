@@ -27,7 +27,7 @@ public:
     virtual std::string target() const = 0;
     /// The address the server listens on and clients reach it at.
     virtual std::string address() = 0;
-    /// A TCP port free on address() now.
+    /// A TCP port free on all of the host's addresses (of address()'s family) now.
     virtual uint16_t freePort() = 0;
     /// The artifact's path there, copied if it is not there yet (SHA-256 checked).
     virtual std::string stageArtifact(const std::string& localPath, const std::string& sha256) = 0;
@@ -38,9 +38,10 @@ public:
                                 std::string& logPath) = 0;
     /// The server has read its token: the file goes.
     virtual void serverStarted(const std::string& instance) = 0;
-    /// Whether `pid` there is the `lathectl serve` with this --instance-id.
+    /// Whether `pid` there is ours and the `lathectl serve` with this --instance-id.
     virtual bool isServer(int64_t pid, const std::string& instance) = 0;
-    /// SIGTERM to that server (only if it is it), SIGKILL after 10 s.
+    /// SIGTERM to that server (only if it is it), then SIGKILL after 10 s to any process of ours
+    /// there with this --instance-id (`pid` 0: its start did not say).
     virtual void stopServer(int64_t pid, const std::string& instance) = 0;
     /// The last lines of a log there.
     virtual std::string logTail(const std::string& logPath) = 0;
@@ -84,6 +85,11 @@ DeployResult rollback(Registry& registry, const std::string& model, const Deploy
 /// anything; when its pid still runs something that looks like its server, Error says how to stop
 /// it by hand (after the record was ended).
 void undeploy(Registry& registry, const std::string& model, const ServerHostFor& hostFor = {});
+/// Ends `model`'s live deployment without reaching its server (a host gone for good, removed
+/// from the inventory): its record ends as "forgotten", its token is dropped, its alerts resolve.
+/// Returns the record as it was, for saying where the server may still run. Throws ConfigError
+/// when nothing is deployed.
+Deployment forgetDeployment(Registry& registry, const std::string& model);
 /// Scrapes the live deployment `instance` of `model` into the workspace (as `lathectl serve --watch`
 /// does for a server on this machine: the dashboard's metrics, alerts) until `stop` is raised or
 /// that deployment ends (undeployed, or replaced by another server). What `lathectl watch` runs
