@@ -352,6 +352,21 @@ void hotSwap(const Deployment& live, const ModelVersion& v, const DeployOptions&
                 ". If the load finishes later, deploy v" + std::to_string(v.version) + " again to record it");
 }
 
+// A new server's control token is in the workspace before the server exists (a hot swap must
+// find it), and forgotten again unless its deployment is recorded.
+struct ForgetUnlessRecorded {
+    Registry& registry;
+    const std::string& instance;
+    bool recorded = false;
+    ~ForgetUnlessRecorded() {
+        if (recorded) return;
+        try {
+            registry.forgetDeploymentToken(instance);
+        } catch (...) {  // its server was stopped: the token opens nothing
+        }
+    }
+};
+
 // The record of a hot swap: the live deployment's server (pid, URL, instance) with the new
 // version and who did it.
 Deployment swappedRecord(const Deployment& live, const ModelVersion& v, const DeployOptions& o) {
@@ -511,18 +526,7 @@ DeployResult deployElsewhere(Registry& registry, const ModelVersion& v, const st
     d.url = "http://" + (v6 ? "[" + address + "]" : address) + ":" + std::to_string(port);
     const std::string secret = controlToken();
     registry.storeDeploymentToken(d.instance, secret);
-    struct ForgetUnlessRecorded {
-        Registry& registry;
-        const std::string& instance;
-        bool recorded = false;
-        ~ForgetUnlessRecorded() {
-            if (recorded) return;
-            try {
-                registry.forgetDeploymentToken(instance);
-            } catch (...) {
-            }
-        }
-    } forget{registry, d.instance};
+    ForgetUnlessRecorded forget{registry, d.instance};
     std::vector<std::string> serverArgs = o.serverArgs;
     const std::string alertRules = takeAlertRules(serverArgs);
     std::vector<std::string> args{
@@ -681,18 +685,7 @@ DeployResult deployLocked(Registry& registry, const ModelVersion& v, const Model
     // find it), and forgotten again unless the deployment is recorded.
     const std::string secret = controlToken();
     registry.storeDeploymentToken(token, secret);
-    struct ForgetUnlessRecorded {
-        Registry& registry;
-        const std::string& instance;
-        bool recorded = false;
-        ~ForgetUnlessRecorded() {
-            if (recorded) return;
-            try {
-                registry.forgetDeploymentToken(instance);
-            } catch (...) {  // its server was stopped: the token opens nothing
-            }
-        }
-    } forget{registry, token};
+    ForgetUnlessRecorded forget{registry, token};
     // Another program (or another deploy) may take a free port between our check and the
     // server's bind: then the server exits saying so, and a picked port moves on.
     for (int attempt = 0;; ++attempt) {
