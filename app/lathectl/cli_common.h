@@ -67,6 +67,7 @@ void registerHosts(CLI::App& app, int& exitCode);
 void registerProfile(CLI::App& app, int& exitCode);
 void registerLoad(CLI::App& app, int& exitCode);
 void registerModels(CLI::App& app, int& exitCode);
+void registerCompress(CLI::App& app, int& exitCode);
 void registerServe(CLI::App& app, int& exitCode);
 
 }  // namespace lathe::cli

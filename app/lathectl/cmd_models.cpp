@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "cli_common.h"
+#include "lathe/core/compress.h"
 #include "lathe/core/model_artifact.h"
 #include "lathe/core/registry.h"
 
@@ -14,6 +15,7 @@ struct ModelsState {
     CommonOptions common;
     std::string name;
     std::string ref;
+    std::string other;
     int64_t run = 0;
     std::string file;
     std::string inputShape;
@@ -47,6 +49,16 @@ std::unique_ptr<core::Registry> openRegistry(const CommonOptions& c) {
     }
 }
 
+// A stored JSON column as JSON (null when empty or, for a damaged row, unreadable).
+nlohmann::json jsonOrNull(const std::string& text) {
+    if (text.empty()) return nullptr;
+    try {
+        return nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception&) {
+        return nullptr;
+    }
+}
+
 nlohmann::json versionJson(const core::ModelVersion& v) {
     nlohmann::json metrics = nlohmann::json::object();
     for (const auto& [k, x] : v.metrics) metrics[k] = metricJson(x);
@@ -60,6 +72,9 @@ nlohmann::json versionJson(const core::ModelVersion& v) {
             {"run_id", v.runId},
             {"data", v.data},
             {"parent_version", v.parentVersion},
+            {"parent_model", v.parentModel.empty() && v.parentVersion > 0 ? v.name : v.parentModel},
+            {"derivation", jsonOrNull(v.derivation)},
+            {"report", jsonOrNull(v.report)},
             {"source", v.source},
             {"created_at", v.createdAt},
             {"aliases", v.aliases}};
@@ -149,7 +164,15 @@ void runShow(const ModelsState& st) {
                                          ")")
                                             .c_str());
         std::printf("  created   %s\n  source    %s\n", formatTime(v.createdAt).c_str(), v.source.c_str());
-        if (v.parentVersion > 0) std::printf("  parent    v%lld\n", static_cast<long long>(v.parentVersion));
+        if (v.parentVersion > 0)
+            std::printf("  parent    %s:%lld\n", (v.parentModel.empty() ? v.name : v.parentModel).c_str(),
+                        static_cast<long long>(v.parentVersion));
+        if (const auto d = jsonOrNull(v.derivation); d.is_object()) {
+            std::string how;
+            for (const auto& [k, x] : d.items())
+                if (k != "parent") how += (how.empty() ? "" : ", ") + k + "=" + (x.is_string() ? x.get<std::string>() : x.dump());
+            std::printf("  derived   %s\n", how.c_str());
+        }
         if (!v.data.empty()) std::printf("  data      %s\n", v.data.c_str());
         std::printf("  artifact  %s (%s)\n  sha256    %s\n", v.path.c_str(), sizeText(v.sizeBytes).c_str(),
                     v.sha256.c_str());
@@ -161,6 +184,68 @@ void runShow(const ModelsState& st) {
                         shapeText(t.shape).c_str());
         for (const auto& [k, x] : v.metrics)
             std::printf("  metric    %s = %s\n", k.c_str(), formatValue(x).c_str());
+    }
+}
+
+void runCompare(const ModelsState& st) {
+    auto registry = openRegistry(st.common);
+    const auto a = registry->resolve(core::parseModelRef(st.ref));
+    const auto b = registry->resolve(core::parseModelRef(st.other));
+    if (st.common.json) {
+        std::cout << nlohmann::json{{"a", versionJson(a)}, {"b", versionJson(b)}}.dump() << std::endl;
+        return;
+    }
+    const std::string na = a.name + ":" + std::to_string(a.version), nb = b.name + ":" + std::to_string(b.version);
+    auto row = [](const std::string& what, const std::string& x, const std::string& y, const std::string& note = {}) {
+        std::printf("%-18s %-28s %-28s %s\n", what.c_str(), x.c_str(), y.c_str(), note.c_str());
+    };
+    auto ratioText = [](double x, double y) {
+        if (x <= 0 || y <= 0) return std::string();
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.2fx", x / y);
+        return std::string(buf);
+    };
+    row("", na, nb, "A/B");
+    row("source", a.source.substr(0, 28), b.source.substr(0, 28));
+    row("size", sizeText(a.sizeBytes), sizeText(b.sizeBytes),
+        ratioText(static_cast<double>(a.sizeBytes), static_cast<double>(b.sizeBytes)));
+    auto parentOf = [](const core::ModelVersion& v) {
+        return v.parentVersion > 0 ? (v.parentModel.empty() ? v.name : v.parentModel) + ":" + std::to_string(v.parentVersion)
+                                   : std::string("-");
+    };
+    row("parent", parentOf(a), parentOf(b));
+    auto method = [](const core::ModelVersion& v) {
+        const auto d = jsonOrNull(v.derivation);
+        if (!d.is_object()) return std::string("-");
+        return d.value("method", std::string("?")) + (d.contains("mode") ? " " + d.value("mode", std::string()) : "");
+    };
+    row("derivation", method(a), method(b));
+    std::map<std::string, std::pair<std::string, std::string>> metrics;
+    for (const auto& [k, x] : a.metrics) metrics[k].first = formatValue(x);
+    for (const auto& [k, x] : b.metrics) metrics[k].second = formatValue(x);
+    for (const auto& [k, ab] : metrics) row(k, ab.first.empty() ? "-" : ab.first, ab.second.empty() ? "-" : ab.second);
+    // Latency as measured side by side when one was compressed from the other.
+    for (const auto* pair : {&b, &a}) {
+        const auto& child = *pair;
+        const auto& parent = pair == &b ? a : b;
+        if (child.report.empty() || child.parentVersion != parent.version ||
+            (child.parentModel.empty() ? child.name : child.parentModel) != parent.name)
+            continue;
+        const auto r = core::CompressReport::fromJson(child.report);
+        const bool childIsB = pair == &b;
+        auto ms = [](double v) {
+            char buf[32];
+            std::snprintf(buf, sizeof buf, "%.3f ms", v);
+            return std::string(buf);
+        };
+        const double pa1 = r.parentLatencyMsB1, c1 = r.latencyMsB1, pa32 = r.parentLatencyMsB32, c32 = r.latencyMsB32;
+        row("latency batch 1", ms(childIsB ? pa1 : c1), ms(childIsB ? c1 : pa1), ratioText(childIsB ? pa1 : c1, childIsB ? c1 : pa1));
+        row("latency batch 32", ms(childIsB ? pa32 : c32), ms(childIsB ? c32 : pa32),
+            ratioText(childIsB ? pa32 : c32, childIsB ? c32 : pa32));
+        char acc[64];
+        std::snprintf(acc, sizeof acc, "%.2f%% vs %.2f%% on %s", r.parentAccuracy * 100, r.accuracy * 100, r.data.c_str());
+        row("measured", "", "", acc);
+        break;
     }
 }
 
@@ -182,7 +267,7 @@ void runAlias(const ModelsState& st) {
 
 void registerModels(CLI::App& app, int& exitCode) {
     (void)exitCode;
-    auto* models = app.add_subcommand("models", "the model registry: register, list, show, alias");
+    auto* models = app.add_subcommand("models", "the model registry: register, list, show, compare, alias");
     models->require_subcommand(1);
 
     auto reg = std::make_shared<ModelsState>();
@@ -209,6 +294,13 @@ void registerModels(CLI::App& app, int& exitCode) {
     s->add_option("REF", show->ref, "NAME, NAME:V or NAME@ALIAS")->required();
     addCommonOptions(s, show->common);
     s->callback([show] { runShow(*show); });
+
+    auto compare = std::make_shared<ModelsState>();
+    auto* c = models->add_subcommand("compare", "two versions side by side: size, metrics, lineage, latency");
+    c->add_option("A", compare->ref, "NAME:V or NAME@ALIAS")->required();
+    c->add_option("B", compare->other, "NAME:V or NAME@ALIAS")->required();
+    addCommonOptions(c, compare->common);
+    c->callback([compare] { runCompare(*compare); });
 
     auto alias = std::make_shared<ModelsState>();
     auto* a = models->add_subcommand("alias", "point ALIAS (e.g. production) at version V of NAME");

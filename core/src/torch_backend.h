@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "lathe/core/compress.h"
 #include "lathe/core/model_artifact.h"
 #include "lathe/core/trainer.h"
 #include "serving/model_runner.h"
@@ -26,7 +27,7 @@ namespace lathe::core {
 class Store;
 class Registry;
 
-inline constexpr int kTorchBackendAbi = 1;
+inline constexpr int kTorchBackendAbi = 2;
 
 // The torch-side definitions (liblathe_torch). Same contracts as the public declarations.
 namespace torch_impl {
@@ -44,6 +45,8 @@ ModelVersion registerModel(Registry& registry, const Store* store, const std::st
 std::shared_ptr<serving::LoadedModel> loadModel(const ServedModel& model, int64_t maxBatch,
                                                 const std::string& device, const std::string& expectedSha256,
                                                 int instances, const std::string& optimize);
+CompressResult quantizeModel(Registry& registry, const Store* store, const ModelRef& parent,
+                             const QuantizeOptions& options, const CompressControl& control);
 }  // namespace torch_impl
 
 struct TorchBackend {
@@ -57,6 +60,7 @@ struct TorchBackend {
     decltype(&torch_impl::readArtifact) readArtifact;
     decltype(&torch_impl::registerModel) registerModel;
     decltype(&torch_impl::loadModel) loadModel;
+    decltype(&torch_impl::quantizeModel) quantizeModel;
 };
 
 /// The torch-backed library, loaded on first use (thread-safe). Throws Error naming the file and

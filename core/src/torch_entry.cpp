@@ -14,6 +14,7 @@ extern "C" __attribute__((visibility("default"))) const lathe::core::TorchBacken
         &t::readArtifact,
         &t::registerModel,
         &t::loadModel,
+        &t::quantizeModel,
     };
     return &backend;
 }

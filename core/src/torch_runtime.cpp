@@ -121,6 +121,11 @@ ModelVersion registerModel(Registry& registry, const Store* store, const std::st
     return torchBackend().registerModel(registry, store, name, runId, file, inputShape, parentVersion);
 }
 
+CompressResult quantizeModel(Registry& registry, const Store* store, const ModelRef& parent,
+                             const QuantizeOptions& options, const CompressControl& control) {
+    return torchBackend().quantizeModel(registry, store, parent, options, control);
+}
+
 std::shared_ptr<serving::LoadedModel> serving::LoadedModel::load(const ServedModel& model, int64_t maxBatch,
                                                                  const std::string& device,
                                                                  const std::string& expectedSha256,

@@ -13,3 +13,12 @@ target_link_libraries(bench_kernels_cuda PRIVATE lathe_kernels)
 target_include_directories(bench_kernels_cuda PRIVATE ${CMAKE_SOURCE_DIR}/tests/support)
 add_test(NAME bench_kernels_cuda COMMAND bench_kernels_cuda --quick --out ${LATHE_BENCH_RESULTS})
 set_tests_properties(bench_kernels_cuda PROPERTIES LABELS bench SKIP_RETURN_CODE 77 TIMEOUT 120)
+
+# The int8 Linear layer (quantize + GEMM + dequantize) against LibTorch fp32 (OpenBLAS) and
+# LibTorch's dynamic int8 linear on each engine the build has, at batch 1, 32 and 128.
+if(TORCH_LIBRARIES)  # not in kernels-only builds
+  add_executable(bench_qlinear ${CMAKE_CURRENT_LIST_DIR}/bench_qlinear.cpp)
+  target_link_libraries(bench_qlinear PRIVATE lathe_kernels ${TORCH_LIBRARIES})
+  add_test(NAME bench_qlinear COMMAND bench_qlinear --reps 7 --out ${LATHE_BENCH_RESULTS})
+  set_tests_properties(bench_qlinear PROPERTIES LABELS bench TIMEOUT 180)
+endif()

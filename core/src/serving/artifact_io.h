@@ -13,6 +13,12 @@ namespace lathe::core {
 /// Lathe metadata.
 torch::jit::Module loadArtifact(const std::string& path, const c10::Device& device, ArtifactInfo& info);
 
+/// Saves `module` with `info`'s metadata (signature, metrics, run, data, source) as the next
+/// version of `name`, with lineage's parentVersion, parentModel, derivation and report. The file
+/// is written under a temporary name and renamed to its content hash, as registerModel does.
+ModelVersion registerModule(Registry& registry, const std::string& name, const torch::jit::Module& module,
+                            ArtifactInfo info, const ModelVersion& lineage);
+
 /// A frozen copy of `module` (in eval mode) with TorchScript's inference optimisations applied, as
 /// `serve --optimize` runs it: submodules inlined, addmm(b, x, W.t()) fused into aten::linear,
 /// then freeze and optimize_for_inference (constant folding, conv-bn folding; linear layers become

@@ -372,6 +372,51 @@ ArtifactInfo torch_impl::readArtifact(const std::string& path) {
     return info;
 }
 
+namespace {
+
+// A unique temporary artifact name in a model's folder, after clearing temporaries of
+// registrations that were killed (an hour old): of no use to anyone.
+std::string incomingPath(const fs::path& dir) {
+    std::error_code ec;
+    const auto hourAgo = fs::file_time_type::clock::now() - std::chrono::hours(1);
+    for (const auto& e : fs::directory_iterator(dir, ec))
+        if (e.path().filename().string().rfind(".incoming-", 0) == 0 && e.last_write_time(ec) < hourAgo)
+            fs::remove(e.path(), ec);
+    return (dir / (".incoming-" + std::to_string(::getpid()) + "-" +
+                   std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) + ".pt"))
+        .string();
+}
+
+// Renames the finished temporary to its content hash (two registrations racing each other never
+// overwrite one another's file) and adds the version; `v` carries the lineage fields.
+ModelVersion placeAndAdd(Registry& registry, const fs::path& dir, const std::string& tmp, const ArtifactInfo& info,
+                         ModelVersion v) {
+    const auto final = (dir / (info.sha256.substr(0, 16) + ".pt")).string();
+    std::error_code ec;
+    const bool existed = fs::exists(final, ec);  // an earlier version with the same content
+    fs::rename(tmp, final, ec);
+    if (ec) {
+        fs::remove(tmp, ec);
+        throw Error("cannot move model artifact into place at " + final + ": " + ec.message());
+    }
+    v.path = final;
+    v.sha256 = info.sha256;
+    v.sizeBytes = info.sizeBytes;
+    v.signature = info.signature;
+    v.metrics = info.metrics;
+    v.runId = info.runId;
+    v.data = info.data;
+    v.source = info.source;
+    try {
+        return registry.addVersion(v);
+    } catch (...) {
+        if (!existed) fs::remove(final, ec);  // no version refers to it
+        throw;
+    }
+}
+
+}  // namespace
+
 ModelVersion torch_impl::registerModel(Registry& registry, const Store* store, const std::string& name,
                                        int64_t runId, const std::string& file,
                                        const std::vector<int64_t>& inputShape, int64_t parentVersion) {
@@ -381,47 +426,27 @@ ModelVersion torch_impl::registerModel(Registry& registry, const Store* store, c
     if (parentVersion > 0)
         registry.resolve({name, parentVersion, {}});  // NotFoundError before any file is written
     const auto dir = fs::path(registry.modelDir(name));
-    // Temporaries of registrations that were killed (an hour old) are of no use to anyone.
-    {
-        std::error_code ec;
-        const auto hourAgo = fs::file_time_type::clock::now() - std::chrono::hours(1);
-        for (const auto& e : fs::directory_iterator(dir, ec))
-            if (e.path().filename().string().rfind(".incoming-", 0) == 0 && e.last_write_time(ec) < hourAgo)
-                fs::remove(e.path(), ec);
-    }
-    // Written under a unique temporary name, then renamed to its content hash: two registrations
-    // racing each other never overwrite one another's file.
-    const auto tmp =
-        (dir / (".incoming-" + std::to_string(::getpid()) + "-" +
-                std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) + ".pt"))
-            .string();
+    const auto tmp = incomingPath(dir);
     ArtifactInfo info = runId > 0 ? torch_impl::exportRunModel(*store, runId, tmp)
                                   : torch_impl::importTorchScript(file, inputShape, tmp);
-    const auto final = (dir / (info.sha256.substr(0, 16) + ".pt")).string();
-    std::error_code ec;
-    const bool existed = fs::exists(final, ec);  // an earlier version with the same content
-    fs::rename(tmp, final, ec);
-    if (ec) {
-        fs::remove(tmp, ec);
-        throw Error("cannot move model artifact into place at " + final + ": " + ec.message());
-    }
     ModelVersion v;
     v.name = name;
-    v.path = final;
-    v.sha256 = info.sha256;
-    v.sizeBytes = info.sizeBytes;
-    v.signature = info.signature;
-    v.metrics = info.metrics;
-    v.runId = info.runId;
-    v.data = info.data;
     v.parentVersion = parentVersion;
-    v.source = info.source;
-    try {
-        return registry.addVersion(v);
-    } catch (...) {
-        if (!existed) fs::remove(final, ec);  // no version refers to it
-        throw;
-    }
+    return placeAndAdd(registry, dir, tmp, info, v);
+}
+
+ModelVersion registerModule(Registry& registry, const std::string& name, const torch::jit::Module& module,
+                            ArtifactInfo info, const ModelVersion& lineage) {
+    checkModelName(name);
+    const auto dir = fs::path(registry.modelDir(name));
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    const auto tmp = incomingPath(dir);
+    saveModule(module, tmp, metaJson(info));
+    finish(info, tmp);
+    ModelVersion v = lineage;
+    v.name = name;
+    return placeAndAdd(registry, dir, tmp, info, v);
 }
 
 }  // namespace lathe::core

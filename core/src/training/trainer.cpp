@@ -6,6 +6,7 @@
 #include "distributed/process_group.h"
 #include "lathe/core/error.h"
 #include "lathe/core/trainer.h"
+#include "lathe/kernels/qgemm.h"
 #include "torch_backend.h"
 #include "training/training_loop.h"
 
@@ -16,6 +17,7 @@ namespace lathe::core {
 void torch_impl::setComputeThreads(int n) {
     if (n <= 0) return;
     torch::set_num_threads(n);
+    kernels::setThreads(n);  // the int8 GEMM of quantized models
     using SetFn = void (*)(int);
     if (auto fn = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) fn(n);
 }

@@ -152,6 +152,9 @@ struct Registry::Impl {
         v.parentVersion = s.isNull(8) ? 0 : s.i64(8);
         v.source = s.text(9);
         v.createdAt = s.f64(10);
+        v.parentModel = s.text(11);
+        v.derivation = s.text(12);
+        v.report = s.text(13);
         return v;
     }
 
@@ -165,7 +168,7 @@ struct Registry::Impl {
 
     static constexpr const char* kVersionColumns =
         "version, path, sha256, size_bytes, signature, metrics, run_id, data, parent_version, source, "
-        "created_at";
+        "created_at, parent_model, derivation, report";
 };
 
 namespace {
@@ -242,17 +245,23 @@ ModelVersion Registry::addVersion(ModelVersion v) {
         n.bind(1, id);
         n.step();
         v.version = n.i64(0);
+        if (v.parentModel == v.name) v.parentModel.clear();
+        if (!v.parentModel.empty() && v.parentVersion <= 0)
+            throw ConfigError("a parent model (" + v.parentModel + ") needs a parent version");
         if (v.parentVersion > 0) {
-            Stmt p(d->db, "SELECT 1 FROM model_versions WHERE model_id = ? AND version = ?");
-            p.bind(1, id).bind(2, v.parentVersion);
+            const std::string parent = v.parentModel.empty() ? v.name : v.parentModel;
+            Stmt p(d->db,
+                   "SELECT 1 FROM model_versions v JOIN models m ON m.id = v.model_id WHERE m.name = ? AND "
+                   "v.version = ?");
+            p.bind(1, parent).bind(2, v.parentVersion);
             if (!p.step())
-                throw NotFoundError("model " + v.name + " has no version " + std::to_string(v.parentVersion) +
+                throw NotFoundError("model " + parent + " has no version " + std::to_string(v.parentVersion) +
                                     " to be the parent");
         }
         Stmt s(d->db,
                "INSERT INTO model_versions(model_id, version, path, sha256, size_bytes, signature, metrics, "
-               "run_id, "
-               "data, parent_version, source, created_at) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)");
+               "run_id, data, parent_version, source, created_at, parent_model, derivation, report) "
+               "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
         s.bind(1, id).bind(2, v.version).bind(3, v.path).bind(4, v.sha256).bind(5, v.sizeBytes);
         s.bind(6, signatureToJson(v.signature)).bind(7, metrics.dump());
         if (v.runId > 0)
@@ -264,9 +273,21 @@ ModelVersion Registry::addVersion(ModelVersion v) {
             s.bind(10, v.parentVersion);
         else
             s.bindNull(10);
-        s.bind(11, v.source).bind(12, now).run();
+        s.bind(11, v.source).bind(12, now).bind(13, v.parentModel).bind(14, v.derivation).bind(15, v.report).run();
         v.createdAt = now;
         return v;
+    });
+}
+
+void Registry::setReport(const std::string& name, int64_t version, const std::string& reportJson) {
+    std::lock_guard<std::mutex> lk(d->mutex);
+    d->write([&] {
+        Stmt s(d->db,
+               "UPDATE model_versions SET report = ? WHERE version = ? AND model_id = (SELECT id FROM models WHERE "
+               "name = ?)");
+        s.bind(1, reportJson).bind(2, version).bind(3, name).run();
+        if (sqlite3_changes(d->db) == 0)
+            throw NotFoundError("model " + name + " has no version " + std::to_string(version));
     });
 }
 

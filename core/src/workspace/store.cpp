@@ -195,6 +195,14 @@ CREATE TABLE deployment_tokens(
   token TEXT NOT NULL,
   created_at REAL NOT NULL);
 )sql",
+    // 7 -> 8: how a version was derived from another (compression): the parent may belong to
+    // another model (a distilled student under its own name), the method and settings as JSON,
+    // and the compression report (accuracy, size, latency against the parent) as JSON.
+    R"sql(
+ALTER TABLE model_versions ADD COLUMN parent_model TEXT NOT NULL DEFAULT '';
+ALTER TABLE model_versions ADD COLUMN derivation TEXT NOT NULL DEFAULT '';
+ALTER TABLE model_versions ADD COLUMN report TEXT NOT NULL DEFAULT '';
+)sql",
 };
 constexpr int kLatestSchema = static_cast<int>(sizeof(kMigrations) / sizeof(kMigrations[0]));
 static_assert(kLatestSchema == Store::kSchemaVersion, "add a migration when bumping the schema version");

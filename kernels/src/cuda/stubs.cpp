@@ -3,6 +3,7 @@
 
 #include "lathe/kernels/compress.h"
 #include "lathe/kernels/cuda_device.h"
+#include "lathe/kernels/qgemm.h"
 #include "lathe/kernels/scale_and_check.h"
 
 namespace lathe::kernels::cuda {
@@ -46,6 +47,15 @@ void floatTo16(const float*, float*, std::size_t, std::uint16_t*, bool, void*) {
 }
 void floatFrom16(const std::uint16_t*, std::size_t, float*, bool, bool, void*) {
     notBuilt("cuda::floatFrom16");
+}
+
+void gemmS8S32(const std::int8_t*, std::size_t, std::size_t, const std::int8_t*, std::size_t, std::int32_t*,
+               std::size_t, void*) {
+    notBuilt("cuda::gemmS8S32");
+}
+void qlinearQuantized(const std::int8_t*, const float*, std::size_t, const std::int8_t*, const float*, const float*,
+                      std::size_t, std::size_t, float*, std::size_t, bool, void*) {
+    notBuilt("cuda::qlinearQuantized");
 }
 
 }  // namespace lathe::kernels::cuda

@@ -63,7 +63,10 @@ struct ModelVersion {
     int64_t runId = 0;                      // 0 = registered from a file
     std::string data;                       // data set the run trained on
     int64_t parentVersion = 0;
-    std::string source;  // "run 12" or "file /path/model.pt"
+    std::string parentModel;  // the parent's model when it is another one (a distilled student); empty = this one
+    std::string derivation;   // how it was made from the parent, JSON: {"method":"quantize","mode":"dynamic",...}
+    std::string report;       // the compression report, JSON (CompressReport); empty when none
+    std::string source;       // "run 12" or "file /path/model.pt"
     double createdAt = 0;
     std::vector<std::string> aliases;
 };
@@ -125,10 +128,13 @@ public:
 
     // ---- versions --------------------------------------------------------------------
     /// Adds the next version of `v.name` (creating the model); v.version is ignored and the
-    /// assigned number returned in the result. The artifact must already be at v.path.
+    /// assigned number returned in the result. The artifact must already be at v.path. A parent
+    /// (v.parentVersion of v.parentModel, or of v.name when that is empty) must exist.
     ModelVersion addVersion(ModelVersion v);
     /// The version number the next addVersion of `name` will get (for naming its file).
     int64_t nextVersion(const std::string& name) const;
+    /// Replaces the compression report of NAME:V (JSON, CompressReport). Throws NotFoundError.
+    void setReport(const std::string& name, int64_t version, const std::string& reportJson);
     std::vector<ModelSummary> listModels() const;
     std::vector<ModelVersion> versions(const std::string& name) const;  // oldest first
     /// NAME (latest), NAME:V or NAME@ALIAS. Throws NotFoundError.
