@@ -52,21 +52,22 @@ std::string ratio(double a, double b) {
 }
 
 void printReport(const core::ModelVersion& v, const core::CompressReport& r) {
-    std::printf("registered %s:%lld from %s:%lld (%s %s)\n", v.name.c_str(), static_cast<long long>(v.version),
+    std::printf("registered %s:%lld from %s:%lld (%s %s)\n", v.name.c_str(),
+                static_cast<long long>(v.version),
                 v.parentModel.empty() ? v.name.c_str() : v.parentModel.c_str(),
                 static_cast<long long>(v.parentVersion), r.method.c_str(),
                 r.settings.count("mode") ? r.settings.at("mode").c_str() : "");
     std::printf("  measured on %s (%lld validation samples), int8 kernel %s\n", r.data.c_str(),
                 static_cast<long long>(r.samples), r.kernel.c_str());
     std::printf("  %-16s %14s %14s %10s\n", "", "parent", "compressed", "ratio");
-    std::printf("  %-16s %14s %14s %+9.2f pt\n", "accuracy", pct(r.parentAccuracy).c_str(), pct(r.accuracy).c_str(),
-                (r.accuracy - r.parentAccuracy) * 100);
+    std::printf("  %-16s %14s %14s %+9.2f pt\n", "accuracy", pct(r.parentAccuracy).c_str(),
+                pct(r.accuracy).c_str(), (r.accuracy - r.parentAccuracy) * 100);
     std::printf("  %-16s %14s %14s %10s\n", "size", kib(r.parentSizeBytes).c_str(), kib(r.sizeBytes).c_str(),
                 ratio(static_cast<double>(r.parentSizeBytes), static_cast<double>(r.sizeBytes)).c_str());
     std::printf("  %-16s %11.3f ms %11.3f ms %10s\n", "latency batch 1", r.parentLatencyMsB1, r.latencyMsB1,
                 ratio(r.parentLatencyMsB1, r.latencyMsB1).c_str());
-    std::printf("  %-16s %11.3f ms %11.3f ms %10s\n", "latency batch 32", r.parentLatencyMsB32, r.latencyMsB32,
-                ratio(r.parentLatencyMsB32, r.latencyMsB32).c_str());
+    std::printf("  %-16s %11.3f ms %11.3f ms %10s\n", "latency batch 32", r.parentLatencyMsB32,
+                r.latencyMsB32, ratio(r.parentLatencyMsB32, r.latencyMsB32).c_str());
     for (const auto& l : r.layers)
         std::printf("  %-10s %lld -> %lld: %s\n", l.name.c_str(), static_cast<long long>(l.inFeatures),
                     static_cast<long long>(l.outFeatures), l.change.c_str());
@@ -114,16 +115,19 @@ void runQuantize(const QuantizeState& st, int& exitCode) {
 
 void registerCompress(CLI::App& app, int& exitCode) {
     auto* compress = app.add_subcommand(
-        "compress", "make a smaller, faster version of a registered model: quantize (int8); registered with "
-                    "its parent and a report");
+        "compress",
+        "make a smaller, faster version of a registered model: quantize (int8); registered with "
+        "its parent and a report");
     compress->require_subcommand(1);
 
     auto q = std::make_shared<QuantizeState>();
     auto* quantize = compress->add_subcommand(
         "quantize", "int8 quantization: Linear layers run on Lathe's int8 GEMM; measured against the parent");
-    quantize->add_option("REF", q->ref, "NAME, NAME:V, NAME@ALIAS, or a run id (its model is registered first)")
+    quantize
+        ->add_option("REF", q->ref, "NAME, NAME:V, NAME@ALIAS, or a run id (its model is registered first)")
         ->required();
-    quantize->add_option("--mode", q->options.mode, "dynamic: int8 weights, inputs quantized per row at run time")
+    quantize
+        ->add_option("--mode", q->options.mode, "dynamic: int8 weights, inputs quantized per row at run time")
         ->check(CLI::IsMember({"dynamic"}))
         ->default_val("dynamic");
     quantize->add_option("--data", q->options.data,

@@ -170,7 +170,9 @@ void runShow(const ModelsState& st) {
         if (const auto d = jsonOrNull(v.derivation); d.is_object()) {
             std::string how;
             for (const auto& [k, x] : d.items())
-                if (k != "parent") how += (how.empty() ? "" : ", ") + k + "=" + (x.is_string() ? x.get<std::string>() : x.dump());
+                if (k != "parent")
+                    how += (how.empty() ? "" : ", ") + k + "=" +
+                           (x.is_string() ? x.get<std::string>() : x.dump());
             std::printf("  derived   %s\n", how.c_str());
         }
         if (!v.data.empty()) std::printf("  data      %s\n", v.data.c_str());
@@ -195,8 +197,10 @@ void runCompare(const ModelsState& st) {
         std::cout << nlohmann::json{{"a", versionJson(a)}, {"b", versionJson(b)}}.dump() << std::endl;
         return;
     }
-    const std::string na = a.name + ":" + std::to_string(a.version), nb = b.name + ":" + std::to_string(b.version);
-    auto row = [](const std::string& what, const std::string& x, const std::string& y, const std::string& note = {}) {
+    const std::string na = a.name + ":" + std::to_string(a.version),
+                      nb = b.name + ":" + std::to_string(b.version);
+    auto row = [](const std::string& what, const std::string& x, const std::string& y,
+                  const std::string& note = {}) {
         std::printf("%-18s %-28s %-28s %s\n", what.c_str(), x.c_str(), y.c_str(), note.c_str());
     };
     auto ratioText = [](double x, double y) {
@@ -210,20 +214,23 @@ void runCompare(const ModelsState& st) {
     row("size", sizeText(a.sizeBytes), sizeText(b.sizeBytes),
         ratioText(static_cast<double>(a.sizeBytes), static_cast<double>(b.sizeBytes)));
     auto parentOf = [](const core::ModelVersion& v) {
-        return v.parentVersion > 0 ? (v.parentModel.empty() ? v.name : v.parentModel) + ":" + std::to_string(v.parentVersion)
-                                   : std::string("-");
+        return v.parentVersion > 0
+                   ? (v.parentModel.empty() ? v.name : v.parentModel) + ":" + std::to_string(v.parentVersion)
+                   : std::string("-");
     };
     row("parent", parentOf(a), parentOf(b));
     auto method = [](const core::ModelVersion& v) {
         const auto d = jsonOrNull(v.derivation);
         if (!d.is_object()) return std::string("-");
-        return d.value("method", std::string("?")) + (d.contains("mode") ? " " + d.value("mode", std::string()) : "");
+        return d.value("method", std::string("?")) +
+               (d.contains("mode") ? " " + d.value("mode", std::string()) : "");
     };
     row("derivation", method(a), method(b));
     std::map<std::string, std::pair<std::string, std::string>> metrics;
     for (const auto& [k, x] : a.metrics) metrics[k].first = formatValue(x);
     for (const auto& [k, x] : b.metrics) metrics[k].second = formatValue(x);
-    for (const auto& [k, ab] : metrics) row(k, ab.first.empty() ? "-" : ab.first, ab.second.empty() ? "-" : ab.second);
+    for (const auto& [k, ab] : metrics)
+        row(k, ab.first.empty() ? "-" : ab.first, ab.second.empty() ? "-" : ab.second);
     // Latency as measured side by side when one was compressed from the other.
     for (const auto* pair : {&b, &a}) {
         const auto& child = *pair;
@@ -238,12 +245,15 @@ void runCompare(const ModelsState& st) {
             std::snprintf(buf, sizeof buf, "%.3f ms", v);
             return std::string(buf);
         };
-        const double pa1 = r.parentLatencyMsB1, c1 = r.latencyMsB1, pa32 = r.parentLatencyMsB32, c32 = r.latencyMsB32;
-        row("latency batch 1", ms(childIsB ? pa1 : c1), ms(childIsB ? c1 : pa1), ratioText(childIsB ? pa1 : c1, childIsB ? c1 : pa1));
+        const double pa1 = r.parentLatencyMsB1, c1 = r.latencyMsB1, pa32 = r.parentLatencyMsB32,
+                     c32 = r.latencyMsB32;
+        row("latency batch 1", ms(childIsB ? pa1 : c1), ms(childIsB ? c1 : pa1),
+            ratioText(childIsB ? pa1 : c1, childIsB ? c1 : pa1));
         row("latency batch 32", ms(childIsB ? pa32 : c32), ms(childIsB ? c32 : pa32),
             ratioText(childIsB ? pa32 : c32, childIsB ? c32 : pa32));
         char acc[64];
-        std::snprintf(acc, sizeof acc, "%.2f%% vs %.2f%% on %s", r.parentAccuracy * 100, r.accuracy * 100, r.data.c_str());
+        std::snprintf(acc, sizeof acc, "%.2f%% vs %.2f%% on %s", r.parentAccuracy * 100, r.accuracy * 100,
+                      r.data.c_str());
         row("measured", "", "", acc);
         break;
     }

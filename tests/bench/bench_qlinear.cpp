@@ -73,13 +73,19 @@ int main(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-        if (a == "--out") out = next();
-        else if (a == "--reps") reps = std::max(3, std::atoi(next().c_str()));
-        else if (a == "--n") n = std::atoll(next().c_str());
-        else if (a == "--k") k = std::atoll(next().c_str());
-        else if (a == "--threads") threads = std::max(1, std::atoi(next().c_str()));
+        if (a == "--out")
+            out = next();
+        else if (a == "--reps")
+            reps = std::max(3, std::atoi(next().c_str()));
+        else if (a == "--n")
+            n = std::atoll(next().c_str());
+        else if (a == "--k")
+            k = std::atoll(next().c_str());
+        else if (a == "--threads")
+            threads = std::max(1, std::atoi(next().c_str()));
         else {
-            std::fprintf(stderr, "usage: bench_qlinear [--out DIR] [--reps N] [--n N] [--k K] [--threads T]\n");
+            std::fprintf(stderr,
+                         "usage: bench_qlinear [--out DIR] [--reps N] [--n N] [--k K] [--threads T]\n");
             return 2;
         }
     }
@@ -96,8 +102,8 @@ int main(int argc, char** argv) {
     std::vector<float> scales(static_cast<size_t>(n));
     kernels::quantizeWeights(w.data_ptr<float>(), n, k, k, q.data(), scales.data());
     kernels::packWeights(q.data(), n, k, k, packed.data(), colSums.data());
-    const kernels::QLinear layer{packed.data(), colSums.data(), scales.data(), b.data_ptr<float>(),
-                                 static_cast<size_t>(n), static_cast<size_t>(k)};
+    const kernels::QLinear layer{packed.data(),       colSums.data(),         scales.data(),
+                                 b.data_ptr<float>(), static_cast<size_t>(n), static_cast<size_t>(k)};
 
     // LibTorch's engines: prepacked per-channel qint8 weights (per-tensor where an engine lacks it).
     struct Engine {
@@ -112,18 +118,19 @@ int main(int argc, char** argv) {
         try {
             const auto amax = std::get<0>(w.abs().max(1));
             const auto wscales = (amax / 127).to(torch::kDouble);
-            at::Tensor wq = e == at::QEngine::QNNPACK
-                                ? at::quantize_per_tensor(w, w.abs().max().item<double>() / 127, 0, torch::kQInt8)
-                                : at::quantize_per_channel(w, wscales, torch::zeros({n}, torch::kLong), 0,
-                                                           torch::kQInt8);
-            engines.push_back({engineName(e), e, callOp("quantized::linear_prepack", {wq, c10::optional<at::Tensor>(b)})});
+            at::Tensor wq =
+                e == at::QEngine::QNNPACK
+                    ? at::quantize_per_tensor(w, w.abs().max().item<double>() / 127, 0, torch::kQInt8)
+                    : at::quantize_per_channel(w, wscales, torch::zeros({n}, torch::kLong), 0, torch::kQInt8);
+            engines.push_back(
+                {engineName(e), e, callOp("quantized::linear_prepack", {wq, c10::optional<at::Tensor>(b)})});
         } catch (const std::exception& ex) {
             std::printf("LibTorch engine %s unusable here: %.120s\n", engineName(e).c_str(), ex.what());
         }
     }
 
-    std::printf("Linear %lld x %lld, %d threads each; ours: %s; reps %d (median)\n", (long long)n, (long long)k,
-                threads, kernels::gemmIsaName(kernels::bestGemmIsa()), reps);
+    std::printf("Linear %lld x %lld, %d threads each; ours: %s; reps %d (median)\n", (long long)n,
+                (long long)k, threads, kernels::gemmIsaName(kernels::bestGemmIsa()), reps);
     std::printf("%6s %12s %12s", "batch", "fp32 ms", "ours ms");
     for (const auto& e : engines) std::printf(" %12s", (e.name + " ms").c_str());
     std::printf(" %10s %14s %9s\n", "fp32/ours", "best int8/ours", "max err");
@@ -140,11 +147,15 @@ int main(int argc, char** argv) {
         for (int r = 0; r < reps; ++r) {
             fp32.push_back(timeMs([&] { torch::linear(x, w, b); }, inner));
             ours.push_back(timeMs(
-                [&] { kernels::qlinear(x.data_ptr<float>(), batch, k, layer, y.data_ptr<float>(), n); }, inner));
+                [&] { kernels::qlinear(x.data_ptr<float>(), batch, k, layer, y.data_ptr<float>(), n); },
+                inner));
             for (size_t e = 0; e < engines.size(); ++e) {
                 at::globalContext().setQEngine(engines[e].engine);
                 theirs[e].push_back(timeMs(
-                    [&] { callOp("quantized::linear_dynamic", {x, engines[e].packed, false}); }, inner));
+                    [&] {
+                        callOp("quantized::linear_dynamic", {x, engines[e].packed, false});
+                    },
+                    inner));
             }
         }
         // Correctness: int8 error against fp32, relative to the output's scale.
@@ -164,8 +175,9 @@ int main(int argc, char** argv) {
         }
         std::printf(" %9.2fx %13.2fx %9.4f\n", f / o, best > 0 ? best / o : 0.0, err);
         json += std::string(batch == 1 ? "" : ",") + "{\"batch\":" + std::to_string(batch) +
-                ",\"fp32_ms\":" + std::to_string(f) + ",\"ours_ms\":" + std::to_string(o) + ",\"libtorch_int8_ms\":{" +
-                engJson + "},\"fp32_over_ours\":" + std::to_string(f / o) + ",\"best_int8_engine\":\"" + bestName +
+                ",\"fp32_ms\":" + std::to_string(f) + ",\"ours_ms\":" + std::to_string(o) +
+                ",\"libtorch_int8_ms\":{" + engJson + "},\"fp32_over_ours\":" + std::to_string(f / o) +
+                ",\"best_int8_engine\":\"" + bestName +
                 "\",\"best_int8_over_ours\":" + std::to_string(best > 0 ? best / o : 0.0) +
                 ",\"max_rel_error\":" + std::to_string(err) + "}";
     }

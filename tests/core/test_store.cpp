@@ -417,8 +417,10 @@ TEST_CASE("a schema-5 workspace is migrated forward and gets an empty hosts tabl
         s.addHost({"gone", "10.0.0.1"});
     }
     // What Lathe wrote with schema 5: everything but the hosts table (and later ones).
-    sqlExec(path, "DROP TABLE hosts; DROP TABLE deployment_tokens; "
-                  "ALTER TABLE model_versions DROP COLUMN parent_model; ALTER TABLE model_versions DROP COLUMN derivation; ALTER TABLE model_versions DROP COLUMN report; PRAGMA user_version = 5;");
+    sqlExec(path,
+            "DROP TABLE hosts; DROP TABLE deployment_tokens; "
+            "ALTER TABLE model_versions DROP COLUMN parent_model; ALTER TABLE model_versions DROP COLUMN "
+            "derivation; ALTER TABLE model_versions DROP COLUMN report; PRAGMA user_version = 5;");
     Store s(path);
     CHECK(s.schemaVersion() == Store::kSchemaVersion);
     CHECK(s.run(id)->name == "from-v5");
@@ -440,7 +442,8 @@ TEST_CASE("a schema-6 workspace is migrated to 7, keeps its deployments and gets
     }
     // What Lathe wrote with schema 6: a deployment recorded before tokens existed.
     sqlExec(path,
-            "DROP TABLE deployment_tokens; ALTER TABLE model_versions DROP COLUMN parent_model; ALTER TABLE model_versions DROP COLUMN derivation; ALTER TABLE model_versions DROP COLUMN report; "
+            "DROP TABLE deployment_tokens; ALTER TABLE model_versions DROP COLUMN parent_model; ALTER TABLE "
+            "model_versions DROP COLUMN derivation; ALTER TABLE model_versions DROP COLUMN report; "
             "INSERT INTO deployments(model, version, target, url, pid, actor, "
             "action, started_at, instance) VALUES('digits', 1, 'local', 'http://127.0.0.1:8500', 42, 'user', "
             "'deploy', 1.0, 'nonce'); PRAGMA user_version = 6;");

@@ -21,15 +21,15 @@ using namespace lathe::kernels;
 
 namespace {
 
-#define LATHE_GEMM_ISA_CASE(name, tags, isa, label, check)                                 \
-    TEST_CASE(name " (" label ")", tags) {                                                 \
+#define LATHE_GEMM_ISA_CASE(name, tags, isa, label, check)                                  \
+    TEST_CASE(name " (" label ")", tags) {                                                  \
         if (!::lathe::kernels::gemmIsaAvailable(isa)) LATHE_SKIP("this CPU has no " label); \
-        check(isa);                                                                        \
+        check(isa);                                                                         \
     }
-#define LATHE_EVERY_GEMM_ISA(name, tags, check)                                           \
-    LATHE_GEMM_ISA_CASE(name, tags, GemmIsa::Scalar, "scalar", check)                     \
-    LATHE_GEMM_ISA_CASE(name, tags, GemmIsa::Avx2, "AVX2", check)                         \
-    LATHE_GEMM_ISA_CASE(name, tags, GemmIsa::Avx512Vnni, "AVX-512 VNNI", check)           \
+#define LATHE_EVERY_GEMM_ISA(name, tags, check)                                 \
+    LATHE_GEMM_ISA_CASE(name, tags, GemmIsa::Scalar, "scalar", check)           \
+    LATHE_GEMM_ISA_CASE(name, tags, GemmIsa::Avx2, "AVX2", check)               \
+    LATHE_GEMM_ISA_CASE(name, tags, GemmIsa::Avx512Vnni, "AVX-512 VNNI", check) \
     LATHE_GEMM_ISA_CASE(name, tags, GemmIsa::Amx, "AMX", check)
 
 enum class Fill { Random, AllMax, AllMin, Alternating, SparseExtremes };
@@ -105,7 +105,8 @@ void exactOnSaturatingCodes(GemmIsa isa) {
     std::mt19937 rng(99);
     const Fill fills[] = {Fill::AllMax, Fill::AllMin, Fill::Alternating, Fill::SparseExtremes, Fill::Random};
     // k = 4100: 127 * 127 * k = 66,131,290 (every pair sum at the 16-bit edge, large int32 sums).
-    for (const std::size_t k : {std::size_t{1}, std::size_t{63}, std::size_t{64}, std::size_t{65}, std::size_t{4100}})
+    for (const std::size_t k :
+         {std::size_t{1}, std::size_t{63}, std::size_t{64}, std::size_t{65}, std::size_t{4100}})
         for (const Fill fa : fills)
             for (const Fill fw : fills) {
                 const std::size_t m = 33, n = 35;
@@ -131,8 +132,12 @@ Layer makeLayer(std::size_t n, std::size_t k, std::mt19937& rng) {
     std::normal_distribution<float> g(0.f, 0.05f);
     std::vector<float> w(n * k);
     for (auto& x : w) x = g(rng);
-    Layer l{n, k, std::vector<std::int8_t>(packedWeightBytes(n, k)), std::vector<std::int32_t>(qPaddedN(n)),
-            std::vector<float>(n), std::vector<float>(n)};
+    Layer l{n,
+            k,
+            std::vector<std::int8_t>(packedWeightBytes(n, k)),
+            std::vector<std::int32_t>(qPaddedN(n)),
+            std::vector<float>(n),
+            std::vector<float>(n)};
     std::vector<std::int8_t> q(n * k);
     quantizeWeights(w.data(), n, k, k, q.data(), l.scales.data());
     packWeights(q.data(), n, k, k, l.packed.data(), l.colSums.data());
@@ -184,7 +189,8 @@ void linearMatchesScalar(GemmIsa isa) {
                 }
     }
 }
-LATHE_EVERY_GEMM_ISA("int8 linear layer gives the scalar path's bits", "[kernels][qgemm]", linearMatchesScalar)
+LATHE_EVERY_GEMM_ISA("int8 linear layer gives the scalar path's bits", "[kernels][qgemm]",
+                     linearMatchesScalar)
 
 TEST_CASE("row quantization: SIMD equals the scalar definition, error within half a step",
           "[kernels][qgemm]") {
@@ -193,10 +199,10 @@ TEST_CASE("row quantization: SIMD equals the scalar definition, error within hal
     const std::size_t m = 9, k = 77, ldq = qPaddedK(k);
     std::vector<float> x(m * k);
     for (auto& v : x) v = g(rng);
-    x[3 * k] = 1e-40f;                       // row 3: tiny values, 127 / amax overflows
+    x[3 * k] = 1e-40f;  // row 3: tiny values, 127 / amax overflows
     for (std::size_t i = 1; i < k; ++i) x[3 * k + i] = 0.f;
     x[4 * k + 5] = -std::numeric_limits<float>::infinity();
-    x[5 * k + 70] = 0.5f + 127.f;            // a tie region after scaling is exercised by random rows
+    x[5 * k + 70] = 0.5f + 127.f;  // a tie region after scaling is exercised by random rows
     for (const float fixed : {0.f, 0.01f, 1e30f}) {
         std::vector<std::int8_t> qs(m * ldq, 1), qv(m * ldq, 2);
         std::vector<float> ss(m), sv(m);

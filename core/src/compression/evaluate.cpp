@@ -32,30 +32,32 @@ EvalData evaluationData(const Registry&, const Store* store, const ModelVersion&
         std::optional<RunRecord> run;
         if (parent.runId > 0 && store) run = store->run(parent.runId);
         if (!run)
-            throw ConfigError("model " + what + " has no run in this workspace to take its data from" +
-                              (parent.data.empty() ? std::string() : " (it was trained on " + parent.data + ")") +
-                              ": give the data set to measure it on with --data NAME (digits, csv:PATH, idx:DIR)");
+            throw ConfigError(
+                "model " + what + " has no run in this workspace to take its data from" +
+                (parent.data.empty() ? std::string() : " (it was trained on " + parent.data + ")") +
+                ": give the data set to measure it on with --data NAME (digits, csv:PATH, idx:DIR)");
         spec = parseRunSpec(run->config, "run " + std::to_string(parent.runId) + " config", false);
     }
     if (seed > 0) spec.seed = seed;
     auto split = data::loadSplit(spec);
     auto& val = split.val;
     if (val.size() == 0)
-        throw ConfigError("data set " + spec.data + " has an empty validation split: nothing to measure " + what +
-                          " on");
+        throw ConfigError("data set " + spec.data + " has an empty validation split: nothing to measure " +
+                          what + " on");
     const auto& inputs = parent.signature.inputs;
     std::vector<int64_t> want{-1};
     want.insert(want.end(), val.shape.begin(), val.shape.end());
     if (inputs.empty() || inputs[0].shape != want)
         throw ConfigError("model " + what + " takes input " +
-                          (inputs.empty() ? std::string("?") : shapeText(inputs[0].shape, 1)) + " per sample but " +
-                          spec.data + " has samples of shape " + shapeText(val.shape));
+                          (inputs.empty() ? std::string("?") : shapeText(inputs[0].shape, 1)) +
+                          " per sample but " + spec.data + " has samples of shape " + shapeText(val.shape));
     const auto& outputs = parent.signature.outputs;
     const auto classes = static_cast<int64_t>(val.classNames.size());
     if (outputs.empty() || outputs[0].shape.size() != 2 || outputs[0].shape[1] != classes)
         throw ConfigError("model " + what + " has " +
-                          (outputs.empty() || outputs[0].shape.size() != 2 ? std::string("no class")
-                                                                           : std::to_string(outputs[0].shape[1])) +
+                          (outputs.empty() || outputs[0].shape.size() != 2
+                               ? std::string("no class")
+                               : std::to_string(outputs[0].shape[1])) +
                           " outputs but " + spec.data + " has " + std::to_string(classes) + " classes");
     EvalData d;
     d.name = spec.data;
@@ -169,7 +171,8 @@ void measurePair(torch::jit::Module& parent, torch::jit::Module& child, const Ev
                 const auto t0 = std::chrono::steady_clock::now();
                 for (int i = 0; i < inner; ++i) which->forward({x});
                 const double ms =
-                    std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / inner;
+                    std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
+                    inner;
                 (which == &parent ? tp : tc).push_back(ms);
             }
         }

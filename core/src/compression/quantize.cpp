@@ -45,7 +45,8 @@ std::vector<Node*> constantLinears(torch::jit::Graph& graph) {
 
 namespace compression {
 
-torch::jit::Module quantizeDynamic(const torch::jit::Module& module, std::vector<CompressReport::Layer>& layers) {
+torch::jit::Module quantizeDynamic(const torch::jit::Module& module,
+                                   std::vector<CompressReport::Layer>& layers) {
     ensureQuantizedOpsRegistered();
     auto copy = module.clone();
     copy.eval();
@@ -67,21 +68,24 @@ torch::jit::Module quantizeDynamic(const torch::jit::Module& module, std::vector
         Node* reluNode = nullptr;
         if (n->output()->uses().size() == 1) {
             Node* user = n->output()->uses()[0].user;
-            if ((user->kind() == relu || user->kind() == relu_) && user->inputs().size() == 1) reluNode = user;
+            if ((user->kind() == relu || user->kind() == relu_) && user->inputs().size() == 1)
+                reluNode = user;
         }
         torch::jit::WithInsertPoint guard(n);
         Value* biasValue = n->input(2);
-        if (b && b->isTensor()) biasValue = graph->insertConstant(b->toTensor().detach().to(torch::kFloat).contiguous());
-        Value* out = graph->insert(c10::Symbol::fromQualString(kLinearInt8),
-                                   {n->input(0), graph->insertConstant(packed.packed),
-                                    graph->insertConstant(packed.colSums), graph->insertConstant(packed.scales),
-                                    biasValue, w.size(0), w.size(1), reluNode != nullptr});
+        if (b && b->isTensor())
+            biasValue = graph->insertConstant(b->toTensor().detach().to(torch::kFloat).contiguous());
+        Value* out = graph->insert(
+            c10::Symbol::fromQualString(kLinearInt8),
+            {n->input(0), graph->insertConstant(packed.packed), graph->insertConstant(packed.colSums),
+             graph->insertConstant(packed.scales), biasValue, w.size(0), w.size(1), reluNode != nullptr});
         CompressReport::Layer layer;
         layer.name = "linear " + std::to_string(index++);
         layer.kind = "linear";
         layer.inFeatures = w.size(1);
         layer.outFeatures = layer.parentOutFeatures = w.size(0);
-        layer.change = std::string("int8 weights per channel, int8 inputs per row") + (reluNode ? ", fused relu" : "");
+        layer.change =
+            std::string("int8 weights per channel, int8 inputs per row") + (reluNode ? ", fused relu" : "");
         layers.push_back(layer);
         if (reluNode) {
             reluNode->output()->replaceAllUsesWith(out);
@@ -102,8 +106,8 @@ CompressResult torch_impl::quantizeModel(Registry& registry, const Store* store,
                                          const QuantizeOptions& options, const CompressControl& control) {
     if (options.mode != "dynamic")
         throw ConfigError("unknown quantization mode '" + options.mode + "' (this Lathe has: dynamic)");
-    compression::Progress progress(control, {{"loading", 0.1}, {"quantizing", 0.1}, {"measuring", 0.7},
-                                             {"registering", 0.1}});
+    compression::Progress progress(
+        control, {{"loading", 0.1}, {"quantizing", 0.1}, {"measuring", 0.7}, {"registering", 0.1}});
     progress.begin("loading");
     const ModelVersion parent = registry.resolve(ref);
     auto data = compression::evaluationData(registry, store, parent, options.data, options.seed);
@@ -141,7 +145,8 @@ CompressResult torch_impl::quantizeModel(Registry& registry, const Store* store,
     out.source = "quantize (dynamic int8) of " + parent.name + ":" + std::to_string(parent.version);
     ModelVersion lineage;
     lineage.parentVersion = parent.version;
-    nlohmann::json derivation{{"method", report.method}, {"parent", parent.name + ":" + std::to_string(parent.version)}};
+    nlohmann::json derivation{{"method", report.method},
+                              {"parent", parent.name + ":" + std::to_string(parent.version)}};
     for (const auto& [k, v] : report.settings) derivation[k] = v;
     lineage.derivation = derivation.dump();
     // The size is the file's: known only once written, so the report is completed after.

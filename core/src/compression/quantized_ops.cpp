@@ -21,17 +21,18 @@ PackedLinear packLinear(const at::Tensor& weight) {
     kernels::quantizeWeights(w.data_ptr<float>(), n, k, k, q.data(), p.scales.data_ptr<float>());
     p.packed = at::empty({static_cast<int64_t>(kernels::packedWeightBytes(n, k))}, at::kChar);
     p.colSums = at::empty({static_cast<int64_t>(kernels::qPaddedN(n))}, at::kInt);
-    kernels::packWeights(q.data(), n, k, k, p.packed.data_ptr<std::int8_t>(), p.colSums.data_ptr<std::int32_t>());
+    kernels::packWeights(q.data(), n, k, k, p.packed.data_ptr<std::int8_t>(),
+                         p.colSums.data_ptr<std::int32_t>());
     return p;
 }
 
 namespace {
 
 void checkOperand(const at::Tensor& t, at::ScalarType type, int64_t numel, const char* what) {
-    TORCH_CHECK(t.defined() && t.scalar_type() == type && t.dim() == 1 && t.numel() == numel && t.is_contiguous() &&
-                    t.device().is_cpu(),
-                "lathe::linear_int8: ", what, " must be a contiguous 1-D ", c10::toString(type), " CPU tensor of ",
-                numel, " values (got ", t.defined() ? t.sizes() : at::IntArrayRef{}, ")");
+    TORCH_CHECK(t.defined() && t.scalar_type() == type && t.dim() == 1 && t.numel() == numel &&
+                    t.is_contiguous() && t.device().is_cpu(),
+                "lathe::linear_int8: ", what, " must be a contiguous 1-D ", c10::toString(type),
+                " CPU tensor of ", numel, " values (got ", t.defined() ? t.sizes() : at::IntArrayRef{}, ")");
 }
 
 }  // namespace
@@ -56,9 +57,12 @@ at::Tensor linearInt8(const at::Tensor& x, const at::Tensor& packed, const at::T
     auto y = at::empty(outShape, xc.options());
     const auto rows = static_cast<size_t>(xc.numel() / inFeatures);
     if (rows == 0) return y;
-    const kernels::QLinear layer{packed.data_ptr<std::int8_t>(), colSums.data_ptr<std::int32_t>(),
+    const kernels::QLinear layer{packed.data_ptr<std::int8_t>(),
+                                 colSums.data_ptr<std::int32_t>(),
                                  scales.data_ptr<float>(),
-                                 bias && bias->defined() ? bias->data_ptr<float>() : nullptr, n, k};
+                                 bias && bias->defined() ? bias->data_ptr<float>() : nullptr,
+                                 n,
+                                 k};
     kernels::qlinear(xc.data_ptr<float>(), rows, k, layer, y.data_ptr<float>(), n, relu);
     return y;
 }
@@ -67,7 +71,8 @@ void ensureQuantizedOpsRegistered() {}
 
 TORCH_LIBRARY(lathe, m) {
     m.def(
-        "linear_int8(Tensor x, Tensor packed, Tensor col_sums, Tensor scales, Tensor? bias, int out_features, "
+        "linear_int8(Tensor x, Tensor packed, Tensor col_sums, Tensor scales, Tensor? bias, int "
+        "out_features, "
         "int in_features, bool relu=False) -> Tensor");
 }
 

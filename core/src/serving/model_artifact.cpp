@@ -389,8 +389,8 @@ std::string incomingPath(const fs::path& dir) {
 
 // Renames the finished temporary to its content hash (two registrations racing each other never
 // overwrite one another's file) and adds the version; `v` carries the lineage fields.
-ModelVersion placeAndAdd(Registry& registry, const fs::path& dir, const std::string& tmp, const ArtifactInfo& info,
-                         ModelVersion v) {
+ModelVersion placeAndAdd(Registry& registry, const fs::path& dir, const std::string& tmp,
+                         const ArtifactInfo& info, ModelVersion v) {
     const auto final = (dir / (info.sha256.substr(0, 16) + ".pt")).string();
     std::error_code ec;
     const bool existed = fs::exists(final, ec);  // an earlier version with the same content

@@ -273,7 +273,12 @@ ModelVersion Registry::addVersion(ModelVersion v) {
             s.bind(10, v.parentVersion);
         else
             s.bindNull(10);
-        s.bind(11, v.source).bind(12, now).bind(13, v.parentModel).bind(14, v.derivation).bind(15, v.report).run();
+        s.bind(11, v.source)
+            .bind(12, now)
+            .bind(13, v.parentModel)
+            .bind(14, v.derivation)
+            .bind(15, v.report)
+            .run();
         v.createdAt = now;
         return v;
     });
@@ -283,7 +288,8 @@ void Registry::setReport(const std::string& name, int64_t version, const std::st
     std::lock_guard<std::mutex> lk(d->mutex);
     d->write([&] {
         Stmt s(d->db,
-               "UPDATE model_versions SET report = ? WHERE version = ? AND model_id = (SELECT id FROM models WHERE "
+               "UPDATE model_versions SET report = ? WHERE version = ? AND model_id = (SELECT id FROM models "
+               "WHERE "
                "name = ?)");
         s.bind(1, reportJson).bind(2, version).bind(3, name).run();
         if (sqlite3_changes(d->db) == 0)

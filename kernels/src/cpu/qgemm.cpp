@@ -50,7 +50,8 @@ void Epilogue::apply(std::size_t m0, std::size_t rows, std::size_t col0, std::si
             for (std::size_t j = 0; j < cols; ++j) out[j] = static_cast<float>(t[j]) * (sa * sw[j]);
         }
         if (relu)
-            for (std::size_t j = 0; j < cols; ++j) out[j] = out[j] > 0.f ? out[j] : (out[j] == out[j] ? 0.f : out[j]);
+            for (std::size_t j = 0; j < cols; ++j)
+                out[j] = out[j] > 0.f ? out[j] : (out[j] == out[j] ? 0.f : out[j]);
     }
 }
 
@@ -311,7 +312,8 @@ void runGemm(const GemmJob& job, const Epilogue& e, GemmIsa isa) {
     // threads that would each do a few microseconds; an even number of blocks (the VNNI and AMX
     // drivers take two at a time).
     const std::size_t perBlock = job.m * job.kp * kQBlockN;
-    std::size_t minBlocks = std::max<std::size_t>(2, (std::size_t{1} << 18) / std::max<std::size_t>(perBlock, 1));
+    std::size_t minBlocks =
+        std::max<std::size_t>(2, (std::size_t{1} << 18) / std::max<std::size_t>(perBlock, 1));
     std::size_t tasks = std::max<std::size_t>(1, std::min<std::size_t>(job.blocks / minBlocks, nt * 2));
     std::size_t per = (job.blocks + tasks - 1) / tasks;
     per += per & 1;

@@ -57,7 +57,8 @@ LATHE_TAVX2 inline __m256i codes8(const float* x, __m256 inv, __m256 lo, __m256 
 
 }  // namespace
 
-LATHE_TAVX2 void gemmRangeAvx2(const GemmJob& j, std::size_t nb0, std::size_t nb1, const Epilogue& e) noexcept {
+LATHE_TAVX2 void gemmRangeAvx2(const GemmJob& j, std::size_t nb0, std::size_t nb1,
+                               const Epilogue& e) noexcept {
     const std::size_t groups = j.kp / 4;
     alignas(32) std::int32_t tile[4 * 16];
     for (std::size_t nb = nb0; nb < nb1; ++nb) {
@@ -75,8 +76,8 @@ LATHE_TAVX2 void gemmRangeAvx2(const GemmJob& j, std::size_t nb0, std::size_t nb
     }
 }
 
-LATHE_TAVX2 void quantizeRowsAvx2(const float* x, std::size_t m, std::size_t k, std::size_t ldx, std::int8_t* q,
-                                  std::size_t ldq, float* scales, float fixedScale) noexcept {
+LATHE_TAVX2 void quantizeRowsAvx2(const float* x, std::size_t m, std::size_t k, std::size_t ldx,
+                                  std::int8_t* q, std::size_t ldq, float* scales, float fixedScale) noexcept {
     const __m256 absMask = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(kAbsMask)));
     const __m256 lo = _mm256_set1_ps(-127.f), hi = _mm256_set1_ps(127.f);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -107,7 +108,8 @@ LATHE_TAVX2 void quantizeRowsAvx2(const float* x, std::size_t m, std::size_t k, 
         const __m256 vinv = _mm256_set1_ps(inv);
         i = 0;
         for (; i + 32 <= k; i += 32) {
-            const __m256i ab = _mm256_packs_epi32(codes8(row + i, vinv, lo, hi), codes8(row + i + 8, vinv, lo, hi));
+            const __m256i ab =
+                _mm256_packs_epi32(codes8(row + i, vinv, lo, hi), codes8(row + i + 8, vinv, lo, hi));
             const __m256i cd =
                 _mm256_packs_epi32(codes8(row + i + 16, vinv, lo, hi), codes8(row + i + 24, vinv, lo, hi));
             const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), order);

@@ -22,8 +22,9 @@ namespace {
 
 // R rows (1..8) x NB blocks (1 or 2) of 16 columns: tile[r][0..16 * NB).
 template <int R, int NB>
-LATHE_TVNNI void microVnni(const std::int8_t* a, std::size_t lda, const std::int8_t* b, std::size_t blockStride,
-                           std::size_t groups, const std::int32_t* colSums, std::int32_t* tile) noexcept {
+LATHE_TVNNI void microVnni(const std::int8_t* a, std::size_t lda, const std::int8_t* b,
+                           std::size_t blockStride, std::size_t groups, const std::int32_t* colSums,
+                           std::int32_t* tile) noexcept {
     const __m512i flip = _mm512_set1_epi32(static_cast<int>(0x80808080u));
     __m512i acc[R][NB];
     for (int r = 0; r < R; ++r)

@@ -25,8 +25,8 @@ __device__ int dotColumn(const std::int8_t* __restrict__ a, const std::int8_t* _
 }
 
 __global__ void gemmKernel(const std::int8_t* __restrict__ a, std::size_t m, std::size_t kp,
-                           const std::int8_t* __restrict__ packed, std::size_t n, std::int32_t* __restrict__ c,
-                           std::size_t ldc) {
+                           const std::int8_t* __restrict__ packed, std::size_t n,
+                           std::int32_t* __restrict__ c, std::size_t ldc) {
     const std::size_t col = static_cast<std::size_t>(blockIdx.x) * kTile + threadIdx.x;
     const std::size_t row = static_cast<std::size_t>(blockIdx.y) * kTile + threadIdx.y;
     if (row >= m || col >= n) return;
@@ -49,11 +49,13 @@ __global__ void linearKernel(const std::int8_t* __restrict__ a, const float* __r
 
 void checkLaunch(const char* what) {
     const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) throw CudaError(std::string(what) + ": kernel launch failed: " + cudaGetErrorString(err));
+    if (err != cudaSuccess)
+        throw CudaError(std::string(what) + ": kernel launch failed: " + cudaGetErrorString(err));
 }
 
 dim3 gridFor(std::size_t m, std::size_t n) {
-    return dim3(static_cast<unsigned>((n + kTile - 1) / kTile), static_cast<unsigned>((m + kTile - 1) / kTile));
+    return dim3(static_cast<unsigned>((n + kTile - 1) / kTile),
+                static_cast<unsigned>((m + kTile - 1) / kTile));
 }
 
 }  // namespace
@@ -61,8 +63,8 @@ dim3 gridFor(std::size_t m, std::size_t n) {
 void gemmS8S32(const std::int8_t* a, std::size_t m, std::size_t k, const std::int8_t* packed, std::size_t n,
                std::int32_t* c, std::size_t ldc, void* stream) {
     if (m == 0 || n == 0) return;
-    gemmKernel<<<gridFor(m, n), dim3(kTile, kTile), 0, static_cast<cudaStream_t>(stream)>>>(a, m, qPaddedK(k),
-                                                                                             packed, n, c, ldc);
+    gemmKernel<<<gridFor(m, n), dim3(kTile, kTile), 0, static_cast<cudaStream_t>(stream)>>>(
+        a, m, qPaddedK(k), packed, n, c, ldc);
     checkLaunch("cuda::gemmS8S32");
 }
 

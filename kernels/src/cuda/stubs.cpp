@@ -53,8 +53,8 @@ void gemmS8S32(const std::int8_t*, std::size_t, std::size_t, const std::int8_t*,
                std::size_t, void*) {
     notBuilt("cuda::gemmS8S32");
 }
-void qlinearQuantized(const std::int8_t*, const float*, std::size_t, const std::int8_t*, const float*, const float*,
-                      std::size_t, std::size_t, float*, std::size_t, bool, void*) {
+void qlinearQuantized(const std::int8_t*, const float*, std::size_t, const std::int8_t*, const float*,
+                      const float*, std::size_t, std::size_t, float*, std::size_t, bool, void*) {
     notBuilt("cuda::qlinearQuantized");
 }
 

@@ -63,10 +63,12 @@ struct ModelVersion {
     int64_t runId = 0;                      // 0 = registered from a file
     std::string data;                       // data set the run trained on
     int64_t parentVersion = 0;
-    std::string parentModel;  // the parent's model when it is another one (a distilled student); empty = this one
-    std::string derivation;   // how it was made from the parent, JSON: {"method":"quantize","mode":"dynamic",...}
-    std::string report;       // the compression report, JSON (CompressReport); empty when none
-    std::string source;       // "run 12" or "file /path/model.pt"
+    std::string
+        parentModel;  // the parent's model when it is another one (a distilled student); empty = this one
+    std::string
+        derivation;      // how it was made from the parent, JSON: {"method":"quantize","mode":"dynamic",...}
+    std::string report;  // the compression report, JSON (CompressReport); empty when none
+    std::string source;  // "run 12" or "file /path/model.pt"
     double createdAt = 0;
     std::vector<std::string> aliases;
 };

@@ -39,7 +39,7 @@ namespace lathe::kernels {
 enum class GemmIsa { Scalar, Avx2, Avx512Vnni, Amx };
 
 const char* gemmIsaName(GemmIsa isa) noexcept;  // "scalar", "avx2", "avx512-vnni", "amx"
-bool gemmIsaAvailable(GemmIsa isa) noexcept;     // the CPU (and OS) can run it
+bool gemmIsaAvailable(GemmIsa isa) noexcept;    // the CPU (and OS) can run it
 // The fastest available path. LATHE_KERNELS_ISA=scalar|avx2|avx512|avx512-vnni|amx caps it.
 GemmIsa bestGemmIsa() noexcept;
 
@@ -49,7 +49,9 @@ inline constexpr std::size_t kQMaxK = 133000;
 inline std::size_t qPaddedK(std::size_t k) noexcept { return (k + kQBlockK - 1) / kQBlockK * kQBlockK; }
 inline std::size_t qPaddedN(std::size_t n) noexcept { return (n + kQBlockN - 1) / kQBlockN * kQBlockN; }
 // Bytes of packed weights for an n x k matrix: qPaddedN(n) * qPaddedK(k).
-inline std::size_t packedWeightBytes(std::size_t n, std::size_t k) noexcept { return qPaddedN(n) * qPaddedK(k); }
+inline std::size_t packedWeightBytes(std::size_t n, std::size_t k) noexcept {
+    return qPaddedN(n) * qPaddedK(k);
+}
 
 // Per-output-channel symmetric quantization of fp32 weights w[n][k] (row stride ldw): the row
 // rule above, into q[n][k] (row stride k) and scales[n].
@@ -76,10 +78,10 @@ void gemmS8S32(const std::int8_t* a, std::size_t m, std::size_t k, const std::in
                GemmIsa isa = bestGemmIsa());
 
 struct QLinear {
-    const std::int8_t* packed = nullptr;   // packWeights output
+    const std::int8_t* packed = nullptr;    // packWeights output
     const std::int32_t* colSums = nullptr;  // packWeights output
-    const float* scales = nullptr;         // per output channel
-    const float* bias = nullptr;           // n values, or nullptr
+    const float* scales = nullptr;          // per output channel
+    const float* bias = nullptr;            // n values, or nullptr
     std::size_t n = 0, k = 0;
 };
 

@@ -1,0 +1,220 @@
+// Compression of registered models (compress.h): dynamic int8 quantization of the digits MLP
+// against its fp32 parent, the lineage and report the registry keeps, the served artifact, and
+// every bad input refused with a clear error and nothing registered. Plus the CLI.
+// LibTorch first: glog (through c10) defines CHECK too, and Catch2's must be the one in force.
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <nlohmann/json.hpp>
+
+#include "lathe/core/compress.h"
+#include "lathe/core/model_artifact.h"
+#include "lathe/core/record.h"
+#include "lathe/core/registry.h"
+#include "lathe/core/store.h"
+#include "lathe/core/torch_runtime.h"
+#include "run_process.h"
+#include "serving/model_runner.h"
+#include "temp_dir.h"
+
+using namespace lathe;
+using lathe::test::TempDir;
+
+namespace {
+
+// A workspace with the digits MLP trained (10 epochs) and registered as digits:1.
+struct Trained {
+    TempDir dir;
+    std::string db = dir.file("ws.db");
+    Trained() {
+        core::Store store(db);
+        core::RunSpec spec;
+        spec.epochs = 10;
+        spec.seed = 5;
+        const auto rec = core::trainAndRecord(store, spec, {});
+        REQUIRE(rec.result.status == core::RunStatus::Completed);
+        store.flush();
+        core::Registry registry(db);
+        REQUIRE(core::registerModel(registry, &store, "digits", rec.runId, "", {}).version == 1);
+    }
+};
+
+int64_t versionCount(const std::string& db, const std::string& name) {
+    core::Registry registry(db);
+    return static_cast<int64_t>(registry.versions(name).size());
+}
+
+}  // namespace
+
+TEST_CASE(
+    "dynamic int8 quantization keeps the digits MLP within 1 point, records lineage and report, and serves",
+    "[compress][quantize]") {
+    Trained t;
+    core::Store store(t.db);
+    core::Registry registry(t.db);
+    std::vector<std::string> phases;
+    core::CompressControl control;
+    control.progress = [&](const core::CompressProgress& p) {
+        if (phases.empty() || phases.back() != p.phase) phases.push_back(p.phase);
+    };
+    const auto result = core::quantizeModel(registry, &store, core::parseModelRef("digits:1"), {}, control);
+    const auto& r = result.report;
+    INFO("parent " << r.parentAccuracy << " int8 " << r.accuracy);
+    CHECK(r.parentAccuracy > 0.9);
+    CHECK(r.accuracy >= r.parentAccuracy - 0.01);
+    CHECK(r.samples > 300);
+    CHECK(r.sizeBytes > 0);
+    CHECK(r.sizeBytes < r.parentSizeBytes);
+    CHECK(r.latencyMsB1 > 0);
+    CHECK(r.latencyMsB32 > 0);
+    CHECK(r.parentLatencyMsB1 > 0);
+    REQUIRE(r.layers.size() >= 2);  // the hidden layers (relu fused) and the output layer
+    CHECK(r.layers.front().change.find("fused relu") != std::string::npos);
+    CHECK(r.layers.back().change.find("fused relu") == std::string::npos);
+    CHECK(r.perClassAccuracy.size() == 10);
+    CHECK(phases.front() == "loading");
+    CHECK(phases.back() == "done");
+
+    // The registry keeps where it came from, how, and the report (sizes included).
+    const auto v = registry.resolve(core::parseModelRef("digits:2"));
+    CHECK(v.parentVersion == 1);
+    CHECK(v.parentModel.empty());
+    const auto derivation = nlohmann::json::parse(v.derivation);
+    CHECK(derivation["method"] == "quantize");
+    CHECK(derivation["mode"] == "dynamic");
+    const auto stored = core::CompressReport::fromJson(v.report);
+    CHECK(stored.sizeBytes == v.sizeBytes);
+    CHECK(stored.accuracy == Approx(r.accuracy));
+    CHECK(v.metrics.at("val/accuracy") == Approx(r.accuracy));
+
+    // The file is one TorchScript artifact calling lathe::linear_int8; the server's loader runs it
+    // and agrees with the parent to int8 precision.
+    const auto served = core::serving::LoadedModel::load({"digits", 2, v.path}, 8, "cpu", v.sha256);
+    const auto parent =
+        core::serving::LoadedModel::load({"digits", 1, registry.resolve({"digits", 1, {}}).path}, 8, "cpu");
+    for (auto* m : {served.get(), parent.get()})
+        for (int64_t i = 0; i < 8 * 64; ++i) m->inputBuffer()[i] = static_cast<float>((i * 37) % 17) / 16.f;
+    std::vector<float> a(80), b(80);
+    served->run(0, 8, a.data());
+    parent->run(0, 8, b.data());
+    double maxDiff = 0, maxAbs = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+        maxDiff = std::max(maxDiff, static_cast<double>(std::fabs(a[i] - b[i])));
+        maxAbs = std::max(maxAbs, static_cast<double>(std::fabs(b[i])));
+    }
+    CHECK(maxDiff < 0.05 * maxAbs);
+    CHECK(maxDiff > 0);  // it really is another computation
+}
+
+TEST_CASE("bad compression input gets a clear error and registers nothing", "[compress][quantize]") {
+    Trained t;
+    core::Store store(t.db);
+    core::Registry registry(t.db);
+    const auto ref = core::parseModelRef("digits:1");
+    auto refused = [&](const core::QuantizeOptions& o, const std::string& fragment) {
+        CHECK_THROWS_AS(core::quantizeModel(registry, &store, ref, o), core::ConfigError);
+        CHECK_THROWS_WITH(core::quantizeModel(registry, &store, ref, o), Catch::Contains(fragment));
+        CHECK(versionCount(t.db, "digits") == 1);
+    };
+    core::QuantizeOptions o;
+    o.mode = "fancy";
+    refused(o, "unknown quantization mode 'fancy'");
+    o = {};
+    o.data = "synthetic:spirals";
+    refused(o, "takes input [1,8,8] per sample but synthetic:spirals has samples of shape [2]");
+    CHECK_THROWS_AS(core::quantizeModel(registry, &store, core::parseModelRef("digits:7"), {}),
+                    core::NotFoundError);
+
+    // A model with no Linear layer: nothing to quantize.
+    TempDir dir;
+    torch::jit::Module m("NoLinear");
+    m.define("def forward(self, x):\n    return torch.relu(torch.flatten(x, 1))[:, :10]\n");
+    m.save(dir.file("nolinear.pt"));
+    core::registerModel(registry, nullptr, "plain", 0, dir.file("nolinear.pt"), {1, 8, 8});
+    o = {};
+    CHECK_THROWS_WITH(core::quantizeModel(registry, &store, core::parseModelRef("plain"), o),
+                      Catch::Contains("has no run in this workspace") && Catch::Contains("--data"));
+    o.data = "digits";
+    CHECK_THROWS_WITH(core::quantizeModel(registry, &store, core::parseModelRef("plain"), o),
+                      Catch::Contains("has no Linear layer"));
+    CHECK(versionCount(t.db, "plain") == 1);
+
+    // Stopped: nothing registered.
+    std::atomic<bool> stop{true};
+    core::CompressControl control;
+    control.stop = &stop;
+    CHECK_THROWS_AS(core::quantizeModel(registry, &store, ref, {}, control), core::StoppedError);
+    CHECK(versionCount(t.db, "digits") == 1);
+}
+
+TEST_CASE("lathe::linear_int8 refuses operands of the wrong size instead of reading past them",
+          "[compress][quantize]") {
+    core::loadTorchRuntime();  // the op is registered when liblathe_torch loads
+    auto op = c10::Dispatcher::singleton().findSchemaOrThrow("lathe::linear_int8", "");
+    auto call = [&](const torch::Tensor& packed, const torch::Tensor& x) {
+        std::vector<c10::IValue> stack{x,
+                                       packed,
+                                       torch::zeros({16}, torch::kInt),
+                                       torch::ones({16}),
+                                       c10::IValue(),
+                                       int64_t{16},
+                                       int64_t{64},
+                                       false};
+        op.callBoxed(&stack);
+        return stack.at(0).toTensor();
+    };
+    CHECK_THROWS_WITH(call(torch::zeros({100}, torch::kChar), torch::ones({2, 64})),
+                      Catch::Contains("packed weights must be"));
+    CHECK_THROWS_WITH(call(torch::zeros({16 * 64}, torch::kChar), torch::ones({2, 63})),
+                      Catch::Contains("input has 63 features, the layer takes 64"));
+    CHECK(call(torch::zeros({16 * 64}, torch::kChar), torch::ones({2, 64})).sizes() ==
+          torch::IntArrayRef{2, 16});
+}
+
+TEST_CASE("a version may name a parent of another model, which must exist", "[compress][registry]") {
+    Trained t;
+    core::Registry registry(t.db);
+    const auto parent = registry.resolve({"digits", 1, {}});
+    core::ModelVersion v = parent;
+    v.name = "student";
+    v.parentModel = "digits";
+    v.parentVersion = 1;
+    v.derivation = R"({"method":"distill"})";
+    const auto added = registry.addVersion(v);
+    CHECK(registry.resolve({"student", added.version, {}}).parentModel == "digits");
+    v.parentVersion = 9;
+    CHECK_THROWS_WITH(registry.addVersion(v), Catch::Contains("model digits has no version 9"));
+    registry.setReport("student", 1, R"({"method":"distill"})");
+    CHECK(core::CompressReport::fromJson(registry.resolve({"student", 1, {}}).report).method == "distill");
+    CHECK_THROWS_AS(registry.setReport("student", 5, "{}"), core::NotFoundError);
+}
+
+TEST_CASE("lathectl compress quantize: a table, --json, exit 2 on bad input", "[compress][cli]") {
+    Trained t;
+    const auto cmd = test::binPath("lathectl") + " compress quantize --db " + t.db + " ";
+    auto r = test::runShell(cmd + "digits:1 --json");
+    REQUIRE(r.exitCode == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    for (const char* key : {"model", "version", "accuracy", "parent_accuracy", "size_bytes",
+                            "parent_size_bytes", "latency_ms_b1", "latency_ms_b32"})
+        CHECK(j.contains(key));
+    CHECK(j["version"] == 2);
+    r = test::runShell(cmd + "digits:1");
+    REQUIRE(r.exitCode == 0);
+    CHECK(r.out.find("registered digits:3 from digits:1 (quantize dynamic)") != std::string::npos);
+    CHECK(r.out.find("latency batch 32") != std::string::npos);
+    r = test::runShell(cmd + "digits:1 --data synthetic:spirals");
+    CHECK(r.exitCode == 2);
+    CHECK(r.err.find("has samples of shape [2]") != std::string::npos);
+    r = test::runShell(cmd + "digits:1 --mode fancy");
+    CHECK(r.exitCode == 2);
+    r = test::runShell(test::binPath("lathectl") + " models compare digits:1 digits:2 --db " + t.db);
+    REQUIRE(r.exitCode == 0);
+    CHECK(r.out.find("latency batch 1") != std::string::npos);
+    CHECK(versionCount(t.db, "digits") == 3);
+}
