@@ -114,10 +114,10 @@ void runQuantize(const QuantizeState& st, int& exitCode) {
 }  // namespace
 
 void registerCompress(CLI::App& app, int& exitCode) {
-    auto* compress = app.add_subcommand(
-        "compress",
-        "make a smaller, faster version of a registered model: quantize (int8); registered with "
-        "its parent and a report");
+    auto* compress = app.add_subcommand("compress",
+                                        "make a smaller, faster version of a registered model: quantize "
+                                        "(int8 dynamic or static); registered with "
+                                        "its parent and a report");
     compress->require_subcommand(1);
 
     auto q = std::make_shared<QuantizeState>();
@@ -127,9 +127,26 @@ void registerCompress(CLI::App& app, int& exitCode) {
         ->add_option("REF", q->ref, "NAME, NAME:V, NAME@ALIAS, or a run id (its model is registered first)")
         ->required();
     quantize
-        ->add_option("--mode", q->options.mode, "dynamic: int8 weights, inputs quantized per row at run time")
-        ->check(CLI::IsMember({"dynamic"}))
+        ->add_option(
+            "--mode", q->options.mode,
+            "dynamic: Linear layers, inputs quantized per row at run time; static: Linear and Conv2d, "
+            "input scales calibrated on training batches")
+        ->check(CLI::IsMember({"dynamic", "static"}))
         ->default_val("dynamic");
+    quantize
+        ->add_option("--observer", q->options.observer,
+                     "static: how a layer's input range is taken: minmax, moving-average, or histogram (the "
+                     "--percentile of |x|)")
+        ->check(CLI::IsMember({"minmax", "moving-average", "histogram"}))
+        ->default_val("histogram");
+    quantize
+        ->add_option("--calib-batches", q->options.calibBatches,
+                     "static: batches of 32 training samples to calibrate on, 1..100000")
+        ->default_val(32);
+    quantize
+        ->add_option("--percentile", q->options.percentile,
+                     "static, histogram observer: percentile of |x|, (0, 100]")
+        ->default_val(99.99);
     quantize->add_option("--data", q->options.data,
                          "data set to measure accuracy on (default: the one the parent's run trained on)");
     quantize->add_option("--seed", q->options.seed, "split seed (default: the parent run's)");

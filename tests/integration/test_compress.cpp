@@ -111,6 +111,52 @@ TEST_CASE(
     CHECK(maxDiff > 0);  // it really is another computation
 }
 
+TEST_CASE(
+    "static int8 quantization with each observer keeps the MLP within 1.5 points, and the CNN's convolutions",
+    "[compress][quantize][static]") {
+    Trained t;
+    core::Store store(t.db);
+    core::Registry registry(t.db);
+    for (const char* observer : {"minmax", "moving-average", "histogram"}) {
+        core::QuantizeOptions o;
+        o.mode = "static";
+        o.observer = observer;
+        o.calibBatches = 8;
+        const auto r = core::quantizeModel(registry, &store, core::parseModelRef("digits:1"), o).report;
+        INFO(observer << ": parent " << r.parentAccuracy << " int8 " << r.accuracy);
+        CHECK(r.accuracy >= r.parentAccuracy - 0.015);
+        CHECK(r.settings.at("observer") == observer);
+        REQUIRE(!r.layers.empty());
+        CHECK(r.layers[0].change.find("per tensor from") != std::string::npos);
+    }
+
+    // The CNN: its convolutions become lathe::conv2d_int8 with fused ReLU.
+    core::RunSpec spec;
+    spec.model = "cnn";
+    spec.epochs = 8;
+    spec.seed = 3;
+    const auto rec = core::trainAndRecord(store, spec, {});
+    REQUIRE(rec.result.status == core::RunStatus::Completed);
+    store.flush();
+    core::registerModel(registry, &store, "cnn", rec.runId, "", {});
+    core::QuantizeOptions o;
+    o.mode = "static";
+    const auto r = core::quantizeModel(registry, &store, core::parseModelRef("cnn:1"), o).report;
+    INFO("cnn parent " << r.parentAccuracy << " int8 " << r.accuracy);
+    CHECK(r.parentAccuracy > 0.8);
+    CHECK(r.accuracy >= r.parentAccuracy - 0.015);
+    int convs = 0;
+    for (const auto& l : r.layers)
+        if (l.kind == "conv2d") {
+            ++convs;
+            CHECK(l.change.find("fused relu") != std::string::npos);
+        }
+    CHECK(convs == 2);
+    // Dynamic mode leaves convolutions in fp32.
+    const auto d = core::quantizeModel(registry, &store, core::parseModelRef("cnn:1"), {}).report;
+    for (const auto& l : d.layers) CHECK(l.kind == "linear");
+}
+
 TEST_CASE("bad compression input gets a clear error and registers nothing", "[compress][quantize]") {
     Trained t;
     core::Store store(t.db);
@@ -124,6 +170,13 @@ TEST_CASE("bad compression input gets a clear error and registers nothing", "[co
     core::QuantizeOptions o;
     o.mode = "fancy";
     refused(o, "unknown quantization mode 'fancy'");
+    o = {};
+    o.mode = "static";
+    o.calibBatches = 0;
+    refused(o, "--calib-batches must be 1..100000");
+    o.calibBatches = 4;
+    o.observer = "magic";
+    refused(o, "unknown observer 'magic'");
     o = {};
     o.data = "synthetic:spirals";
     refused(o, "takes input [1,8,8] per sample but synthetic:spirals has samples of shape [2]");
@@ -141,7 +194,7 @@ TEST_CASE("bad compression input gets a clear error and registers nothing", "[co
                       Catch::Contains("has no run in this workspace") && Catch::Contains("--data"));
     o.data = "digits";
     CHECK_THROWS_WITH(core::quantizeModel(registry, &store, core::parseModelRef("plain"), o),
-                      Catch::Contains("has no Linear layer"));
+                      Catch::Contains("has no layer with constant weights to quantize"));
     CHECK(versionCount(t.db, "plain") == 1);
 
     // Stopped: nothing registered.
@@ -164,7 +217,8 @@ TEST_CASE("lathe::linear_int8 refuses operands of the wrong size instead of read
                                        c10::IValue(),
                                        int64_t{16},
                                        int64_t{64},
-                                       false};
+                                       false,
+                                       0.0};
         op.callBoxed(&stack);
         return stack.at(0).toTensor();
     };
@@ -213,6 +267,9 @@ TEST_CASE("lathectl compress quantize: a table, --json, exit 2 on bad input", "[
     CHECK(r.err.find("has samples of shape [2]") != std::string::npos);
     r = test::runShell(cmd + "digits:1 --mode fancy");
     CHECK(r.exitCode == 2);
+    r = test::runShell(cmd + "digits:1 --mode static --calib-batches 0");
+    CHECK(r.exitCode == 2);
+    CHECK(r.err.find("--calib-batches must be 1..100000") != std::string::npos);
     r = test::runShell(test::binPath("lathectl") + " models compare digits:1 digits:2 --db " + t.db);
     REQUIRE(r.exitCode == 0);
     CHECK(r.out.find("latency batch 1") != std::string::npos);

@@ -67,6 +67,12 @@ EvalData evaluationData(const Registry&, const Store* store, const ModelVersion&
     if (!split.mean.empty()) d.x = d.x * torch::tensor(split.stddev) + torch::tensor(split.mean);
     d.y = torch::from_blob(val.y.data(), {val.size()}, torch::kLong).clone();
     d.classNames = val.classNames;
+    auto& train = split.train;
+    std::vector<int64_t> trainShape{train.size()};
+    trainShape.insert(trainShape.end(), train.shape.begin(), train.shape.end());
+    d.calibration = torch::from_blob(train.x.data(), trainShape, torch::kFloat).clone();
+    if (!split.mean.empty() && train.size() > 0)
+        d.calibration = d.calibration * torch::tensor(split.stddev) + torch::tensor(split.mean);
     return d;
 }
 

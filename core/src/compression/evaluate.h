@@ -18,6 +18,7 @@ struct EvalData {
     torch::Tensor x;   // validation samples as the model takes them (raw: a csv model standardises itself)
     torch::Tensor y;   // labels (long)
     std::vector<std::string> classNames;
+    torch::Tensor calibration;  // the training split, as the model takes it (static quantization)
 };
 
 /// The validation split of the data the parent was trained on (its run's spec), or of

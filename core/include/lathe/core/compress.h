@@ -6,6 +6,9 @@
 //                             GEMM (kernels/qgemm.h): per-output-channel int8 weights, each input
 //                             row quantized on the fly. The artifact stays one TorchScript file;
 //                             any program that loaded liblathe_torch (lathectl serve) runs it.
+//   quantize --mode static    Linear and Conv2d (lathe::conv2d_int8, im2col + the same GEMM), with
+//                             each layer's input scale calibrated by an observer on training
+//                             batches; a following ReLU is fused into the layer.
 //
 // Where the work happens: core/src/compression/ (README there).
 #include <atomic>
@@ -22,7 +25,12 @@ namespace lathe::core {
 class Store;
 
 struct QuantizeOptions {
-    std::string mode = "dynamic";  // dynamic (static and qat: see core/src/compression/README.md)
+    std::string mode = "dynamic";  // dynamic | static
+    /// static: the activation observer (minmax, moving-average, histogram), how many batches of
+    /// 32 training samples calibrate it, and the histogram's percentile of |x|.
+    std::string observer = "histogram";
+    int64_t calibBatches = 32;
+    double percentile = 99.99;
     /// Data set to measure accuracy on (its validation split); empty = the one the parent's run
     /// trained on (a version registered from a file needs it).
     std::string data;
