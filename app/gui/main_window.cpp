@@ -29,10 +29,12 @@
 #include <string>
 
 #include "deploy_session.h"
+#include "lathe/core/compress.h"
 #include "lathe/core/error.h"
 #include "lathe/remote/inventory.h"
 #include "lathe/remote/server_host.h"
 #include "lathe/widgets/comm_view.h"
+#include "lathe/widgets/compress_dialog.h"
 #include "lathe/widgets/dashboard.h"
 #include "lathe/widgets/host_list_model.h"
 #include "lathe/widgets/hosts_view.h"
@@ -173,6 +175,7 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
                               m_deploy ? tr("Another deployment is in progress.")
                                        : tr("The model registry of this workspace is not open."));
             });
+    connect(m_models, &widgets::ModelsView::compressRequested, this, &MainWindow::openCompressDialog);
     openRegistry();
 
     m_runsPool.setMaxThreadCount(1);
@@ -261,6 +264,34 @@ void MainWindow::openRegistry() {
         });
     connectDeploySession();
     m_models->setRegistry(m_registry);
+}
+
+widgets::CompressDialog* MainWindow::compressDialog() const { return m_compressDialog.data(); }
+
+widgets::CompressDialog* MainWindow::openCompressDialog(const QString& model, qint64 version) {
+    if (!m_registry) {
+        showError(tr("Cannot compress"), tr("The model registry of this workspace is not open."));
+        return nullptr;
+    }
+    // The worker thread opens its own read connection to the runs (the parent run's data and
+    // seed); the registry is shared (thread-safe).
+    const std::shared_ptr<core::Registry> registry = m_registry;
+    const std::string path = m_store->path();
+    const core::ModelRef ref{model.toStdString(), version, {}};
+    auto runner = [registry, path, ref](const core::QuantizeOptions& options,
+                                        const core::CompressControl& control) {
+        core::Store store(path);
+        return core::quantizeModel(*registry, &store, ref, options, control);
+    };
+    auto* dialog = new widgets::CompressDialog(model, version, runner, this);
+    dialog->setAttribute(Qt::WA_DeleteOnClose);
+    connect(dialog, &widgets::CompressDialog::compressed, this, [this](const QString& name, qint64 v) {
+        statusBar()->showMessage(tr("Registered %1 v%2").arg(name).arg(v), 8000);
+        m_models->refresh();
+    });
+    m_compressDialog = dialog;
+    dialog->show();
+    return dialog;
 }
 
 void MainWindow::connectDeploySession() {

@@ -2,6 +2,7 @@
 // The main window wires the run form, the runs table, the per-run views and the training
 // session together; the work itself happens in those classes.
 #include <QMainWindow>
+#include <QPointer>
 #include <QThreadPool>
 
 #include <atomic>
@@ -25,6 +26,7 @@ class QTableView;
 class QTimer;
 
 namespace lathe::widgets {
+class CompressDialog;
 class Dashboard;
 class HostsView;
 class ModelsView;
@@ -67,6 +69,11 @@ public:
     DeploySession* deploySession() const { return m_deploy.get(); }
     /// The workspace's model registry (same file as the store); null when it could not be opened.
     core::Registry* registry() const { return m_registry.get(); }
+    /// The Compress dialog for NAME vV (what the Models page's Compress… opens): it runs
+    /// core::quantizeModel on this workspace; the page refreshes when a version is registered.
+    widgets::CompressDialog* openCompressDialog(const QString& model, qint64 version);
+    /// The last one opened, while it is open.
+    widgets::CompressDialog* compressDialog() const;
     /// The last error shown to the user (for tests and the status bar).
     QString lastError() const { return m_lastError; }
 
@@ -128,6 +135,7 @@ private:
 
     std::unique_ptr<core::Store> m_store;
     std::unique_ptr<TrainingSession> m_session;
+    QPointer<widgets::CompressDialog> m_compressDialog;
     std::shared_ptr<core::Registry> m_registry;
     std::unique_ptr<DeploySession> m_deploy;
     QTabWidget* m_pages = nullptr;

@@ -24,6 +24,9 @@ core::ModelRef resolveRef(const std::string& text, core::Registry& registry, cor
     if (!text.empty() && text.find_first_not_of("0123456789") == std::string::npos) {
         const auto runId = std::stoll(text);
         if (!store) throw UsageError("a run id needs the workspace");
+        // The run's model registered before (by an earlier compress of the same run) is reused.
+        for (const auto& v : registry.versions("run-" + text))
+            if (v.runId == runId && v.parentVersion == 0) return {v.name, v.version, {}};
         const auto v = core::registerModel(registry, store, "run-" + text, runId, "", {}, 0);
         std::fprintf(stderr, "registered run %lld's model as %s:%lld\n", static_cast<long long>(runId),
                      v.name.c_str(), static_cast<long long>(v.version));
@@ -149,7 +152,7 @@ void registerCompress(CLI::App& app, int& exitCode) {
         ->default_val(99.99);
     quantize->add_option("--data", q->options.data,
                          "data set to measure accuracy on (default: the one the parent's run trained on)");
-    quantize->add_option("--seed", q->options.seed, "split seed (default: the parent run's)");
+    quantize->add_option("--seed", q->options.seed, "split seed (default: the parent run's; 42 with --data)");
     addCommonOptions(quantize, q->common);
     quantize->callback([q, &exitCode] { runQuantize(*q, exitCode); });
 }

@@ -182,7 +182,7 @@ int main(int argc, char** argv) {
                 ",\"max_rel_error\":" + std::to_string(err) + "}";
     }
     json += "]}";
-    std::printf("ratios above 1 mean ours is faster. CPU features: see `lathectl doctor`/kernels info.\n");
+    std::printf("ratios above 1 mean ours is faster\n");
     if (!out.empty()) std::ofstream(out + "/bench_qlinear.json") << json << "\n";
     if (!ok) {
         std::fprintf(stderr, "int8 output drifted from fp32 by more than 5%% of its range: broken\n");

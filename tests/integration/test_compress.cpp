@@ -270,6 +270,17 @@ TEST_CASE("lathectl compress quantize: a table, --json, exit 2 on bad input", "[
     r = test::runShell(cmd + "digits:1 --mode static --calib-batches 0");
     CHECK(r.exitCode == 2);
     CHECK(r.err.find("--calib-batches must be 1..100000") != std::string::npos);
+    // A run id: the run's model is registered once as run-N and reused.
+    r = test::runShell(cmd + "1 --json");
+    REQUIRE(r.exitCode == 0);
+    CHECK(nlohmann::json::parse(r.out)["model"] == "run-1");
+    r = test::runShell(cmd + "1 --json");
+    REQUIRE(r.exitCode == 0);
+    CHECK(nlohmann::json::parse(r.out)["version"] == 3);
+    CHECK(versionCount(t.db, "run-1") == 3);
+    r = test::runShell(cmd + "digits:1 --mode static --percentile 0");
+    CHECK(r.exitCode == 2);
+    CHECK(r.err.find("percentile must be in (0, 100]") != std::string::npos);
     r = test::runShell(test::binPath("lathectl") + " models compare digits:1 digits:2 --db " + t.db);
     REQUIRE(r.exitCode == 0);
     CHECK(r.out.find("latency batch 1") != std::string::npos);

@@ -1,6 +1,8 @@
 #include "lathe/widgets/models_view.h"
 
 #include <QComboBox>
+#include <QDialog>
+#include <QDialogButtonBox>
 #include <QHBoxLayout>
 #include <QHeaderView>
 #include <QItemSelectionModel>
@@ -18,6 +20,7 @@
 #include <exception>
 #include <vector>
 
+#include "lathe/widgets/compress_report_view.h"
 #include "lathe/widgets/model_list_model.h"
 #include "lathe/widgets/serving_dashboard.h"
 
@@ -57,6 +60,10 @@ ModelsView::ModelsView(QWidget* parent) : QWidget(parent) {
     m_target->setObjectName(QStringLiteral("deployTarget"));
     m_target->addItem(tr("This machine"), QString());
     m_target->setSizeAdjustPolicy(QComboBox::AdjustToContents);
+    m_compress = new QPushButton(tr("Compress…"), this);
+    m_compress->setObjectName(QStringLiteral("compressButton"));
+    m_report = new QPushButton(tr("Report"), this);
+    m_report->setObjectName(QStringLiteral("reportButton"));
     m_refresh = new QPushButton(tr("Refresh"), this);
     m_refresh->setToolTip(tr("Re-read the registry (it is re-read every few seconds anyway)"));
     m_status = new QLabel(this);
@@ -72,6 +79,9 @@ ModelsView::ModelsView(QWidget* parent) : QWidget(parent) {
     buttons->addWidget(on);
     buttons->addWidget(m_target);
     buttons->addWidget(m_rollback);
+    buttons->addSpacing(12);
+    buttons->addWidget(m_compress);
+    buttons->addWidget(m_report);
     buttons->addSpacing(12);
     buttons->addWidget(m_status, 1);
     buttons->addWidget(m_refresh);
@@ -100,6 +110,10 @@ ModelsView::ModelsView(QWidget* parent) : QWidget(parent) {
     connect(m_deploy, &QPushButton::clicked, this, &ModelsView::requestDeploy);
     connect(m_rollback, &QPushButton::clicked, this, &ModelsView::requestRollback);
     connect(m_refresh, &QPushButton::clicked, this, &ModelsView::refresh);
+    connect(m_compress, &QPushButton::clicked, this, [this] {
+        if (selectedVersion() > 0) Q_EMIT compressRequested(selectedModel(), selectedVersion());
+    });
+    connect(m_report, &QPushButton::clicked, this, &ModelsView::showReport);
     connect(m_target, QOverload<int>::of(&QComboBox::currentIndexChanged), this, [this] {
         if (m_target->isEnabled()) m_chosenHost = m_target->currentData().toString();
         updateButtons();
@@ -310,6 +324,19 @@ void ModelsView::updateButtons() {
     else
         rollbackTip = rollbackQuestion(model);
     m_rollback->setEnabled(!m_busy && live && back > 0);
+    m_compress->setEnabled(entry && version > 0);
+    m_compress->setToolTip(version > 0
+                               ? tr("Make a smaller, faster version of %1 v%2 (int8 quantization) and "
+                                    "compare it with this one")
+                                     .arg(model)
+                                     .arg(version)
+                               : tr("Select a model version to compress"));
+    const core::ModelVersion* selected = entry && version > 0 ? entry->version(version) : nullptr;
+    m_report->setEnabled(selected && !selected->report.empty());
+    m_report->setToolTip(
+        selected && !selected->report.empty()
+            ? tr("%1 v%2 against its parent: accuracy, size and latency").arg(model).arg(version)
+            : tr("Select a compressed version to see its report"));
     {
         // The box shows where a deploy goes: the person's choice, or where a live model runs.
         QSignalBlocker block(m_target);
@@ -403,5 +430,37 @@ void ModelsView::setStatusText(const QString& text, bool error) {
 }
 
 QString ModelsView::statusText() const { return m_status->text(); }
+
+QDialog* ModelsView::showReport() {
+    const QString model = selectedModel();
+    const int64_t version = selectedVersion();
+    const ModelEntry* entry = model.isEmpty() ? nullptr : m_model->entry(model);
+    const core::ModelVersion* v = entry && version > 0 ? entry->version(version) : nullptr;
+    if (!v || v->report.empty()) return nullptr;
+    core::CompressReport report;
+    try {
+        report = core::CompressReport::fromJson(v->report);
+    } catch (const std::exception& ex) {
+        setStatusText(tr("The report of %1 v%2 cannot be read: %3").arg(model).arg(version).arg(ex.what()),
+                      true);
+        return nullptr;
+    }
+    auto* dialog = new QDialog(this);
+    dialog->setObjectName(QStringLiteral("reportDialog"));
+    dialog->setAttribute(Qt::WA_DeleteOnClose);
+    dialog->setWindowTitle(tr("%1 v%2: compression report").arg(model).arg(version));
+    auto* view = new CompressReportView(dialog);
+    const QString parentName = QString::fromStdString(v->parentModel.empty() ? v->name : v->parentModel);
+    view->setReport(report, tr("%1 v%2").arg(parentName).arg(v->parentVersion),
+                    tr("%1 v%2").arg(model).arg(version));
+    auto* buttons = new QDialogButtonBox(QDialogButtonBox::Close, dialog);
+    connect(buttons, &QDialogButtonBox::rejected, dialog, &QDialog::reject);
+    auto* layout = new QVBoxLayout(dialog);
+    layout->addWidget(view, 1);
+    layout->addWidget(buttons);
+    dialog->resize(900, 620);
+    dialog->show();
+    return dialog;
+}
 
 }  // namespace lathe::widgets

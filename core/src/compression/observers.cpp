@@ -21,8 +21,9 @@ Observer::Kind Observer::kindFromName(const std::string& name) {
 }
 
 Observer::Observer(Kind kind, double percentile) : m_kind(kind), m_percentile(percentile) {
-    if (!(percentile > 0 && percentile <= 100))
-        throw ConfigError("the observer percentile must be in (0, 100]");
+    if (kind == Kind::Histogram && !(percentile > 0 && percentile <= 100))
+        throw ConfigError("the histogram observer's percentile must be in (0, 100] (got " +
+                          std::to_string(percentile) + ")");
     if (kind == Kind::Histogram) m_bins.assign(kBins, 0.0);
 }
 

@@ -235,7 +235,8 @@ CompressResult torch_impl::quantizeModel(Registry& registry, const Store* store,
     if (!dynamic && options.mode != "static")
         throw ConfigError("unknown quantization mode '" + options.mode + "' (dynamic or static)");
     if (!dynamic) {
-        compression::Observer::kindFromName(options.observer);  // ConfigError for an unknown one
+        // ConfigError for an unknown observer or a histogram percentile out of range, before any work.
+        compression::Observer(compression::Observer::kindFromName(options.observer), options.percentile);
         if (options.calibBatches < 1 || options.calibBatches > 100000)
             throw ConfigError("--calib-batches must be 1..100000 (got " +
                               std::to_string(options.calibBatches) + ")");

@@ -43,7 +43,7 @@ __global__ void linearKernel(const std::int8_t* __restrict__ a, const float* __r
     const int acc = dotColumn(a + row * kp, packed, kp / 4, col);
     float v = __fmul_rn(__int2float_rn(acc), __fmul_rn(rowScales[row], scales[col]));
     if (bias) v = __fadd_rn(v, bias[col]);
-    if (relu && v < 0.f) v = 0.f;
+    if (relu && !(v > 0.f) && !isnan(v)) v = 0.f;  // +0 for negatives and -0, NaN kept: the CPU epilogue
     y[row * ldy + col] = v;
 }
 

@@ -8,7 +8,8 @@
 // Definitions every path (scalar reference, AVX2, AVX-512 VNNI, AMX; CUDA) follows bit for bit:
 //  * Codes are symmetric int8 in [-127, 127] (never -128): activations per row (dynamic) or per
 //    tensor (static, a fixed scale), weights per output channel. The int32 sum is exact for
-//    K <= 133,000 (127 * 127 * K < 2^31); longer rows are refused.
+//    K <= kQMaxK = 133,000 (127 * 127 * K < 2^31); callers must not pass longer rows (the
+//    quantized TorchScript ops refuse them).
 //  * Quantizing a row: amax = max |x|; scale = amax / 127 (fp32 division); codes
 //    q = rint(clamp(x * (127 / amax), -127, 127)) in the current rounding mode (nearest even by
 //    default). An all-zero row has scale 0 and zero codes; a row holding inf or NaN has scale NaN
@@ -101,8 +102,9 @@ int threads() noexcept;
 void setThreads(int n) noexcept;  // n < 1 restores the default
 
 namespace cuda {
-// The int8 GEMM on a GPU (dp4a), on device pointers: the same packed layout, the same epilogue
-// definitions; `stream` is a cudaStream_t or nullptr. Throws CudaError (cuda_device.h).
+// The int8 GEMM on a GPU (dp4a), on device pointers (4-byte aligned, as cudaMalloc gives): the
+// same packed layout, the same epilogue definitions; `stream` is a cudaStream_t or nullptr.
+// Throws CudaError (cuda_device.h).
 void gemmS8S32(const std::int8_t* a, std::size_t m, std::size_t k, const std::int8_t* packed, std::size_t n,
                std::int32_t* c, std::size_t ldc, void* stream = nullptr);
 void qlinearQuantized(const std::int8_t* a, const float* rowScales, std::size_t m, const std::int8_t* packed,

@@ -21,6 +21,7 @@
 #include "lathe/core/registry.h"
 
 class QComboBox;
+class QDialog;
 class QLabel;
 class QPushButton;
 class QTimer;
@@ -78,6 +79,8 @@ public:
     QTreeView* tree() const { return m_tree; }
     QPushButton* deployButton() const { return m_deploy; }
     QPushButton* rollbackButton() const { return m_rollback; }
+    QPushButton* compressButton() const { return m_compress; }
+    QPushButton* reportButton() const { return m_report; }
     QComboBox* targetBox() const { return m_target; }
     ServingDashboard* dashboard() const { return m_dashboard; }
     bool isRefreshing() const { return m_refreshing; }
@@ -87,10 +90,15 @@ public Q_SLOTS:
     /// What the buttons do: confirm, then emit the request.
     void requestDeploy();
     void requestRollback();
+    /// The selected compressed version's report against its parent, in a dialog of its own
+    /// (returned; nullptr when the selection has no report).
+    QDialog* showReport();
 
 Q_SIGNALS:
     void deployRequested(const QString& model, qint64 version);
     void rollbackRequested(const QString& model, qint64 fromVersion, qint64 toVersion);
+    /// Compress… on a selected version: the application opens its Compress dialog.
+    void compressRequested(const QString& model, qint64 version);
     /// After a list read was applied (also after a failed one: see statusText()).
     void refreshed();
 
@@ -109,6 +117,8 @@ private:
     QPushButton* m_deploy = nullptr;
     QPushButton* m_rollback = nullptr;
     QPushButton* m_refresh = nullptr;
+    QPushButton* m_compress = nullptr;
+    QPushButton* m_report = nullptr;
     QComboBox* m_target = nullptr;
     QString m_chosenHost;  // the person's choice in m_target ("": this machine), kept while a live model
                            // shows its own
