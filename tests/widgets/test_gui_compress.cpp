@@ -5,6 +5,7 @@
 
 #include <QComboBox>
 #include <QDialog>
+#include <QPointer>
 #include <QProgressBar>
 #include <QPushButton>
 #include <QSignalSpy>
@@ -116,4 +117,14 @@ TEST_CASE("Compress a registered version from the Models page, cancel one, and r
     CHECK(view->layerTable()->rowCount() >= 2);
     shown->grab().save(outputPath("gui_compress_report.png"));
     shown->close();
+
+    // Closing the dialog while it runs stops the run first, then closes; nothing is registered.
+    auto* again = window->openCompressDialog("digits", 1);
+    REQUIRE(again);
+    QPointer<lathe::widgets::CompressDialog> watch(again);
+    again->start();
+    again->close();             // as the window's close button: QDialog turns it into reject()
+    CHECK(again->isVisible());  // still stopping
+    REQUIRE(waitUntil([&] { return watch.isNull(); }, 60000));  // WA_DeleteOnClose after it stopped
+    CHECK(window->registry()->versions("digits").size() == 2);
 }

@@ -122,6 +122,7 @@ void CompressDialog::start() {
     join();  // the previous run's thread, already finished
     m_running = true;
     m_stop = false;
+    m_closeWhenDone = false;
     m_status->setStyleSheet(QString());
     m_status->setText(tr("Compressing %1 v%2 …").arg(m_model).arg(m_version));
     m_progress->setValue(0);
@@ -169,6 +170,7 @@ void CompressDialog::cancel() {
 
 void CompressDialog::reject() {
     if (m_running) {
+        m_closeWhenDone = true;
         cancel();
         return;  // closes once stopped (onDone)
     }
@@ -190,7 +192,7 @@ void CompressDialog::onDone(bool ok, const QString& message, const core::Compres
         m_status->setStyleSheet(QStringLiteral("color: #b00020"));
         m_status->setText(message);
         Q_EMIT finishedRun(false);
-        if (m_stop && !isVisible()) QDialog::reject();
+        if (m_closeWhenDone) QDialog::reject();
         return;
     }
     m_progress->setValue(1000);
@@ -203,6 +205,7 @@ void CompressDialog::onDone(bool ok, const QString& message, const core::Compres
     if (height() < 640) resize(std::max(width(), 900), 680);
     Q_EMIT compressed(QString::fromStdString(v.name), v.version);
     Q_EMIT finishedRun(true);
+    if (m_closeWhenDone) QDialog::reject();  // asked to close while it was finishing
 }
 
 }  // namespace lathe::widgets

@@ -36,11 +36,21 @@ float checkedScale(double s) {
     return static_cast<float>(s);
 }
 
-void checkOperand(const at::Tensor& t, at::ScalarType type, int64_t numel, const char* what) {
+void checkOperand(const at::Tensor& t, at::ScalarType type, int64_t numel, const char* op, const char* what) {
     TORCH_CHECK(t.defined() && t.scalar_type() == type && t.dim() == 1 && t.numel() == numel &&
                     t.is_contiguous() && t.device().is_cpu(),
-                "lathe::linear_int8: ", what, " must be a contiguous 1-D ", c10::toString(type),
-                " CPU tensor of ", numel, " values (got ", t.defined() ? t.sizes() : at::IntArrayRef{}, ")");
+                op, ": ", what, " must be a contiguous 1-D ", c10::toString(type), " CPU tensor of ", numel,
+                " values (got ", t.defined() ? t.sizes() : at::IntArrayRef{}, ")");
+}
+
+// The weights of an n x k layer: every tensor exactly the size the GEMM will read.
+void checkWeights(const char* op, const at::Tensor& packed, const at::Tensor& colSums,
+                  const at::Tensor& scales, const c10::optional<at::Tensor>& bias, size_t n, size_t k) {
+    checkOperand(packed, at::kChar, static_cast<int64_t>(kernels::packedWeightBytes(n, k)), op,
+                 "packed weights");
+    checkOperand(colSums, at::kInt, static_cast<int64_t>(kernels::qPaddedN(n)), op, "column sums");
+    checkOperand(scales, at::kFloat, static_cast<int64_t>(n), op, "scales");
+    if (bias && bias->defined()) checkOperand(*bias, at::kFloat, static_cast<int64_t>(n), op, "bias");
 }
 
 }  // namespace
@@ -52,10 +62,7 @@ at::Tensor linearInt8(const at::Tensor& x, const at::Tensor& packed, const at::T
                     inFeatures <= static_cast<int64_t>(kernels::kQMaxK),
                 "lathe::linear_int8: bad layer size ", outFeatures, " x ", inFeatures);
     const auto n = static_cast<size_t>(outFeatures), k = static_cast<size_t>(inFeatures);
-    checkOperand(packed, at::kChar, static_cast<int64_t>(kernels::packedWeightBytes(n, k)), "packed weights");
-    checkOperand(colSums, at::kInt, static_cast<int64_t>(kernels::qPaddedN(n)), "column sums");
-    checkOperand(scales, at::kFloat, outFeatures, "scales");
-    if (bias && bias->defined()) checkOperand(*bias, at::kFloat, outFeatures, "bias");
+    checkWeights("lathe::linear_int8", packed, colSums, scales, bias, n, k);
     TORCH_CHECK(x.device().is_cpu(), "lathe::linear_int8 runs on the CPU (input on ", x.device(), ")");
     TORCH_CHECK(x.dim() >= 1 && x.size(-1) == inFeatures, "lathe::linear_int8: input has ",
                 x.dim() ? x.size(-1) : 0, " features, the layer takes ", inFeatures);
@@ -94,10 +101,7 @@ at::Tensor conv2dInt8(const at::Tensor& x, const at::Tensor& packed, const at::T
     TORCH_CHECK(kDepth <= static_cast<int64_t>(kernels::kQMaxK), "lathe::conv2d_int8: ", kDepth,
                 " values per output pixel, the int8 GEMM takes at most ", kernels::kQMaxK);
     const auto n = static_cast<size_t>(outChannels), k = static_cast<size_t>(kDepth);
-    checkOperand(packed, at::kChar, static_cast<int64_t>(kernels::packedWeightBytes(n, k)), "packed weights");
-    checkOperand(colSums, at::kInt, static_cast<int64_t>(kernels::qPaddedN(n)), "column sums");
-    checkOperand(scales, at::kFloat, outChannels, "scales");
-    if (bias && bias->defined()) checkOperand(*bias, at::kFloat, outChannels, "bias");
+    checkWeights("lathe::conv2d_int8", packed, colSums, scales, bias, n, k);
     TORCH_CHECK(x.device().is_cpu(), "lathe::conv2d_int8 runs on the CPU (input on ", x.device(), ")");
     TORCH_CHECK(x.dim() == 4 && x.size(1) == inChannels, "lathe::conv2d_int8: input must be [N, ", inChannels,
                 ", H, W] (got ", x.sizes(), ")");

@@ -73,6 +73,12 @@ bool rowScale(float amax, float fixedScale, float& scale, float& inv, bool& divi
     return true;
 }
 
+bool beginRow(std::uint32_t amaxBits, float fixedScale, std::int8_t* out, std::size_t ldq, float& scale,
+              float& inv, bool& divide) noexcept {
+    std::memset(out, 0, ldq);
+    return rowScale(fromBits(amaxBits), fixedScale, scale, inv, divide);
+}
+
 void quantizeRowsScalar(const float* x, std::size_t r0, std::size_t r1, std::size_t k, std::size_t ldx,
                         std::int8_t* q, std::size_t ldq, float* scales, float fixedScale) noexcept {
     for (std::size_t r = r0; r < r1; ++r) {
@@ -80,17 +86,10 @@ void quantizeRowsScalar(const float* x, std::size_t r0, std::size_t r1, std::siz
         std::int8_t* out = q + r * ldq;
         std::uint32_t amaxBits = 0;
         for (std::size_t i = 0; i < k; ++i) amaxBits = std::max(amaxBits, bits(row[i]) & kAbsMask);
-        float scale = 0.f, inv = 0.f;
+        float inv = 0.f;
         bool divide = false;
-        const bool coded = rowScale(fromBits(amaxBits), fixedScale, scale, inv, divide);
-        scales[r] = scale;
-        std::memset(out, 0, ldq);
-        if (!coded) continue;
-        for (std::size_t i = 0; i < k; ++i) {
-            float v = divide ? row[i] / scale : row[i] * inv;
-            v = v < -127.f ? -127.f : (v > 127.f ? 127.f : v);
-            out[i] = static_cast<std::int8_t>(std::nearbyint(v));
-        }
+        if (!beginRow(amaxBits, fixedScale, out, ldq, scales[r], inv, divide)) continue;
+        for (std::size_t i = 0; i < k; ++i) out[i] = codeOf(divide ? row[i] / scales[r] : row[i] * inv);
     }
 }
 

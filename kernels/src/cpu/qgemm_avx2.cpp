@@ -68,11 +68,11 @@ LATHE_TAVX2 void gemmRangeAvx2(const GemmJob& j, std::size_t nb0, std::size_t nb
             microAvx2<4>(j.a + m * j.kp, j.kp, b, groups, tile);
             e.apply(m, 4, nb * 16, 16, tile, 16);
         }
-        const std::size_t rest = j.m - m;
-        if (rest == 3) microAvx2<3>(j.a + m * j.kp, j.kp, b, groups, tile);
-        if (rest == 2) microAvx2<2>(j.a + m * j.kp, j.kp, b, groups, tile);
-        if (rest == 1) microAvx2<1>(j.a + m * j.kp, j.kp, b, groups, tile);
-        if (rest) e.apply(m, rest, nb * 16, 16, tile, 16);
+        if (const std::size_t rest = j.m - m) {  // 1..3 rows left
+            static constexpr decltype(&microAvx2<1>) tail[] = {microAvx2<1>, microAvx2<2>, microAvx2<3>};
+            tail[rest - 1](j.a + m * j.kp, j.kp, b, groups, tile);
+            e.apply(m, rest, nb * 16, 16, tile, 16);
+        }
     }
 }
 
@@ -95,12 +95,9 @@ LATHE_TAVX2 void quantizeRowsAvx2(const float* x, std::size_t m, std::size_t k, 
         std::uint32_t amaxBits = 0;
         for (auto l : lanes) amaxBits = std::max(amaxBits, l);
         for (; i < k; ++i) amaxBits = std::max(amaxBits, bits(row[i]) & kAbsMask);
-        float scale = 0.f, inv = 0.f;
+        float inv = 0.f;
         bool divide = false;
-        const bool coded = rowScale(fromBits(amaxBits), fixedScale, scale, inv, divide);
-        scales[r] = scale;
-        std::memset(out, 0, ldq);
-        if (!coded) continue;
+        if (!beginRow(amaxBits, fixedScale, out, ldq, scales[r], inv, divide)) continue;
         if (divide) {  // a tiny row: the division form, element by element
             quantizeRowsScalar(row, 0, 1, k, ldx, out, ldq, &scales[r], fixedScale);
             continue;
@@ -115,11 +112,7 @@ LATHE_TAVX2 void quantizeRowsAvx2(const float* x, std::size_t m, std::size_t k, 
             const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), order);
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), bytes);
         }
-        for (; i < k; ++i) {
-            float v = row[i] * inv;
-            v = v < -127.f ? -127.f : (v > 127.f ? 127.f : v);
-            out[i] = static_cast<std::int8_t>(std::nearbyint(v));
-        }
+        for (; i < k; ++i) out[i] = codeOf(row[i] * inv);
     }
 }
 

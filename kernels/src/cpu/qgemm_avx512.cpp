@@ -56,32 +56,12 @@ LATHE_TVNNI void rowsVnni(const GemmJob& j, std::size_t nb, const Epilogue& e, s
         microVnni<8, NB>(j.a + m * j.kp, j.kp, b, stride, groups, cs, tile);
         e.apply(m, 8, nb * 16, 16 * NB, tile, 16 * NB);
     }
-    const std::int8_t* a = j.a + m * j.kp;
-    switch (j.m - m) {
-        case 7:
-            microVnni<7, NB>(a, j.kp, b, stride, groups, cs, tile);
-            break;
-        case 6:
-            microVnni<6, NB>(a, j.kp, b, stride, groups, cs, tile);
-            break;
-        case 5:
-            microVnni<5, NB>(a, j.kp, b, stride, groups, cs, tile);
-            break;
-        case 4:
-            microVnni<4, NB>(a, j.kp, b, stride, groups, cs, tile);
-            break;
-        case 3:
-            microVnni<3, NB>(a, j.kp, b, stride, groups, cs, tile);
-            break;
-        case 2:
-            microVnni<2, NB>(a, j.kp, b, stride, groups, cs, tile);
-            break;
-        case 1:
-            microVnni<1, NB>(a, j.kp, b, stride, groups, cs, tile);
-            break;
-        default:
-            return;
-    }
+    const std::size_t rest = j.m - m;  // 0..7 rows left
+    if (rest == 0) return;
+    static constexpr decltype(&microVnni<1, NB>) tail[] = {
+        microVnni<1, NB>, microVnni<2, NB>, microVnni<3, NB>, microVnni<4, NB>,
+        microVnni<5, NB>, microVnni<6, NB>, microVnni<7, NB>};
+    tail[rest - 1](j.a + m * j.kp, j.kp, b, stride, groups, cs, tile);
     e.apply(m, j.m - m, nb * 16, 16 * NB, tile, 16 * NB);
 }
 

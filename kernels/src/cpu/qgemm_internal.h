@@ -5,6 +5,7 @@
 
 #include "lathe/kernels/qgemm.h"
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -52,6 +53,17 @@ void quantizeRowsAvx2(const float* x, std::size_t m, std::size_t k, std::size_t 
 // inv = 127 / amax (dynamic) or scale = fixed, inv = 1 / fixed. Returns false when the row is
 // coded as zeros (scale 0 or NaN); `divide` is set where inv is not finite.
 bool rowScale(float amax, float fixedScale, float& scale, float& inv, bool& divide) noexcept;
+
+// A row's start on every path: its scale from max |x| (as bits) into `scale`, its codes zeroed
+// (padding included). Returns whether the row gets codes (see rowScale).
+bool beginRow(std::uint32_t amaxBits, float fixedScale, std::int8_t* out, std::size_t ldq, float& scale,
+              float& inv, bool& divide) noexcept;
+
+// One code from a scaled value v = x * inv (or x / scale): rint(clamp(v, -127, 127)).
+inline std::int8_t codeOf(float v) noexcept {
+    v = v < -127.f ? -127.f : (v > 127.f ? 127.f : v);
+    return static_cast<std::int8_t>(std::nearbyint(v));
+}
 
 // Whether the OS granted this process AMX tile state (asked once; Linux needs arch_prctl).
 bool amxPermitted() noexcept;

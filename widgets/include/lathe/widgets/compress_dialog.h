@@ -82,6 +82,7 @@ private:
     std::thread m_worker;
     std::atomic<bool> m_stop{false};
     bool m_running = false;
+    bool m_closeWhenDone = false;  // Close / Escape while running: close once it has stopped
 };
 
 }  // namespace lathe::widgets
