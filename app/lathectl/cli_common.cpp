@@ -26,6 +26,13 @@ std::unique_ptr<core::Store> openStore(const CommonOptions& opts) {
     }
 }
 
+std::string flagName(const std::string& key) {
+    std::string f = "--" + key;
+    for (auto& c : f)
+        if (c == '_') c = '-';
+    return f;
+}
+
 namespace {
 
 std::atomic<bool> g_stop{false};
@@ -35,13 +42,6 @@ extern "C" void onInterrupt(int) {
     g_stop.store(true);
     std::signal(SIGINT, SIG_DFL);
     std::signal(SIGTERM, SIG_DFL);
-}
-
-std::string flagName(const std::string& key) {
-    std::string f = "--" + key;
-    for (auto& c : f)
-        if (c == '_') c = '-';
-    return f;
 }
 
 }  // namespace

@@ -48,6 +48,8 @@ struct SpecFlags {
     std::map<std::string, CLI::Option*> options;
 };
 void addSpecFlags(CLI::App* cmd, SpecFlags& flags);
+/// The flag of a run key: weight_decay -> --weight-decay.
+std::string flagName(const std::string& key);
 /// Applies the flags that were given on top of `base` (or of CONFIG when given); throws
 /// UsageError / ConfigError naming the flag or the file line.
 core::RunSpec buildSpec(const SpecFlags& flags, core::RunSpec base = {});

@@ -241,6 +241,44 @@ const std::vector<KeyDef>& keyDefs() {
                      }});
         boolean("activation_checkpointing", "recompute hidden blocks' activations in backward to save memory",
                 &RunSpec::activationCheckpointing);
+        auto intList = [&](const char* name, const char* help, std::vector<int64_t> RunSpec::*m) {
+            d.push_back({{name, "int-list", help, {}},
+                         [m](const RunSpec& s) {
+                             std::string out;
+                             for (auto w : s.*m) out += (out.empty() ? "" : ",") + std::to_string(w);
+                             return out;
+                         },
+                         [m, name](RunSpec& s, const std::string& v) { s.*m = parseIntList(name, v); }});
+        };
+        intList("channels", "cnn: output channels of each conv stage, 1 to 16 values of 1..65536, e.g. 16,32",
+                &RunSpec::channels);
+        intList("head",
+                "cnn: widths of the linear layers after the convs, 1 to 16 values of 1..65536, e.g. 64",
+                &RunSpec::head);
+        str("init_from",
+            "start from the weights of this Lathe model artifact (.pt) of the same network (empty = random)",
+            &RunSpec::initFrom, true);
+        boolean("qat",
+                "quantization-aware training: Linear and Conv2d see int8-rounded weights (per channel) and "
+                "inputs (per tensor), gradients pass straight through",
+                &RunSpec::qat);
+        str("teacher", "distillation: the teacher's TorchScript file (empty = no distillation)",
+            &RunSpec::teacher, true);
+        real("distill_temperature", "distillation: softmax temperature of the soft targets, > 0 and <= 100",
+             &RunSpec::distillTemperature, 0, true, 100, false);
+        real("distill_alpha", "distillation: weight of the soft-target loss, 0..1 (the rest: hard labels)",
+             &RunSpec::distillAlpha, 0, false, 1, false);
+        choice("distill_hints",
+               "distillation: FitNets hints from the teacher's block outputs through a learned regressor: "
+               "none, last (the last hidden block) or all (blocks paired from the end)",
+               &RunSpec::distillHints, {"none", "last", "all"});
+        real("hint_weight", "distillation: weight of the hint loss, >= 0 and <= 1e6", &RunSpec::hintWeight, 0,
+             false, 1e6, false);
+        real("attention_transfer",
+             "distillation (cnn): beta of the attention-transfer loss on conv blocks, >= 0 and <= 1e9 (0 = "
+             "off; "
+             "1 is usual)",
+             &RunSpec::attentionTransfer, 0, false, 1e9, false);
         boolean("profile", "record op-level spans and step phases on the profile_* schedule",
                 &RunSpec::profile);
         integer("profile_wait", "profiler: steps skipped at the start of each cycle, 0..100000000",
@@ -396,6 +434,19 @@ std::vector<std::string> validate(const RunSpec& spec) {
     if (spec.compressChunk % 8 != 0)
         problems.push_back("`compress_chunk` must be a multiple of 8 (got " +
                            std::to_string(spec.compressChunk) + ")");
+    if (spec.teacher.empty() && (spec.distillHints != "none" || spec.attentionTransfer > 0))
+        problems.push_back("`distill_hints` and `attention_transfer` need a `teacher`");
+    if (!spec.teacher.empty() && spec.activationCheckpointing &&
+        (spec.distillHints != "none" || spec.attentionTransfer > 0))
+        problems.push_back(
+            "`distill_hints` and `attention_transfer` read the student's block outputs, which activation "
+            "checkpointing does not keep: set activation_checkpointing = false");
+    if (spec.attentionTransfer > 0 && spec.model != "cnn")
+        problems.push_back(
+            "`attention_transfer` compares convolutional feature maps: it needs a cnn student (model = \"" +
+            spec.model + "\")");
+    if (spec.model == "embed" && spec.qat)
+        problems.push_back("`qat` quantizes Linear and Conv2d layers of the mlp and cnn models, not embed");
     if (spec.minLr > spec.lr)
         problems.push_back("`min_lr` must be <= `lr` (" + fmtDouble(spec.minLr) + " > " + fmtDouble(spec.lr) +
                            ")");

@@ -27,7 +27,7 @@ namespace lathe::core {
 class Store;
 class Registry;
 
-inline constexpr int kTorchBackendAbi = 2;
+inline constexpr int kTorchBackendAbi = 3;
 
 // The torch-side definitions (liblathe_torch). Same contracts as the public declarations.
 namespace torch_impl {
@@ -45,8 +45,12 @@ ModelVersion registerModel(Registry& registry, const Store* store, const std::st
 std::shared_ptr<serving::LoadedModel> loadModel(const ServedModel& model, int64_t maxBatch,
                                                 const std::string& device, const std::string& expectedSha256,
                                                 int instances, const std::string& optimize);
-CompressResult quantizeModel(Registry& registry, const Store* store, const ModelRef& parent,
+CompressResult quantizeModel(Registry& registry, Store* store, const ModelRef& parent,
                              const QuantizeOptions& options, const CompressControl& control);
+CompressResult pruneModel(Registry& registry, Store& store, const ModelRef& parent,
+                          const PruneOptions& options, const CompressControl& control);
+CompressResult distillModel(Registry& registry, Store& store, const DistillOptions& options,
+                            const CompressControl& control);
 }  // namespace torch_impl
 
 struct TorchBackend {
@@ -61,6 +65,8 @@ struct TorchBackend {
     decltype(&torch_impl::registerModel) registerModel;
     decltype(&torch_impl::loadModel) loadModel;
     decltype(&torch_impl::quantizeModel) quantizeModel;
+    decltype(&torch_impl::pruneModel) pruneModel;
+    decltype(&torch_impl::distillModel) distillModel;
 };
 
 /// The torch-backed library, loaded on first use (thread-safe). Throws Error naming the file and

@@ -15,6 +15,8 @@ extern "C" __attribute__((visibility("default"))) const lathe::core::TorchBacken
         &t::registerModel,
         &t::loadModel,
         &t::quantizeModel,
+        &t::pruneModel,
+        &t::distillModel,
     };
     return &backend;
 }

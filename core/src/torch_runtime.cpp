@@ -121,9 +121,19 @@ ModelVersion registerModel(Registry& registry, const Store* store, const std::st
     return torchBackend().registerModel(registry, store, name, runId, file, inputShape, parentVersion);
 }
 
-CompressResult quantizeModel(Registry& registry, const Store* store, const ModelRef& parent,
+CompressResult quantizeModel(Registry& registry, Store* store, const ModelRef& parent,
                              const QuantizeOptions& options, const CompressControl& control) {
     return torchBackend().quantizeModel(registry, store, parent, options, control);
+}
+
+CompressResult pruneModel(Registry& registry, Store& store, const ModelRef& parent,
+                          const PruneOptions& options, const CompressControl& control) {
+    return torchBackend().pruneModel(registry, store, parent, options, control);
+}
+
+CompressResult distillModel(Registry& registry, Store& store, const DistillOptions& options,
+                            const CompressControl& control) {
+    return torchBackend().distillModel(registry, store, options, control);
 }
 
 std::shared_ptr<serving::LoadedModel> serving::LoadedModel::load(const ServedModel& model, int64_t maxBatch,

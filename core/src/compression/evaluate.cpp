@@ -98,6 +98,8 @@ void Progress::within(double fraction) {
     report(m_start + m_share * std::clamp(fraction, 0.0, 1.0));
 }
 
+void Progress::update(double fraction) { report(m_start + m_share * std::clamp(fraction, 0.0, 1.0)); }
+
 void Progress::done() {
     m_phase = "done";
     report(1.0);

@@ -33,6 +33,7 @@ public:
     Progress(const CompressControl& control, std::vector<std::pair<std::string, double>> phases);
     void begin(const std::string& phase);
     void within(double fraction);  // of the current phase; also checks the stop flag
+    void update(double fraction);  // of the current phase, without the check (from a training run)
     void done();
 
 private:

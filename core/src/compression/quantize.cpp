@@ -13,8 +13,10 @@
 #include <sstream>
 
 #include "compression/evaluate.h"
+#include "compression/fake_quant.h"
 #include "compression/observers.h"
 #include "compression/quantized_ops.h"
+#include "compression/retrain.h"
 #include "lathe/core/compress.h"
 #include "lathe/kernels/qgemm.h"
 #include "serving/artifact_io.h"
@@ -227,29 +229,73 @@ torch::jit::Module quantizeStatic(const torch::jit::Module& module, const torch:
     return roundTrip(frozen);
 }
 
+torch::jit::Module quantizeWithScales(const torch::jit::Module& module, const std::vector<float>& scales,
+                                      std::vector<CompressReport::Layer>& layers, const std::string& how) {
+    ensureQuantizedOpsRegistered();
+    auto frozen = frozenFlat(module);
+    auto graph = frozen.get_method("forward").graph();
+    auto ts = targets(*graph, /*withConv=*/true);
+    if (ts.size() != scales.size())
+        throw Error("the model has " + std::to_string(ts.size()) + " Linear/Conv2d layers and " +
+                    std::to_string(scales.size()) + " learned input ranges");
+    if (ts.empty()) return frozen;
+    rewrite(graph, ts, scales, layers, how);
+    return roundTrip(frozen);
+}
+
 }  // namespace compression
 
-CompressResult torch_impl::quantizeModel(Registry& registry, const Store* store, const ModelRef& ref,
+CompressResult torch_impl::quantizeModel(Registry& registry, Store* store, const ModelRef& ref,
                                          const QuantizeOptions& options, const CompressControl& control) {
-    const bool dynamic = options.mode == "dynamic";
-    if (!dynamic && options.mode != "static")
-        throw ConfigError("unknown quantization mode '" + options.mode + "' (dynamic or static)");
-    if (!dynamic) {
+    const bool dynamic = options.mode == "dynamic", qat = options.mode == "qat";
+    if (!dynamic && !qat && options.mode != "static")
+        throw ConfigError("unknown quantization mode '" + options.mode + "' (dynamic, static or qat)");
+    if (options.mode == "static") {
         // ConfigError for an unknown observer or a histogram percentile out of range, before any work.
         compression::Observer(compression::Observer::kindFromName(options.observer), options.percentile);
         if (options.calibBatches < 1 || options.calibBatches > 100000)
             throw ConfigError("--calib-batches must be 1..100000 (got " +
                               std::to_string(options.calibBatches) + ")");
     }
-    compression::Progress progress(control, {{"loading", 0.1},
-                                             {dynamic ? "quantizing" : "calibrating", 0.2},
-                                             {"measuring", 0.6},
-                                             {"registering", 0.1}});
+    if (qat && !store) throw ConfigError("quantization-aware training records a run: it needs a workspace");
+    std::vector<std::pair<std::string, double>> phases{{"loading", 0.1},
+                                                       {dynamic ? "quantizing" : "calibrating", 0.2},
+                                                       {"measuring", 0.6},
+                                                       {"registering", 0.1}};
+    if (qat)
+        phases = {{"loading", 0.03},
+                  {"training", 0.7},
+                  {"quantizing", 0.05},
+                  {"measuring", 0.17},
+                  {"registering", 0.05}};
+    compression::Progress progress(control, phases);
     progress.begin("loading");
     const ModelVersion parent = registry.resolve(ref);
     const std::string what = parent.name + ":" + std::to_string(parent.version);
+    RunSpec qatSpec;
+    if (qat) {
+        qatSpec = compression::runSpecOf(*store, parent, "quantization-aware training");
+        if (qatSpec.model == "embed")
+            throw ConfigError(
+                "quantization-aware training quantizes the Linear and Conv2d layers of mlp and cnn "
+                "models; " +
+                what + " is an embed model (use --mode dynamic)");
+        std::map<std::string, std::string> run = options.run;
+        char lr[32];
+        std::snprintf(lr, sizeof lr, "%g", qatSpec.lr / 10);
+        run.emplace("epochs", "3");
+        run.emplace("lr", lr);
+        if (!options.data.empty()) run.emplace("data", options.data);
+        if (options.seed > 0) run.emplace("seed", std::to_string(options.seed));
+        qatSpec = compression::fineTuneSpec(qatSpec, run);
+        if (qatSpec.minLr > qatSpec.lr) qatSpec.minLr = 0;
+        qatSpec.qat = true;
+        qatSpec.initFrom = parent.path;
+        if (!options.run.count("name")) qatSpec.name = "qat " + what;
+        validateOrThrow(qatSpec);
+    }
     auto data = compression::evaluationData(registry, store, parent, options.data, options.seed);
-    if (!dynamic && data.calibration.size(0) == 0)
+    if (options.mode == "static" && data.calibration.size(0) == 0)
         throw ConfigError("the calibration set (the training split of " + data.name +
                           ") is empty: nothing to "
                           "calibrate " +
@@ -258,61 +304,62 @@ CompressResult torch_impl::quantizeModel(Registry& registry, const Store* store,
     torch::jit::Module parentModule = loadArtifact(parent.path, torch::kCPU, info);
     parentModule.eval();
 
-    progress.begin(dynamic ? "quantizing" : "calibrating");
     CompressReport report;
     report.method = "quantize";
     report.settings = {{"mode", options.mode}, {"weights", "int8, symmetric, per output channel"}};
-    if (dynamic) {
-        report.settings["activations"] = "int8, symmetric, per row at run time";
-    } else {
-        report.settings["activations"] = "int8, symmetric, per tensor, calibrated";
-        report.settings["observer"] = options.observer;
-        report.settings["calib_batches"] = std::to_string(options.calibBatches);
-        if (options.observer == "histogram") {
-            char p[32];
-            std::snprintf(p, sizeof p, "%g", options.percentile);
-            report.settings["percentile"] = p;
-        }
-    }
     torch::jit::Module quantized;
-    try {
-        quantized = dynamic ? compression::quantizeDynamic(parentModule, report.layers)
-                            : compression::quantizeStatic(parentModule, data.calibration,
-                                                          options.calibBatches, 32, options.observer,
-                                                          options.percentile, report.layers, progress);
-    } catch (const c10::Error& ex) {
-        throw ConfigError("cannot quantize " + what + ": " + firstLine(ex.what_without_backtrace()));
+    if (qat) {
+        report.settings["activations"] = "int8, symmetric, per tensor, ranges learned in training";
+        report.settings["epochs"] = std::to_string(qatSpec.epochs);
+        char lr[32];
+        std::snprintf(lr, sizeof lr, "%g", qatSpec.lr);
+        report.settings["lr"] = lr;
+        progress.begin("training");
+        const auto tuned = compression::trainRecorded(*store, qatSpec, control, progress);
+        report.runs.push_back(tuned.runId);
+        progress.begin("quantizing");
+        auto network = compression::trainedNetwork(
+            *store, tuned.runId, qatSpec, compression::sampleShapeOf(parent), compression::classesOf(parent));
+        const auto scales = compression::qatInputScales(network);
+        auto trained = compression::exportedModule(*store, tuned.runId, info);
+        info.source = "quantize (qat int8, run " + std::to_string(tuned.runId) + ") of " + what;
+        try {
+            quantized = compression::quantizeWithScales(trained, scales, report.layers,
+                                                        "int8 inputs per tensor from QAT");
+        } catch (const c10::Error& ex) {
+            throw ConfigError("cannot quantize " + what + ": " + firstLine(ex.what_without_backtrace()));
+        }
+    } else {
+        progress.begin(dynamic ? "quantizing" : "calibrating");
+        if (dynamic) {
+            report.settings["activations"] = "int8, symmetric, per row at run time";
+        } else {
+            report.settings["activations"] = "int8, symmetric, per tensor, calibrated";
+            report.settings["observer"] = options.observer;
+            report.settings["calib_batches"] = std::to_string(options.calibBatches);
+            if (options.observer == "histogram") {
+                char p[32];
+                std::snprintf(p, sizeof p, "%g", options.percentile);
+                report.settings["percentile"] = p;
+            }
+        }
+        try {
+            quantized = dynamic ? compression::quantizeDynamic(parentModule, report.layers)
+                                : compression::quantizeStatic(parentModule, data.calibration,
+                                                              options.calibBatches, 32, options.observer,
+                                                              options.percentile, report.layers, progress);
+        } catch (const c10::Error& ex) {
+            throw ConfigError("cannot quantize " + what + ": " + firstLine(ex.what_without_backtrace()));
+        }
+        info.source = "quantize (" + options.mode + " int8) of " + what;
     }
     if (report.layers.empty())
         throw ConfigError("model " + what + " has no layer with constant weights to quantize (" +
                           (dynamic ? "dynamic quantization replaces Linear layers: aten::linear / addmm"
                                    : "static quantization replaces Linear and Conv2d layers (groups 1)") +
                           ")");
-
-    progress.begin("measuring");
-    compression::measurePair(parentModule, quantized, data, report, progress);
-    report.parentSizeBytes = parent.sizeBytes;
-    report.kernel = kernels::gemmIsaName(kernels::bestGemmIsa());
-
-    progress.begin("registering");
-    ArtifactInfo out = info;
-    out.metrics = {{"val/accuracy", report.accuracy}};
-    out.source = "quantize (" + options.mode + " int8) of " + what;
-    ModelVersion lineage;
-    lineage.parentVersion = parent.version;
-    nlohmann::json derivation{{"method", report.method}, {"parent", what}};
-    for (const auto& [k, v] : report.settings) derivation[k] = v;
-    lineage.derivation = derivation.dump();
-    lineage.report = report.toJson();
-    CompressResult result;
-    result.version = registerModule(registry, parent.name, quantized, out, lineage);
-    // The size is the file's, known once written.
-    report.sizeBytes = result.version.sizeBytes;
-    registry.setReport(parent.name, result.version.version, report.toJson());
-    result.version.report = report.toJson();
-    result.report = report;
-    progress.done();
-    return result;
+    return compression::measureAndRegister(registry, parent, parent.name, parentModule, quantized, data,
+                                           report, info, progress);
 }
 
 }  // namespace lathe::core

@@ -17,6 +17,13 @@ std::string CompressReport::toJson() const {
                               {"out_features", l.outFeatures},
                               {"parent_out_features", l.parentOutFeatures},
                               {"change", l.change}});
+    json roundsJson = json::array();
+    for (const auto& r : rounds)
+        roundsJson.push_back({{"round", r.round},
+                              {"run_id", r.runId},
+                              {"kept", r.kept},
+                              {"accuracy", r.accuracy},
+                              {"parameters", r.parameters}});
     return json{{"method", method},
                 {"settings", settings},
                 {"data", data},
@@ -33,7 +40,11 @@ std::string CompressReport::toJson() const {
                 {"per_class_accuracy", perClassAccuracy},
                 {"parent_per_class_accuracy", parentPerClassAccuracy},
                 {"layers", layersJson},
-                {"kernel", kernel}}
+                {"kernel", kernel},
+                {"parameters", parameters},
+                {"parent_parameters", parentParameters},
+                {"runs", runs},
+                {"rounds", roundsJson}}
         .dump();
 }
 
@@ -63,6 +74,20 @@ CompressReport CompressReport::fromJson(const std::string& text) {
         r.perClassAccuracy = j.value("per_class_accuracy", std::vector<double>{});
         r.parentPerClassAccuracy = j.value("parent_per_class_accuracy", std::vector<double>{});
         r.kernel = j.value("kernel", std::string());
+        r.parameters = j.value("parameters", int64_t{0});
+        r.parentParameters = j.value("parent_parameters", int64_t{0});
+        r.runs = j.value("runs", std::vector<int64_t>{});
+        if (j.contains("rounds") && j["rounds"].is_array())
+            for (const auto& x : j["rounds"]) {
+                if (!x.is_object()) continue;
+                Round round;
+                round.round = x.value("round", int64_t{0});
+                round.runId = x.value("run_id", int64_t{0});
+                round.kept = x.value("kept", 0.0);
+                round.accuracy = x.value("accuracy", 0.0);
+                round.parameters = x.value("parameters", int64_t{0});
+                r.rounds.push_back(round);
+            }
         if (j.contains("layers") && j["layers"].is_array())
             for (const auto& l : j["layers"]) {
                 if (!l.is_object()) continue;

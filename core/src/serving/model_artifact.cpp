@@ -256,6 +256,15 @@ ArtifactInfo torch_impl::exportRunModel(const Store& store, int64_t runId, const
     const auto classes = static_cast<int64_t>(split.train.classNames.size());
     auto model = makeModel(spec, split.train.shape, classes);
     loadModelWeights(checkpoint, *model);
+    if (spec.qat) {
+        // A quantization-aware run exports its fp32 weights as the plain network (the int8 model
+        // is made from them by compress quantize --mode qat).
+        RunSpec plain = spec;
+        plain.qat = false;
+        auto fp32 = makeModel(plain, split.train.shape, classes);
+        copyParameters(*model, *fp32);
+        model = fp32;
+    }
     model->eval();
 
     ArtifactInfo info;

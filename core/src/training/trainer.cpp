@@ -3,6 +3,7 @@
 // TrainingLoop (training_loop.h).
 #include <dlfcn.h>
 
+#include "compression/distill.h"
 #include "distributed/process_group.h"
 #include "lathe/core/error.h"
 #include "lathe/core/trainer.h"
@@ -79,7 +80,9 @@ void torch_impl::checkRunnable(const RunSpec& spec) {
 }
 
 TrainResult torch_impl::train(const RunSpec& spec, const TrainOptions& options, const EventSink& sink) {
-    return TrainingLoop(spec, options, sink).run();
+    TrainingLoop loop(spec, options, sink);
+    if (!spec.teacher.empty()) loop.addHook(compression::makeDistillHook(spec));
+    return loop.run();
 }
 
 }  // namespace lathe::core

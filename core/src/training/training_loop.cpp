@@ -163,6 +163,11 @@ void TrainingLoop::recordMetric(const std::string& key, double value) {
     m_result.finalMetrics[key] = value;
 }
 
+torch::Tensor TrainingLoop::rawInput(const torch::Tensor& x) const {
+    if (!m_inputMean.defined()) return x;
+    return x * m_inputStd + m_inputMean;
+}
+
 void TrainingLoop::phaseDone(TrainingPhase phase) {
     for (auto& h : m_hooks) h->afterPhase(*this, phase);
 }
@@ -228,6 +233,10 @@ void TrainingLoop::setUp() {
 
     auto split = data::loadSplit(m_spec);
     m_sampleShape = split.train.shape;
+    if (!split.mean.empty()) {
+        m_inputMean = torch::tensor(split.mean).to(m_device);
+        m_inputStd = torch::tensor(split.stddev).to(m_device);
+    }
     m_numClasses = static_cast<int64_t>(split.train.classNames.size());
     m_train = toTensors(split.train);
     m_val = toTensors(split.val);
@@ -238,10 +247,18 @@ void TrainingLoop::setUp() {
     // Sparse embedding gradients only pay off where the ps exchange sends touched rows alone.
     m_model = makeModel(m_spec, m_sampleShape, m_numClasses,
                         m_options.dist.distributed() && m_spec.strategy == "ps");
+    if (!m_spec.initFrom.empty()) {
+        loadInitialWeights(m_model, m_spec.initFrom);
+        emit(Event::log("info", "weights from " + m_spec.initFrom));
+    }
     m_model->to(m_device);  // parameters stay FP32: autocast casts per op (FP32 master weights)
-    m_optimizer = makeOptimizer(m_spec, m_model->parameters());
-    m_scaler = std::make_unique<LossScaler>(m_spec, m_device);
     m_params = m_model->parameters();
+    for (auto& h : m_hooks) {
+        for (auto& p : h->parameters(*this)) m_params.push_back(p);
+        m_wantBlocks = m_wantBlocks || h->wantsBlocks();
+    }
+    m_optimizer = makeOptimizer(m_spec, m_params);
+    m_scaler = std::make_unique<LossScaler>(m_spec, m_device);
 
     if (m_spec.profile) {
         m_profiler = std::make_unique<Profiler>(ProfileSchedule{m_spec.profileWait, m_spec.profileWarmup,
@@ -265,9 +282,11 @@ void TrainingLoop::setUp() {
 
 void TrainingLoop::resume() {
     CheckpointExtras extras = m_scaler->state();
+    for (const auto& h : m_hooks) h->saveState(extras);  // the names to look for
     const auto info = loadCheckpoint(m_options.resumeFrom, *m_model, *m_optimizer, &extras,
                                      Reducer::residualPrefix(m_rank));
     m_scaler->restore(extras);
+    for (auto& h : m_hooks) h->restoreState(extras);
     m_resumedExtras = std::move(extras);
     m_startEpoch = m_epochsDone = info.epoch;
     m_step = info.step;
@@ -286,7 +305,7 @@ void TrainingLoop::broadcast() {
     emit(Event::log("info", "collectives: " + backend + (m_device.is_cuda() ? " on " + m_device.str() : "")));
     m_dist = std::make_unique<DistContext>(denv, backend,
                                            backend == "nccl" ? m_device : torch::Device(torch::kCPU));
-    auto p = m_model->parameters();
+    auto p = m_params;  // the network's and the hooks'
     for (auto& b : m_model->buffers()) p.push_back(b);
     {
         torch::NoGradGuard noGrad;
@@ -425,7 +444,10 @@ TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, const to
             fwd.checkpoint = m_spec.activationCheckpointing;
             fwd.autocast = m_autocast;
             fwd.device = m_device.type();
-            out = forwardModel(m_model, batch.x, fwd);
+            if (m_wantBlocks)
+                out = forwardWithBlocks(m_model, batch.x, batch.blocks);
+            else
+                out = forwardModel(m_model, batch.x, fwd);
         }
         // The loss in FP32, outside autocast, as torch.autocast recommends.
         loss = classificationLoss(out.to(torch::kFloat), batch.y);
@@ -567,6 +589,7 @@ void TrainingLoop::evaluation(int64_t epoch, EpochTally& tally) {
 void TrainingLoop::checkpoint(int64_t epochsDone) {
     if (m_options.checkpointDir.empty()) return;
     auto extras = m_scaler->state();
+    for (const auto& h : m_hooks) h->saveState(extras);
     // Every rank takes part (a collective); rank 0 keeps them all in its checkpoint, so a resumed
     // compressed run carries the error the uninterrupted one would.
     if (m_reducer)

@@ -34,9 +34,11 @@ class Reducer;
 enum class TrainingPhase { SetUp, Resume, Broadcast, Epoch, Evaluation, Checkpoint };
 const char* toString(TrainingPhase phase);
 
-/// One step's inputs.
+/// One step's inputs; `blocks`: the network's block outputs (after each ReLU, or its max-pool),
+/// filled during forward only when a hook asks for them (wantsBlocks).
 struct Batch {
     torch::Tensor x, y;
+    std::vector<torch::Tensor> blocks;
 };
 
 class TrainingLoop;
@@ -55,6 +57,16 @@ public:
     }
     /// After the optimizer's step (not called for a step the loss scaler skipped).
     virtual void afterStep(TrainingLoop&, int64_t step) {}
+    /// Trainable tensors of the hook's own (a distillation hint's regressor), asked once when the
+    /// network exists: they are optimized, exchanged, clipped and broadcast with the network's
+    /// parameters, and saved in checkpoints through saveState/restoreState.
+    virtual std::vector<torch::Tensor> parameters(TrainingLoop&) { return {}; }
+    /// True: forward keeps the network's block outputs in Batch::blocks for loss().
+    virtual bool wantsBlocks() const { return false; }
+    /// Named tensors for the checkpoint (names must not collide with other hooks'); restoreState
+    /// gets those the checkpoint had.
+    virtual void saveState(std::map<std::string, torch::Tensor>&) const {}
+    virtual void restoreState(const std::map<std::string, torch::Tensor>&) {}
 };
 
 class TrainingLoop {
@@ -77,6 +89,12 @@ public:
     int64_t step() const { return m_step; }  // steps taken (the last recorded step)
     int rank() const { return m_rank; }
     int worldSize() const { return m_world; }
+    int64_t numClasses() const { return m_numClasses; }
+    /// The first `n` training samples (as the network takes them).
+    torch::Tensor trainSamples(int64_t n) const { return m_train.x.slice(0, 0, n); }
+    /// The samples as the data set stores them: undoes the csv standardisation the network's
+    /// inputs went through (a teacher artifact standardises raw input itself).
+    torch::Tensor rawInput(const torch::Tensor& x) const;
     void emit(Event e) const;
     /// Records a metric at the current step (also kept as the run's final value).
     void recordMetric(const std::string& key, double value);
@@ -111,9 +129,11 @@ private:
     c10::optional<c10::ScalarType> m_autocast;
     Batch m_train, m_val;
     std::vector<int64_t> m_sampleShape;
+    torch::Tensor m_inputMean, m_inputStd;  // csv standardisation (undefined for other data)
     int64_t m_numClasses = 0;
     torch::nn::Sequential m_model{nullptr};
-    std::vector<torch::Tensor> m_params;
+    std::vector<torch::Tensor> m_params;  // the network's, then the hooks' (parameters())
+    bool m_wantBlocks = false;
     std::unique_ptr<torch::optim::Optimizer> m_optimizer;
     std::unique_ptr<LossScaler> m_scaler;
     std::unique_ptr<Profiler> m_profiler;

@@ -1,37 +1,57 @@
 #include "training/zoo.h"
 
 #include <ATen/Context.h>
+#include <torch/script.h>
 
 #include <cmath>
+#include <map>
 #include <mutex>
 
+#include "compression/fake_quant.h"
 #include "lathe/core/error.h"
 #include "training/amp.h"
 
 namespace lathe::core {
 namespace {
 
+// Linear and Conv2d, or their quantization-aware forms (spec.qat), which have the same
+// parameters and export as the same layers.
+void addLinear(torch::nn::Sequential& seq, const RunSpec& spec, int64_t in, int64_t out) {
+    if (spec.qat)
+        seq->push_back(std::make_shared<compression::QatLinearImpl>(torch::nn::LinearOptions(in, out)));
+    else
+        seq->push_back(torch::nn::Linear(in, out));
+}
+
+void addConv(torch::nn::Sequential& seq, const RunSpec& spec, const torch::nn::Conv2dOptions& options) {
+    if (spec.qat)
+        seq->push_back(std::make_shared<compression::QatConv2dImpl>(options));
+    else
+        seq->push_back(torch::nn::Conv2d(options));
+}
+
 torch::nn::Sequential mlp(const RunSpec& spec, int64_t inputs, int64_t classes) {
     torch::nn::Sequential seq;
     seq->push_back(torch::nn::Flatten());
     int64_t width = inputs;
     for (int64_t h : spec.hidden) {
-        seq->push_back(torch::nn::Linear(width, h));
+        addLinear(seq, spec, width, h);
         seq->push_back(torch::nn::ReLU());
         width = h;
     }
-    seq->push_back(torch::nn::Linear(width, classes));
+    addLinear(seq, spec, width, classes);
     return seq;
 }
 
-// LeNet-style: two conv/ReLU/pool stages then two linear layers. Pooling stops once the
-// feature map is 2×2, so 8×8 digits and 28×28 MNIST both fit.
-torch::nn::Sequential cnn(const std::vector<int64_t>& shape, int64_t classes) {
+// LeNet-style: conv/ReLU/pool stages (spec.channels, 16 and 32 by default) then linear layers
+// (spec.head, 64 by default). Pooling stops once the feature map is 2×2, so 8×8 digits and
+// 28×28 MNIST both fit.
+torch::nn::Sequential cnn(const RunSpec& spec, const std::vector<int64_t>& shape, int64_t classes) {
     const int64_t c = shape[0], h = shape[1], w = shape[2];
     torch::nn::Sequential seq;
     int64_t ch = c, hh = h, ww = w;
-    for (int64_t out : {16, 32}) {
-        seq->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(ch, out, 3).padding(1)));
+    for (int64_t out : spec.channels) {
+        addConv(seq, spec, torch::nn::Conv2dOptions(ch, out, 3).padding(1));
         seq->push_back(torch::nn::ReLU());
         if (hh >= 4 && ww >= 4) {
             seq->push_back(torch::nn::MaxPool2d(torch::nn::MaxPool2dOptions(2)));
@@ -41,9 +61,13 @@ torch::nn::Sequential cnn(const std::vector<int64_t>& shape, int64_t classes) {
         ch = out;
     }
     seq->push_back(torch::nn::Flatten());
-    seq->push_back(torch::nn::Linear(ch * hh * ww, 64));
-    seq->push_back(torch::nn::ReLU());
-    seq->push_back(torch::nn::Linear(64, classes));
+    int64_t width = ch * hh * ww;
+    for (int64_t out : spec.head) {
+        addLinear(seq, spec, width, out);
+        seq->push_back(torch::nn::ReLU());
+        width = out;
+    }
+    addLinear(seq, spec, width, classes);
     return seq;
 }
 
@@ -103,7 +127,7 @@ torch::nn::Sequential makeModel(const RunSpec& spec, const std::vector<int64_t>&
                               std::to_string(inputs) + " flat features: use model = \"mlp\"");
         if (sampleShape[1] < 2 || sampleShape[2] < 2)
             throw ConfigError("model cnn needs images of at least 2×2 pixels");
-        return cnn(sampleShape, numClasses);
+        return cnn(spec, sampleShape, numClasses);
     }
     throw ConfigError("`model` must be one of mlp, cnn, embed (got '" + spec.model + "')");
 }
@@ -225,6 +249,57 @@ bool endsBlock(torch::nn::Sequential& model, size_t i) {
 }
 
 }  // namespace
+
+torch::Tensor forwardWithBlocks(torch::nn::Sequential& model, const torch::Tensor& x,
+                                std::vector<torch::Tensor>& blocks) {
+    blocks.clear();
+    torch::Tensor h = x;
+    for (size_t i = 0; i < model->size(); ++i) {
+        h = (model->begin() + static_cast<int64_t>(i))->forward(h);
+        if (endsBlock(model, i)) blocks.push_back(h);
+    }
+    return h;
+}
+
+void loadInitialWeights(torch::nn::Sequential& model, const std::string& artifactPath) {
+    torch::jit::Module source;
+    try {
+        source = torch::jit::load(artifactPath, torch::kCPU);
+    } catch (const c10::Error& ex) {
+        const std::string msg = ex.what_without_backtrace();
+        throw ConfigError("`init_from` " + artifactPath +
+                          " is not a model artifact Lathe can read: " + msg.substr(0, msg.find('\n')));
+    }
+    std::map<std::string, torch::Tensor> tensors;
+    for (const auto& p : source.named_parameters(/*recurse=*/false)) tensors[p.name] = p.value;
+    torch::NoGradGuard noGrad;
+    for (size_t i = 0; i < model->size(); ++i) {
+        for (auto& p : model->ptr(i)->named_parameters(/*recurse=*/false)) {
+            const std::string name = "l" + std::to_string(i) + "_" + p.key();
+            const auto it = tensors.find(name);
+            const std::string layer = "layer " + std::to_string(i) + " (" + model->ptr(i)->name() + ")";
+            if (it == tensors.end())
+                throw ConfigError("`init_from` " + artifactPath + " has no " + p.key() + " for " + layer +
+                                  ": it is not an fp32 model exported from a run of this network");
+            if (it->second.sizes() != p.value().sizes())
+                throw ConfigError("`init_from` " + artifactPath + ": " + layer + " " + p.key() + " is " +
+                                  c10::str(it->second.sizes()) + " there and " + c10::str(p.value().sizes()) +
+                                  " in this network (another model, hidden widths or channels?)");
+            p.value().copy_(it->second.to(p.value().dtype()));
+        }
+    }
+}
+
+void copyParameters(torch::nn::Module& from, torch::nn::Module& to) {
+    auto target = to.named_parameters();
+    torch::NoGradGuard noGrad;
+    for (const auto& p : from.named_parameters()) {
+        auto* t = target.find(p.key());
+        if (!t || t->sizes() != p.value().sizes())
+            throw Error("cannot copy parameter " + p.key() + ": the networks differ");
+        t->copy_(p.value());
+    }
+}
 
 torch::Tensor forwardModel(torch::nn::Sequential& model, const torch::Tensor& x,
                            const ForwardOptions& options) {

@@ -44,6 +44,21 @@ struct ForwardOptions {
     c10::DeviceType device = c10::DeviceType::CPU;
 };
 
+/// The forward pass that also returns the block outputs: after each ReLU, or after the max-pool
+/// that follows it (what distillation hints and attention transfer compare).
+torch::Tensor forwardWithBlocks(torch::nn::Sequential& model, const torch::Tensor& x,
+                                std::vector<torch::Tensor>& blocks);
+
+/// Copies the weights of a Lathe model artifact (a TorchScript file the exporter wrote from the
+/// same network: parameters l<i>_weight, l<i>_bias) into `model`. Buffers the file lacks (a
+/// quantization-aware layer's input range) keep their values. Throws ConfigError naming the
+/// layer when a tensor is missing or has another shape.
+void loadInitialWeights(torch::nn::Sequential& model, const std::string& artifactPath);
+
+/// Copies every parameter of `from` into the parameter of the same name in `to` (same network,
+/// e.g. a quantization-aware one into its plain form). Throws Error on a mismatch.
+void copyParameters(torch::nn::Module& from, torch::nn::Module& to);
+
 /// The model's forward pass, with activation checkpointing when asked.
 torch::Tensor forwardModel(torch::nn::Sequential& model, const torch::Tensor& x,
                            const ForwardOptions& options);

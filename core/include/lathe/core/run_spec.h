@@ -48,6 +48,20 @@ struct RunSpec {
 
     bool activationCheckpointing = false;  // recompute hidden blocks' activations in backward
 
+    // The cnn's shape (model = "cnn"): conv stages, then linear layers.
+    std::vector<int64_t> channels{16, 32};  // output channels of each conv stage
+    std::vector<int64_t> head{64};          // widths of the linear layers after the convs
+
+    // Starting point and compression-aware training (core/src/compression/README.md).
+    std::string initFrom;  // a Lathe model artifact (.pt) whose weights the network starts from
+    bool qat = false;      // quantization-aware: fake int8 weights and inputs in Linear/Conv2d
+    std::string teacher;   // distillation: the teacher (any TorchScript classifier); empty = none
+    double distillTemperature = 4.0;
+    double distillAlpha = 0.7;          // weight of the soft-target loss; 1 - alpha: hard labels
+    std::string distillHints = "none";  // FitNets hints: none | last | all (block outputs, from the end)
+    double hintWeight = 1.0;
+    double attentionTransfer = 0.0;  // beta of the attention-transfer loss (cnn); 0 = off
+
     // Profiler (schedule like torch.profiler.schedule).
     bool profile = false;
     int64_t profileWait = 5;
