@@ -278,10 +278,16 @@ widgets::CompressDialog* MainWindow::openCompressDialog(const QString& model, qi
     const std::shared_ptr<core::Registry> registry = m_registry;
     const std::string path = m_store->path();
     const core::ModelRef ref{model.toStdString(), version, {}};
-    auto runner = [registry, path, ref](const core::QuantizeOptions& options,
+    auto runner = [registry, path, ref](const widgets::CompressRequest& request,
                                         const core::CompressControl& control) {
         core::Store store(path);
-        return core::quantizeModel(*registry, &store, ref, options, control);
+        if (request.method == "prune") return core::pruneModel(*registry, store, ref, request.prune, control);
+        if (request.method == "distill") {
+            auto options = request.distill;
+            options.teacher = ref;
+            return core::distillModel(*registry, store, options, control);
+        }
+        return core::quantizeModel(*registry, &store, ref, request.quantize, control);
     };
     auto* dialog = new widgets::CompressDialog(model, version, runner, this);
     dialog->setAttribute(Qt::WA_DeleteOnClose);

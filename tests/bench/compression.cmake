@@ -22,3 +22,13 @@ if(TORCH_LIBRARIES)  # not in kernels-only builds
   add_test(NAME bench_qlinear COMMAND bench_qlinear --reps 7 --out ${LATHE_BENCH_RESULTS})
   set_tests_properties(bench_qlinear PROPERTIES LABELS bench TIMEOUT 180)
 endif()
+
+# What each compression method costs and gains on digits (quantize dynamic/static/qat, pruning
+# the CNN by half, distillation against the same student trained alone), from lathectl's
+# side-by-side reports.
+if(TORCH_LIBRARIES)
+  add_test(NAME bench_compress
+    COMMAND /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/bench_compress.py
+            --lathectl $<TARGET_FILE:lathectl> --out ${LATHE_BENCH_RESULTS} --quick)
+  set_tests_properties(bench_compress PROPERTIES LABELS bench TIMEOUT 300)
+endif()

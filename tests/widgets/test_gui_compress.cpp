@@ -128,3 +128,51 @@ TEST_CASE("Compress a registered version from the Models page, cancel one, and r
     REQUIRE(waitUntil([&] { return watch.isNull(); }, 60000));  // WA_DeleteOnClose after it stopped
     CHECK(window->registry()->versions("digits").size() == 2);
 }
+
+TEST_CASE("Prune a CNN through the Compress dialog: recorded rounds and the channels kept per layer",
+          "[widgets][compress][window]") {
+    QTemporaryDir dir;
+    const std::string path = dir.filePath("ws.db").toStdString();
+    {
+        core::Store store(path);
+        core::RunSpec spec;
+        spec.model = "cnn";
+        spec.epochs = 6;
+        const auto rec = core::trainAndRecord(store, spec, {});
+        REQUIRE(rec.result.status == core::RunStatus::Completed);
+        store.flush();
+        core::Registry registry(path);
+        core::registerModel(registry, &store, "cnn", rec.runId, "", {});
+    }
+    auto window = std::make_unique<MainWindow>(std::make_unique<core::Store>(path));
+    window->resize(1400, 900);
+    window->show();
+    auto* dialog = window->openCompressDialog("cnn", 1);
+    REQUIRE(dialog);
+    dialog->methodBox()->setCurrentIndex(dialog->methodBox()->findData("prune"));
+    CHECK(dialog->sparsityBox()->isEnabled());
+    CHECK(dialog->epochsBox()->isEnabled());
+    CHECK_FALSE(dialog->studentEdit()->isEnabled());
+    CHECK_FALSE(dialog->observerBox()->isEnabled());
+    dialog->epochsBox()->setValue(1);
+    const auto request = dialog->request();
+    CHECK(request.method == "prune");
+    CHECK(request.prune.targetSparsity == Approx(0.5));
+    CHECK(request.prune.finetuneEpochs == 1);
+    QSignalSpy finished(dialog, &lathe::widgets::CompressDialog::finishedRun);
+    QTest::mouseClick(dialog->startButton(), Qt::LeftButton);
+    REQUIRE(waitUntil([&] { return finished.count() == 1; }, 180000));
+    INFO(dialog->statusText().toStdString());
+    REQUIRE(finished.at(0).at(0).toBool());
+    auto* report = dialog->reportView();
+    CHECK(report->keptPlot()->isVisible());
+    CHECK(report->keptPlot()->plottableCount() == 2);
+    REQUIRE(report->layerTable()->rowCount() == 3);
+    CHECK(report->layerTable()->item(0, 2)->text() == "16 → 8");
+    CHECK(report->layerTable()->item(0, 3)->text().contains("kept 8 of 16 channels"));
+    CHECK(report->headline().contains("prune"));
+    dialog->grab().save(outputPath("gui_compress_prune.png"));
+    // The rounds are ordinary runs of the workspace.
+    CHECK(window->store().listRuns().size() == 4);
+    dialog->close();
+}

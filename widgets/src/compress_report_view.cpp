@@ -52,6 +52,8 @@ CompressReportView::CompressReportView(QWidget* parent) : QWidget(parent) {
     m_headline->setTextInteractionFlags(Qt::TextSelectableByMouse);
     m_summary = makePlot(this, QStringLiteral("compressSummaryPlot"));
     m_classes = makePlot(this, QStringLiteral("compressClassPlot"));
+    m_kept = makePlot(this, QStringLiteral("compressKeptPlot"));
+    m_kept->setVisible(false);
     m_layers = new QTableWidget(this);
     m_layers->setObjectName(QStringLiteral("compressLayerTable"));
     m_layers->setColumnCount(4);
@@ -64,6 +66,7 @@ CompressReportView::CompressReportView(QWidget* parent) : QWidget(parent) {
     auto* plots = new QSplitter(Qt::Horizontal, this);
     plots->addWidget(m_summary);
     plots->addWidget(m_classes);
+    plots->addWidget(m_kept);
     plots->setChildrenCollapsible(false);
     auto* split = new QSplitter(Qt::Vertical, this);
     split->addWidget(plots);
@@ -82,7 +85,8 @@ QString CompressReportView::headline() const { return m_headline->text(); }
 
 void CompressReportView::clear() {
     m_headline->setText(tr("No compression report"));
-    for (auto* p : {m_summary, m_classes}) {
+    m_kept->setVisible(false);
+    for (auto* p : {m_summary, m_classes, m_kept}) {
         p->clearPlottables();
         p->replot();
     }
@@ -95,6 +99,12 @@ void CompressReportView::setReport(const core::CompressReport& r, const QString&
     if (r.settings.count("mode")) how += QLatin1Char(' ') + QString::fromStdString(r.settings.at("mode"));
     if (r.settings.count("observer"))
         how += tr(", %1 observer").arg(QString::fromStdString(r.settings.at("observer")));
+    if (r.settings.count("target_sparsity"))
+        how += tr(" %1 of the channels in %2 rounds")
+                   .arg(QString::fromStdString(r.settings.at("target_sparsity")))
+                   .arg(r.rounds.size());
+    if (r.settings.count("student"))
+        how += tr(" into %1").arg(QString::fromStdString(r.settings.at("student")));
     m_headline->setText(
         tr("<b>%1</b> from <b>%2</b> (%3), measured on %4 (%5 samples): accuracy %6 → %7, "
            "size %8×, latency at batch 32 %9×")
@@ -156,6 +166,35 @@ void CompressReportView::setReport(const core::CompressReport& r, const QString&
         low = std::min({low, r.perClassAccuracy[c] * 100, r.parentPerClassAccuracy[c] * 100});
     m_classes->yAxis->setRange(std::max(0.0, low - 10), 101);
     m_classes->replot();
+
+    // Pruning: what each layer kept of the parent's neurons / channels.
+    m_kept->clearPlottables();
+    const bool pruned =
+        std::any_of(r.layers.begin(), r.layers.end(), [](const core::CompressReport::Layer& l) {
+            return l.parentOutFeatures > 0 && l.parentOutFeatures != l.outFeatures;
+        });
+    m_kept->setVisible(pruned);
+    if (pruned) {
+        auto* pk = makeBars(m_kept, kParent, parentName);
+        auto* ck = makeBars(m_kept, kChild, tr("kept"));
+        auto keptTicker = QSharedPointer<QCPAxisTickerText>(new QCPAxisTickerText);
+        double most = 1;
+        for (size_t i = 0; i < r.layers.size(); ++i) {
+            const auto& l = r.layers[i];
+            pk->addData(double(i) - 0.2, double(l.parentOutFeatures));
+            ck->addData(double(i) + 0.2, double(l.outFeatures));
+            most = std::max(most, double(l.parentOutFeatures));
+            keptTicker->addTick(double(i), tr("%1\n%2/%3")
+                                               .arg(QString::fromStdString(l.name))
+                                               .arg(l.outFeatures)
+                                               .arg(l.parentOutFeatures));
+        }
+        m_kept->xAxis->setTicker(keptTicker);
+        m_kept->xAxis->setRange(-0.6, double(r.layers.size()) - 0.4);
+        m_kept->yAxis->setLabel(tr("neurons / channels"));
+        m_kept->yAxis->setRange(0, most * 1.15);
+    }
+    m_kept->replot();
 
     m_layers->setRowCount(static_cast<int>(r.layers.size()));
     for (int i = 0; i < static_cast<int>(r.layers.size()); ++i) {

@@ -386,6 +386,7 @@ void RunForm::updateDependentFields() {
     const QString codec = fieldText(QStringLiteral("compress"));
     const bool quantizing = codec == QLatin1String("int8") || codec == QLatin1String("int4");
     const QString strategy = fieldText(QStringLiteral("strategy"));
+    const bool teacherless = fieldText(QStringLiteral("teacher")).trimmed().isEmpty();
     for (auto& f : m_fields) {
         bool inactive = false;
         if (startsWith(f.key.name, "profile_")) inactive = !profiling;
@@ -396,6 +397,10 @@ void RunForm::updateDependentFields() {
         // Across hosts the ranks are the slots chosen under Target.
         if (f.key.name == "nproc") inactive = isTargetHosts();
         if (startsWith(f.key.name, "loss_scale_")) inactive = !dynamicScale;
+        // Distillation's settings only matter with a teacher.
+        if (startsWith(f.key.name, "distill_") || f.key.name == "hint_weight" ||
+            f.key.name == "attention_transfer")
+            inactive = teacherless;
         if (inactive != f.inactive) {
             f.inactive = inactive;
             applyEnabled(f);

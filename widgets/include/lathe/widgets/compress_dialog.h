@@ -12,6 +12,7 @@
 #include "lathe/core/compress.h"
 
 class QComboBox;
+class QDoubleSpinBox;
 class QLabel;
 class QLineEdit;
 class QProgressBar;
@@ -22,19 +23,26 @@ namespace lathe::widgets {
 
 class CompressReportView;
 
+/// What the form asks for: a method and its options (only the method's own are used).
+struct CompressRequest {
+    std::string method = "quantize";  // quantize | prune | distill
+    core::QuantizeOptions quantize;
+    core::PruneOptions prune;
+    core::DistillOptions distill;  // distill.teacher is left to the runner (the version the dialog is on)
+};
+
 class CompressDialog : public QDialog {
     Q_OBJECT
 public:
     /// Runs on the dialog's worker thread; throws core::Error (shown) or core::StoppedError.
-    using Runner =
-        std::function<core::CompressResult(const core::QuantizeOptions&, const core::CompressControl&)>;
+    using Runner = std::function<core::CompressResult(const CompressRequest&, const core::CompressControl&)>;
 
     CompressDialog(const QString& model, int64_t version, Runner runner, QWidget* parent = nullptr);
     /// Stops a compression in flight and waits for it.
     ~CompressDialog() override;
 
-    /// The options the form describes now.
-    core::QuantizeOptions options() const;
+    /// The request the form describes now.
+    CompressRequest request() const;
     bool isRunning() const { return m_running; }
     QString statusText() const;
 
@@ -42,6 +50,10 @@ public:
     QComboBox* observerBox() const { return m_observer; }
     QSpinBox* calibBatchesBox() const { return m_calib; }
     QLineEdit* dataEdit() const { return m_data; }
+    QSpinBox* epochsBox() const { return m_epochs; }
+    QDoubleSpinBox* sparsityBox() const { return m_sparsity; }
+    QComboBox* importanceBox() const { return m_importance; }
+    QLineEdit* studentEdit() const { return m_student; }
     QPushButton* startButton() const { return m_start; }
     QPushButton* cancelButton() const { return m_cancel; }
     QProgressBar* progressBar() const { return m_progress; }
@@ -73,6 +85,13 @@ private:
     QComboBox* m_observer = nullptr;
     QSpinBox* m_calib = nullptr;
     QLineEdit* m_data = nullptr;
+    QSpinBox* m_epochs = nullptr;
+    QDoubleSpinBox* m_sparsity = nullptr;
+    QComboBox* m_importance = nullptr;
+    QLineEdit* m_student = nullptr;
+    QDoubleSpinBox* m_temperature = nullptr;
+    QDoubleSpinBox* m_alpha = nullptr;
+    QComboBox* m_hints = nullptr;
     QProgressBar* m_progress = nullptr;
     QLabel* m_status = nullptr;
     QPushButton* m_start = nullptr;

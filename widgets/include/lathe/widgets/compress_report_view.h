@@ -22,6 +22,8 @@ public:
 
     QCustomPlot* summaryPlot() const { return m_summary; }
     QCustomPlot* classPlot() const { return m_classes; }
+    /// Pruning: neurons / channels per layer, parent vs kept (hidden for other methods).
+    QCustomPlot* keptPlot() const { return m_kept; }
     QTableWidget* layerTable() const { return m_layers; }
     QString headline() const;
 
@@ -29,6 +31,7 @@ private:
     QLabel* m_headline = nullptr;
     QCustomPlot* m_summary = nullptr;  // accuracy, size, latency b1, latency b32: parent vs compressed
     QCustomPlot* m_classes = nullptr;  // accuracy per class
+    QCustomPlot* m_kept = nullptr;     // pruning: outputs per layer, parent vs kept
     QTableWidget* m_layers = nullptr;
 };
 
