@@ -12,6 +12,7 @@
 #include <atomic>
 #include <nlohmann/json.hpp>
 
+#include "compression/quantized_ops.h"
 #include "lathe/core/compress.h"
 #include "lathe/core/model_artifact.h"
 #include "lathe/core/record.h"
@@ -218,6 +219,7 @@ TEST_CASE("lathe::linear_int8 refuses operands of the wrong size instead of read
                                        int64_t{16},
                                        int64_t{64},
                                        false,
+                                       0.0,
                                        0.0};
         op.callBoxed(&stack);
         return stack.at(0).toTensor();
@@ -228,6 +230,48 @@ TEST_CASE("lathe::linear_int8 refuses operands of the wrong size instead of read
                       Catch::Contains("input has 63 features, the layer takes 64"));
     CHECK(call(torch::zeros({16 * 64}, torch::kChar), torch::ones({2, 64})).sizes() ==
           torch::IntArrayRef{2, 16});
+}
+
+TEST_CASE("static int8 layers hand int8 codes to the next layer, computing exactly what fp32 hand-over does",
+          "[compress][quantize][static]") {
+    namespace c = core::compression;
+    torch::manual_seed(3);
+    for (int64_t hidden : {64, 100}) {  // a multiple of the GEMM's K block, and one that is padded
+        INFO("hidden " << hidden);
+        const auto w1 = torch::randn({hidden, 40}), w2 = torch::randn({10, hidden});
+        const auto b1 = torch::randn({hidden}), b2 = torch::randn({10});
+        const auto p1 = c::packLinear(w1), p2 = c::packLinear(w2);
+        const auto x = torch::randn({7, 40});
+        const double s1 = 0.02, s2 = 0.5;
+        const auto viaFloat =
+            c::linearInt8(x, p1.packed, p1.colSums, p1.scales, b1, hidden, 40, true, s1, 0.0);
+        const auto viaCodes =
+            c::linearInt8(x, p1.packed, p1.colSums, p1.scales, b1, hidden, 40, true, s1, s2);
+        CHECK(viaFloat.scalar_type() == torch::kFloat);
+        REQUIRE(viaCodes.scalar_type() == torch::kChar);
+        CHECK(viaCodes.sizes() == viaFloat.sizes());
+        CHECK(viaCodes.to(torch::kInt).abs().max().item<int>() <= 127);
+        const auto y1 =
+            c::linearInt8(viaFloat, p2.packed, p2.colSums, p2.scales, b2, 10, hidden, false, s2, 0.0);
+        const auto y2 =
+            c::linearInt8(viaCodes, p2.packed, p2.colSums, p2.scales, b2, 10, hidden, false, s2, 0.0);
+        CHECK(torch::equal(y1, y2));
+        CHECK_THROWS_WITH(
+            c::linearInt8(viaCodes, p2.packed, p2.colSums, p2.scales, b2, 10, hidden, false, 0.0, 0.0),
+            Catch::Contains("int8 input needs its input_scale"));
+    }
+    // In a quantized MLP every layer but the last hands over int8.
+    Trained t;
+    core::Store store(t.db);
+    core::Registry registry(t.db);
+    core::QuantizeOptions o;
+    o.mode = "static";
+    const auto r = core::quantizeModel(registry, &store, core::parseModelRef("digits:1"), o).report;
+    REQUIRE(r.layers.size() == 3);
+    CHECK(r.layers[0].change.find("int8 output") != std::string::npos);
+    CHECK(r.layers[1].change.find("int8 output") != std::string::npos);
+    CHECK(r.layers[2].change.find("int8 output") == std::string::npos);
+    CHECK(r.accuracy >= r.parentAccuracy - 0.015);
 }
 
 TEST_CASE("a version may name a parent of another model, which must exist", "[compress][registry]") {

@@ -171,6 +171,7 @@ TEST_CASE("Prune a CNN through the Compress dialog: recorded rounds and the chan
     CHECK(report->layerTable()->item(0, 2)->text() == "16 → 8");
     CHECK(report->layerTable()->item(0, 3)->text().contains("kept 8 of 16 channels"));
     CHECK(report->headline().contains("prune"));
+    CHECK(report->headline().contains("round 3 (run 4): 50.00% kept"));
     dialog->grab().save(outputPath("gui_compress_prune.png"));
     // The rounds are ordinary runs of the workspace.
     CHECK(window->store().listRuns().size() == 4);

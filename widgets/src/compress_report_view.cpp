@@ -105,14 +105,32 @@ void CompressReportView::setReport(const core::CompressReport& r, const QString&
                    .arg(r.rounds.size());
     if (r.settings.count("student"))
         how += tr(" into %1").arg(QString::fromStdString(r.settings.at("student")));
-    m_headline->setText(
+    QString headline =
         tr("<b>%1</b> from <b>%2</b> (%3), measured on %4 (%5 samples): accuracy %6 → %7, "
            "size %8×, latency at batch 32 %9×")
             .arg(childName, parentName, how, QString::fromStdString(r.data))
             .arg(r.samples)
             .arg(pct(r.parentAccuracy), pct(r.accuracy))
             .arg(r.sizeBytes > 0 ? double(r.parentSizeBytes) / double(r.sizeBytes) : 0.0, 0, 'f', 2)
-            .arg(r.latencyMsB32 > 0 ? r.parentLatencyMsB32 / r.latencyMsB32 : 0.0, 0, 'f', 2));
+            .arg(r.latencyMsB32 > 0 ? r.parentLatencyMsB32 / r.latencyMsB32 : 0.0, 0, 'f', 2);
+    if (r.parentParameters > 0 && r.parameters != r.parentParameters)
+        headline += tr(", parameters %1 → %2").arg(r.parentParameters).arg(r.parameters);
+    // Pruning rounds and the runs that trained it (the Runs page has their curves).
+    QStringList rounds;
+    for (const auto& round : r.rounds)
+        rounds << tr("round %1 (run %2): %3 kept, %4")
+                      .arg(round.round)
+                      .arg(round.runId)
+                      .arg(pct(round.kept))
+                      .arg(pct(round.accuracy));
+    if (!rounds.isEmpty()) {
+        headline += QStringLiteral("<br>") + rounds.join(QStringLiteral("; "));
+    } else if (!r.runs.empty()) {
+        QStringList runs;
+        for (auto id : r.runs) runs << QString::number(id);
+        headline += tr("<br>trained in run %1").arg(runs.join(QStringLiteral(", ")));
+    }
+    m_headline->setText(headline);
 
     // Summary: each quantity relative to the parent (parent = 1), the real values on the ticks.
     m_summary->clearPlottables();

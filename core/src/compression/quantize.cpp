@@ -111,6 +111,20 @@ void rewrite(const std::shared_ptr<torch::jit::Graph>& g, std::vector<Target>& t
     using namespace compression;
     auto& graph = *g;
     int linears = 0, convs = 0;
+    // Static: a layer whose result goes straight to the next quantized layer (or through a
+    // flatten) hands it over as int8 codes of that layer's input scale.
+    const auto flatten = c10::Symbol::fromQualString("aten::flatten");
+    std::vector<double> outputScales(ts.size(), 0.0);
+    for (size_t i = 0; i < ts.size() && !inputScales.empty(); ++i) {
+        Value* result = ts[i].relu ? ts[i].relu->output() : ts[i].node->output();
+        if (result->uses().size() != 1) continue;
+        auto use = result->uses()[0];
+        if (use.user->kind() == flatten && use.offset == 0 && use.user->output()->uses().size() == 1)
+            use = use.user->output()->uses()[0];
+        if (use.offset != 0) continue;  // x is a quantized op's first input
+        for (size_t j = i + 1; j < ts.size(); ++j)
+            if (ts[j].node == use.user && inputScales[j] > 0) outputScales[i] = inputScales[j];
+    }
     for (size_t i = 0; i < ts.size(); ++i) {
         auto& t = ts[i];
         const auto packed = compression::packLinear(t.weight);
@@ -142,12 +156,13 @@ void rewrite(const std::shared_ptr<torch::jit::Graph>& g, std::vector<Target>& t
         }
         args.emplace_back(t.relu != nullptr);
         args.emplace_back(scale);
+        args.emplace_back(outputScales[i]);
         Value* out = graph.insert(c10::Symbol::fromQualString(t.conv ? kConv2dInt8 : kLinearInt8), args);
         char scaleText[64] = "";
         if (scale > 0) std::snprintf(scaleText, sizeof scaleText, " (scale %.4g)", scale);
         layer.change = "int8 weights per channel, " +
                        (scale > 0 ? how + scaleText : std::string("int8 inputs per row")) +
-                       (t.relu ? ", fused relu" : "");
+                       (t.relu ? ", fused relu" : "") + (outputScales[i] > 0 ? ", int8 output" : "");
         layers.push_back(layer);
         if (t.relu) {
             t.relu->output()->replaceAllUsesWith(out);

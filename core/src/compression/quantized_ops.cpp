@@ -4,7 +4,9 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "lathe/kernels/qgemm.h"
 
@@ -55,9 +57,56 @@ void checkWeights(const char* op, const at::Tensor& packed, const at::Tensor& co
 
 }  // namespace
 
+namespace {
+
+// The layer on `rows` rows of x (fp32, or int8 codes of scale inputScale), written as fp32 into y,
+// or, with outputScale > 0, as the int8 codes the next layer would make of it (the same
+// quantizeRows definition), into the returned Char tensor of y's shape.
+at::Tensor runLayer(const char* op, const at::Tensor& x, size_t rows, const kernels::QLinear& layer,
+                    bool relu, double inputScale, double outputScale, std::vector<int64_t> outShape) {
+    const size_t n = layer.n, k = layer.k, kp = kernels::qPaddedK(k), np = kernels::qPaddedN(n);
+    const float inScale = checkedScale(inputScale), outScale = checkedScale(outputScale);
+    const bool codesIn = x.scalar_type() == at::kChar;
+    TORCH_CHECK(!codesIn || inScale > 0, op, ": int8 input needs its input_scale");
+    auto y = at::empty(outShape, x.options().dtype(at::kFloat));
+    if (rows == 0) return outScale > 0 ? y.to(at::kChar) : y;
+    if (codesIn) {
+        // Codes from the previous layer: used as they are (copied only to pad a row to the GEMM's K).
+        const auto xc = x.contiguous();
+        const std::int8_t* a = xc.data_ptr<std::int8_t>();
+        std::vector<std::int8_t> padded;
+        if (kp != k) {
+            padded.assign(rows * kp, 0);
+            for (size_t r = 0; r < rows; ++r) std::memcpy(&padded[r * kp], a + r * k, k);
+            a = padded.data();
+        }
+        const std::vector<float> rowScales(rows, inScale);
+        kernels::qlinearQuantized(a, rowScales.data(), rows, layer, y.data_ptr<float>(), n, relu);
+    } else {
+        const auto xc = x.to(at::kFloat).contiguous();
+        kernels::qlinear(xc.data_ptr<float>(), rows, k, layer, y.data_ptr<float>(), n, relu, inScale);
+    }
+    if (outScale <= 0) return y;
+    auto codes = at::empty(outShape, x.options().dtype(at::kChar));
+    std::vector<float> unused(rows);
+    const size_t nq = kernels::qPaddedK(n);
+    if (nq == n) {
+        kernels::quantizeRows(y.data_ptr<float>(), rows, n, n, codes.data_ptr<std::int8_t>(), n,
+                              unused.data(), outScale);
+    } else {
+        std::vector<std::int8_t> tmp(rows * nq);
+        kernels::quantizeRows(y.data_ptr<float>(), rows, n, n, tmp.data(), nq, unused.data(), outScale);
+        for (size_t r = 0; r < rows; ++r) std::memcpy(codes.data_ptr<std::int8_t>() + r * n, &tmp[r * nq], n);
+    }
+    (void)np;
+    return codes;
+}
+
+}  // namespace
+
 at::Tensor linearInt8(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& colSums,
                       const at::Tensor& scales, const c10::optional<at::Tensor>& bias, int64_t outFeatures,
-                      int64_t inFeatures, bool relu, double inputScale) {
+                      int64_t inFeatures, bool relu, double inputScale, double outputScale) {
     TORCH_CHECK(outFeatures >= 1 && outFeatures <= (int64_t{1} << 24) && inFeatures >= 1 &&
                     inFeatures <= static_cast<int64_t>(kernels::kQMaxK),
                 "lathe::linear_int8: bad layer size ", outFeatures, " x ", inFeatures);
@@ -66,27 +115,23 @@ at::Tensor linearInt8(const at::Tensor& x, const at::Tensor& packed, const at::T
     TORCH_CHECK(x.device().is_cpu(), "lathe::linear_int8 runs on the CPU (input on ", x.device(), ")");
     TORCH_CHECK(x.dim() >= 1 && x.size(-1) == inFeatures, "lathe::linear_int8: input has ",
                 x.dim() ? x.size(-1) : 0, " features, the layer takes ", inFeatures);
-    const auto xc = x.to(at::kFloat).contiguous();
-    auto outShape = xc.sizes().vec();
+    auto outShape = x.sizes().vec();
     outShape.back() = outFeatures;
-    auto y = at::empty(outShape, xc.options());
-    const auto rows = static_cast<size_t>(xc.numel() / inFeatures);
-    if (rows == 0) return y;
+    const auto rows = static_cast<size_t>(x.numel() / inFeatures);
     const kernels::QLinear layer{packed.data_ptr<std::int8_t>(),
                                  colSums.data_ptr<std::int32_t>(),
                                  scales.data_ptr<float>(),
                                  bias && bias->defined() ? bias->data_ptr<float>() : nullptr,
                                  n,
                                  k};
-    kernels::qlinear(xc.data_ptr<float>(), rows, k, layer, y.data_ptr<float>(), n, relu,
-                     checkedScale(inputScale));
-    return y;
+    return runLayer("lathe::linear_int8", x, rows, layer, relu, inputScale, outputScale, outShape);
 }
 
 at::Tensor conv2dInt8(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& colSums,
                       const at::Tensor& scales, const c10::optional<at::Tensor>& bias, int64_t outChannels,
                       int64_t inChannels, at::IntArrayRef kernel, at::IntArrayRef stride,
-                      at::IntArrayRef padding, at::IntArrayRef dilation, bool relu, double inputScale) {
+                      at::IntArrayRef padding, at::IntArrayRef dilation, bool relu, double inputScale,
+                      double outputScale) {
     auto pair = [](at::IntArrayRef v, int64_t lo, const char* what) {
         TORCH_CHECK(v.size() == 2 && v[0] >= lo && v[1] >= lo && v[0] <= 4096 && v[1] <= 4096,
                     "lathe::conv2d_int8: ", what, " must be two values of ", lo, "..4096 (got ", v, ")");
@@ -109,19 +154,26 @@ at::Tensor conv2dInt8(const at::Tensor& x, const at::Tensor& packed, const at::T
     const int64_t oh = (h + 2 * padding[0] - dilation[0] * (kernel[0] - 1) - 1) / stride[0] + 1;
     const int64_t ow = (w + 2 * padding[1] - dilation[1] * (kernel[1] - 1) - 1) / stride[1] + 1;
     TORCH_CHECK(oh >= 1 && ow >= 1, "lathe::conv2d_int8: a ", h, "x", w, " input is smaller than the kernel");
-    auto y = at::empty({batch, oh, ow, outChannels}, x.options().dtype(at::kFloat));
-    if (batch == 0) return y.permute({0, 3, 1, 2});
+    // int8 codes from the previous layer: back to the values they stand for (exact: the codes
+    // come back unchanged when the rows are quantized again with the same scale).
+    TORCH_CHECK(x.scalar_type() != at::kChar || inputScale > 0,
+                "lathe::conv2d_int8: int8 input needs its input_scale");
+    const at::Tensor input = x.scalar_type() == at::kChar ? x.to(at::kFloat) * checkedScale(inputScale) : x;
+    if (batch == 0) {
+        auto empty = at::empty({batch, outChannels, oh, ow}, x.options().dtype(at::kFloat));
+        return outputScale > 0 ? empty.to(at::kChar) : empty;
+    }
     // Each output pixel's receptive field as a row (C, kh, kw order: the weight's), then one GEMM.
     const auto rows =
-        at::im2col(x.to(at::kFloat), kernel, dilation, padding, stride).transpose(1, 2).contiguous();
+        at::im2col(input.to(at::kFloat), kernel, dilation, padding, stride).transpose(1, 2).contiguous();
     const kernels::QLinear layer{packed.data_ptr<std::int8_t>(),
                                  colSums.data_ptr<std::int32_t>(),
                                  scales.data_ptr<float>(),
                                  bias && bias->defined() ? bias->data_ptr<float>() : nullptr,
                                  n,
                                  k};
-    kernels::qlinear(rows.data_ptr<float>(), static_cast<size_t>(batch * oh * ow), k, layer,
-                     y.data_ptr<float>(), n, relu, checkedScale(inputScale));
+    const auto y = runLayer("lathe::conv2d_int8", rows, static_cast<size_t>(batch * oh * ow), layer, relu,
+                            inputScale, outputScale, {batch, oh, ow, outChannels});
     return y.permute({0, 3, 1, 2}).contiguous();
 }
 
@@ -143,12 +195,12 @@ TORCH_LIBRARY(lathe, m) {
     m.def(
         "linear_int8(Tensor x, Tensor packed, Tensor col_sums, Tensor scales, Tensor? bias, int "
         "out_features, "
-        "int in_features, bool relu=False, float input_scale=0.0) -> Tensor");
+        "int in_features, bool relu=False, float input_scale=0.0, float output_scale=0.0) -> Tensor");
     m.def(
         "conv2d_int8(Tensor x, Tensor packed, Tensor col_sums, Tensor scales, Tensor? bias, int "
         "out_channels, "
         "int in_channels, int[2] kernel, int[2] stride, int[2] padding, int[2] dilation, bool relu=False, "
-        "float input_scale=0.0) -> Tensor");
+        "float input_scale=0.0, float output_scale=0.0) -> Tensor");
     m.def("observe(Tensor x, int id) -> Tensor");
 }
 
