@@ -12,7 +12,7 @@ alone on the same split and seed:
              3 fine-tuning epochs each. Targets: within 1.5 points, >= 1.6x faster at batch 32.
   distill    per seed (3 seeds): a teacher CNN of 32 and 64 channels and a 128-unit head (53,002
              parameters, 30 epochs), the student CNN of 16 and 48 channels and a 96-unit head
-             (26,560 parameters, 20 epochs) trained alone and distilled (T = 4, alpha = 0.7), one
+             (26,618 parameters, 20 epochs) trained alone and distilled (T = 4, alpha = 0.7), one
              thread each. Targets: the distilled mean within 2 points of the teachers' mean and
              above the alone mean.
 

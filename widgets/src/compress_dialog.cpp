@@ -135,7 +135,7 @@ CompressDialog::CompressDialog(const QString& model, int64_t version, Runner run
     layout->addWidget(m_status);
     layout->addWidget(m_report, 1);
     layout->addWidget(buttons);
-    resize(900, 680);
+    resize(1180, 700);
     updateForm();
 }
 

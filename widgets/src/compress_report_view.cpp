@@ -51,6 +51,7 @@ CompressReportView::CompressReportView(QWidget* parent) : QWidget(parent) {
     m_headline->setWordWrap(true);
     m_headline->setTextInteractionFlags(Qt::TextSelectableByMouse);
     m_summary = makePlot(this, QStringLiteral("compressSummaryPlot"));
+    m_summary->setMinimumWidth(420);  // four two-line tick labels side by side
     m_classes = makePlot(this, QStringLiteral("compressClassPlot"));
     m_kept = makePlot(this, QStringLiteral("compressKeptPlot"));
     m_kept->setVisible(false);

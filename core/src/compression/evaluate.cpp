@@ -168,13 +168,20 @@ void measurePair(torch::jit::Module& parent, torch::jit::Module& child, const Ev
     int step = 0;
     for (const int64_t batch : {1, 32}) {
         const auto x = rows(batch);
-        const int inner = batch == 1 ? 20 : 4;
-        for (int w = 0; w < 3; ++w) {  // warm-up: first-call allocations, caches, thread wake-up
+        // Warm-up: first-call allocations, caches, thread wake-up, and TorchScript's profiling
+        // executor, which optimizes a graph after its first runs.
+        const auto w0 = std::chrono::steady_clock::now();
+        for (int w = 0; w < 10; ++w) {
             parent.forward({x});
             child.forward({x});
         }
+        // Each timing repeats the call for about 2 ms, so that the clock and a stray interrupt
+        // weigh little even for a model that answers in microseconds.
+        const double pairMs =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count() / 10;
+        const int inner = static_cast<int>(std::clamp(4.0 / std::max(pairMs, 1e-3), 1.0, 200.0));
         std::vector<double> tp, tc;
-        for (int r = 0; r < 15; ++r) {
+        for (int r = 0; r < 21; ++r) {
             for (auto* which : {&parent, &child}) {
                 const auto t0 = std::chrono::steady_clock::now();
                 for (int i = 0; i < inner; ++i) which->forward({x});

@@ -68,7 +68,12 @@ FineTuned trainRecorded(Store& store, const RunSpec& spec, const CompressControl
         else if (e.type == Event::Type::Metric && total > 0 && e.key == "train/grad_norm")
             progress.update(static_cast<double>(e.step) / total);
     };
+    // A run's `threads` sets the process's compute threads; the measurement after it runs with
+    // what the process had before, like the methods that do not train.
+    const int torchThreads = at::get_num_threads(), kernelThreads = kernels::threads();
     const auto rec = trainAndRecord(store, spec, options, observer);
+    torch_impl::setComputeThreads(torchThreads);  // LibTorch's and OpenBLAS's
+    kernels::setThreads(kernelThreads);
     const std::string run = "run " + std::to_string(rec.runId);
     if (rec.result.status == RunStatus::Stopped)
         throw StoppedError("stopped: nothing was registered (" + run + " is recorded as stopped)");
