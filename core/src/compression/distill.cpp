@@ -124,7 +124,7 @@ public:
                       F::KLDivFuncOptions().reduction(torch::kBatchMean)) *
             (t * t);
         auto total = (1.0 - m_alpha) * loss + m_alpha * soft;
-        m_soft += soft.item<double>();
+        accumulate(m_soft, soft);
         if (!m_hintPairs.empty()) {
             torch::Tensor hint = torch::zeros({}, logits.options().dtype(torch::kFloat));
             for (auto& h : m_hintPairs) {
@@ -136,7 +136,7 @@ public:
                 hint = hint + (pred - ft).pow(2).sum() / ft.pow(2).sum().clamp_min(1e-12);
             }
             total = total + m_hintWeight * hint;
-            m_hint += hint.item<double>();
+            accumulate(m_hint, hint);
         }
         if (!m_atPairs.empty()) {
             torch::Tensor at = torch::zeros({}, logits.options().dtype(torch::kFloat));
@@ -146,7 +146,7 @@ public:
                               .sum(1)
                               .mean();
             total = total + (m_beta / 2.0) * at;
-            m_at += at.item<double>();
+            accumulate(m_at, at);
         }
         ++m_steps;
         return total;
@@ -155,10 +155,10 @@ public:
     void afterPhase(TrainingLoop& loop, TrainingPhase phase) override {
         if (phase != TrainingPhase::Epoch || m_steps == 0) return;
         const double n = static_cast<double>(m_steps);
-        loop.recordMetric("distill/soft_loss", m_soft / n);
-        if (!m_hintPairs.empty()) loop.recordMetric("distill/hint_loss", m_hint / n);
-        if (!m_atPairs.empty()) loop.recordMetric("distill/attention_loss", m_at / n);
-        m_soft = m_hint = m_at = 0;
+        loop.recordMetric("distill/soft_loss", m_soft.item<double>() / n);
+        if (!m_hintPairs.empty()) loop.recordMetric("distill/hint_loss", m_hint.item<double>() / n);
+        if (!m_atPairs.empty()) loop.recordMetric("distill/attention_loss", m_at.item<double>() / n);
+        m_soft = m_hint = m_at = torch::Tensor();
         m_steps = 0;
     }
 
@@ -237,7 +237,12 @@ private:
     std::vector<Hint> m_hintPairs;
     std::vector<std::pair<size_t, size_t>> m_atPairs;
     std::vector<torch::Tensor> m_params;
-    double m_soft = 0, m_hint = 0, m_at = 0;
+    // Sums over the epoch's steps, kept on the device: read once per epoch, not synchronised per step.
+    static void accumulate(torch::Tensor& sum, const torch::Tensor& term) {
+        const auto v = term.detach().to(torch::kDouble);
+        sum = sum.defined() ? sum + v : v;
+    }
+    torch::Tensor m_soft, m_hint, m_at;
     int64_t m_steps = 0;
 };
 

@@ -64,7 +64,7 @@ namespace {
 // quantizeRows definition), into the returned Char tensor of y's shape.
 at::Tensor runLayer(const char* op, const at::Tensor& x, size_t rows, const kernels::QLinear& layer,
                     bool relu, double inputScale, double outputScale, std::vector<int64_t> outShape) {
-    const size_t n = layer.n, k = layer.k, kp = kernels::qPaddedK(k), np = kernels::qPaddedN(n);
+    const size_t n = layer.n, k = layer.k, kp = kernels::qPaddedK(k);
     const float inScale = checkedScale(inputScale), outScale = checkedScale(outputScale);
     const bool codesIn = x.scalar_type() == at::kChar;
     TORCH_CHECK(!codesIn || inScale > 0, op, ": int8 input needs its input_scale");
@@ -98,7 +98,6 @@ at::Tensor runLayer(const char* op, const at::Tensor& x, size_t rows, const kern
         kernels::quantizeRows(y.data_ptr<float>(), rows, n, n, tmp.data(), nq, unused.data(), outScale);
         for (size_t r = 0; r < rows; ++r) std::memcpy(codes.data_ptr<std::int8_t>() + r * n, &tmp[r * nq], n);
     }
-    (void)np;
     return codes;
 }
 
