@@ -274,6 +274,69 @@ TEST_CASE("static int8 layers hand int8 codes to the next layer, computing exact
     CHECK(r.accuracy >= r.parentAccuracy - 0.015);
 }
 
+TEST_CASE("lathe::conv2d_int8 with a static input scale is exact against an integer convolution",
+          "[compress][quantize][static]") {
+    // Values on the int8 grid (x = code * 2^-4, weights = code * 2^-6 with a 127 in every output
+    // channel), so quantization is lossless and the layer must equal the convolution of the codes
+    // scaled by 2^-10, bit for bit: the gathering of receptive fields (padding, stride, dilation,
+    // several channels, 3-wide and other kernels), int8 input, int8 output and the NaN fallback.
+    namespace c = core::compression;
+    torch::manual_seed(11);
+    struct Shape {
+        int64_t batch, in, out, h, w, kh, kw, sy, sx, py, px, dy, dx;
+    };
+    const Shape shapes[] = {
+        {3, 1, 16, 8, 8, 3, 3, 1, 1, 1, 1, 1, 1},    // the digits CNN's first layer
+        {2, 16, 32, 4, 4, 3, 3, 1, 1, 1, 1, 1, 1},   // and its second
+        {2, 3, 5, 9, 7, 3, 3, 2, 1, 0, 2, 1, 1},     // stride, uneven padding
+        {1, 2, 17, 11, 10, 3, 3, 1, 2, 2, 1, 2, 1},  // dilation, a padded channel count
+        {2, 4, 8, 6, 9, 2, 5, 1, 3, 1, 2, 1, 2},     // not 3 wide, dilated columns
+        {1, 5, 3, 5, 5, 1, 1, 1, 1, 0, 0, 1, 1},     // 1 x 1
+    };
+    const double sx = 1.0 / 16, sw = 1.0 / 64;
+    for (const auto& s : shapes) {
+        INFO("batch " << s.batch << " " << s.in << "->" << s.out << " " << s.h << "x" << s.w << " kernel "
+                      << s.kh << "x" << s.kw << " stride " << s.sy << "," << s.sx << " padding " << s.py
+                      << "," << s.px << " dilation " << s.dy << "," << s.dx);
+        const auto xc = torch::randint(-127, 128, {s.batch, s.in, s.h, s.w}, torch::kInt).to(torch::kFloat);
+        auto wc = torch::randint(-126, 127, {s.out, s.in, s.kh, s.kw}, torch::kInt).to(torch::kFloat);
+        wc.view({s.out, -1}).select(1, 0).fill_(127);  // every channel's scale is exactly 2^-6
+        const auto bias = torch::randint(-64, 64, {s.out}, torch::kInt).to(torch::kFloat) / 8;
+        const auto p = c::packLinear(wc * sw);
+        const std::vector<int64_t> kernel{s.kh, s.kw}, stride{s.sy, s.sx}, padding{s.py, s.px},
+            dilation{s.dy, s.dx};
+        const auto expected =
+            (torch::conv2d(xc.to(torch::kDouble), wc.to(torch::kDouble), {}, stride, padding, dilation) * sx *
+                 sw +
+             bias.to(torch::kDouble).view({1, -1, 1, 1}))
+                .to(torch::kFloat);
+        auto layer = [&](const torch::Tensor& x, bool relu, double in, double out) {
+            return c::conv2dInt8(x, p.packed, p.colSums, p.scales, bias, s.out, s.in, kernel, stride, padding,
+                                 dilation, relu, in, out);
+        };
+        const auto y = layer(xc * sx, false, sx, 0.0);
+        REQUIRE(y.sizes() == expected.sizes());
+        CHECK(torch::equal(y, expected));
+        CHECK(torch::equal(layer(xc * sx, true, sx, 0.0), expected.clamp_min(0)));
+        CHECK(torch::equal(layer(xc.to(torch::kChar), false, sx, 0.0), expected));  // codes in
+        const double so = 0.25;  // codes out: the nearest code of y / so, clamped
+        const auto codes = layer(xc * sx, false, sx, so);
+        REQUIRE(codes.scalar_type() == torch::kChar);
+        CHECK(torch::equal(codes, (expected / so).round().clamp(-127, 127).to(torch::kChar)));
+        // The fp32 path (no input scale: each receptive field quantized on its own) agrees to
+        // within its rounding.
+        const double drift = (layer(xc * sx, false, 0.0, 0.0) - expected).abs().max().item<double>();
+        CHECK(drift <= 0.01 * expected.abs().max().item<double>());
+        // A NaN makes the outputs that see it NaN, as on the fp32 path, and no others.
+        auto bad = xc * sx;
+        bad.index_put_({0, 0, 0, 0}, std::nanf(""));
+        const auto yn = layer(bad, false, sx, 0.0), yf = layer(bad, false, 0.0, 0.0);
+        CHECK(yn.isnan().any().item<bool>());
+        CHECK(torch::equal(yn.isnan(), yf.isnan()));
+        CHECK(torch::equal(torch::where(yn.isnan(), expected, yn), expected));
+    }
+}
+
 TEST_CASE("a version may name a parent of another model, which must exist", "[compress][registry]") {
     Trained t;
     core::Registry registry(t.db);

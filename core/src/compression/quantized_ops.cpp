@@ -3,6 +3,7 @@
 
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -59,6 +60,71 @@ void checkWeights(const char* op, const at::Tensor& packed, const at::Tensor& co
 
 namespace {
 
+// y (rows x n fp32) as the int8 codes of scale `scale` the next layer would make of it (the
+// quantizeRows definition), in a Char tensor of y's shape.
+at::Tensor codesOf(const at::Tensor& y, size_t rows, size_t n, float scale) {
+    auto codes = at::empty(y.sizes(), y.options().dtype(at::kChar));
+    std::vector<float> unused(rows);
+    kernels::quantizeRows(y.data_ptr<float>(), rows, n, n, codes.data_ptr<std::int8_t>(), n, unused.data(),
+                          scale);
+    return codes;
+}
+
+// Receptive fields of int8 codes x[batch][c][h][w] as rows of a (stride lda; bytes past the
+// fields are left as they are): row (b, oy, ox) holds, in (c, ky, kx) order, the code under each
+// kernel tap, 0 (the code of 0) where the tap falls in the padding. Each input plane is first
+// copied into a zero-bordered one, so the gathering needs no bounds checks; a 3-wide kernel of
+// dilation 1 (the common case) copies each kernel row as 3 bytes.
+void im2colCodes(const std::int8_t* x, int64_t batch, int64_t channels, int64_t h, int64_t w,
+                 at::IntArrayRef kernel, at::IntArrayRef stride, at::IntArrayRef padding,
+                 at::IntArrayRef dilation, int64_t oh, int64_t ow, std::int8_t* a, size_t lda) {
+    // Locals: int8 stores may alias anything, so fields read through the refs would be reloaded.
+    const int64_t kh = kernel[0], kw = kernel[1], sy = stride[0], sx = stride[1], py = padding[0],
+                  px = padding[1], dy = dilation[0], dx = dilation[1];
+    // The bordered plane covers every tap position: rows -py .. (oh-1)*sy-py+(kh-1)*dy.
+    const int64_t hp = std::max(h + py, (oh - 1) * sy + (kh - 1) * dy + 1) + py;
+    const int64_t wp = std::max(w + px, (ow - 1) * sx + (kw - 1) * dx + 1) + px;
+    thread_local std::vector<std::int8_t> bordered;
+    bordered.assign(static_cast<size_t>(hp * wp), 0);
+    const bool three = kw == 3 && dx == 1;
+    for (int64_t b = 0; b < batch; ++b)
+        for (int64_t c = 0; c < channels; ++c) {
+            const std::int8_t* plane = x + (b * channels + c) * h * w;
+            std::int8_t* __restrict pp = bordered.data();
+            for (int64_t y = 0; y < h; ++y) std::memcpy(pp + (y + py) * wp + px, plane + y * w, w);
+            for (int64_t oy = 0; oy < oh; ++oy)
+                for (int64_t ox = 0; ox < ow; ++ox) {
+                    std::int8_t* __restrict dst =
+                        a + static_cast<size_t>((b * oh + oy) * ow + ox) * lda + c * kh * kw;
+                    const std::int8_t* src = pp + oy * sy * wp + ox * sx;
+                    for (int64_t ky = 0; ky < kh; ++ky, dst += kw, src += dy * wp) {
+                        if (three)
+                            std::memcpy(dst, src, 3);
+                        else
+                            for (int64_t kx = 0; kx < kw; ++kx) dst[kx] = src[kx * dx];
+                    }
+                }
+        }
+}
+
+// [B, H, W, C] (contiguous) as a contiguous [B, C, H, W] tensor. ATen's permute().contiguous()
+// copies element by element through strides and took longer than the int8 GEMM it follows.
+template <class T>
+at::Tensor toNchw(const at::Tensor& nhwc) {
+    const int64_t b = nhwc.size(0), h = nhwc.size(1), w = nhwc.size(2), c = nhwc.size(3), plane = h * w;
+    auto out = at::empty({b, c, h, w}, nhwc.options());
+    const T* __restrict src = nhwc.data_ptr<T>();
+    T* __restrict dst = out.data_ptr<T>();
+    constexpr int64_t kTile = 16;  // pixels per pass: each channel's row gets 16 consecutive values
+    for (int64_t i = 0; i < b; ++i, src += plane * c, dst += plane * c)
+        for (int64_t p0 = 0; p0 < plane; p0 += kTile) {
+            const int64_t p1 = std::min(plane, p0 + kTile);
+            for (int64_t ch = 0; ch < c; ++ch)
+                for (int64_t p = p0; p < p1; ++p) dst[ch * plane + p] = src[p * c + ch];
+        }
+    return out;
+}
+
 // The layer on `rows` rows of x (fp32, or int8 codes of scale inputScale), written as fp32 into y,
 // or, with outputScale > 0, as the int8 codes the next layer would make of it (the same
 // quantizeRows definition), into the returned Char tensor of y's shape.
@@ -86,19 +152,7 @@ at::Tensor runLayer(const char* op, const at::Tensor& x, size_t rows, const kern
         const auto xc = x.to(at::kFloat).contiguous();
         kernels::qlinear(xc.data_ptr<float>(), rows, k, layer, y.data_ptr<float>(), n, relu, inScale);
     }
-    if (outScale <= 0) return y;
-    auto codes = at::empty(outShape, x.options().dtype(at::kChar));
-    std::vector<float> unused(rows);
-    const size_t nq = kernels::qPaddedK(n);
-    if (nq == n) {
-        kernels::quantizeRows(y.data_ptr<float>(), rows, n, n, codes.data_ptr<std::int8_t>(), n,
-                              unused.data(), outScale);
-    } else {
-        std::vector<std::int8_t> tmp(rows * nq);
-        kernels::quantizeRows(y.data_ptr<float>(), rows, n, n, tmp.data(), nq, unused.data(), outScale);
-        for (size_t r = 0; r < rows; ++r) std::memcpy(codes.data_ptr<std::int8_t>() + r * n, &tmp[r * nq], n);
-    }
-    return codes;
+    return outScale > 0 ? codesOf(y, rows, n, outScale) : y;
 }
 
 }  // namespace
@@ -153,27 +207,60 @@ at::Tensor conv2dInt8(const at::Tensor& x, const at::Tensor& packed, const at::T
     const int64_t oh = (h + 2 * padding[0] - dilation[0] * (kernel[0] - 1) - 1) / stride[0] + 1;
     const int64_t ow = (w + 2 * padding[1] - dilation[1] * (kernel[1] - 1) - 1) / stride[1] + 1;
     TORCH_CHECK(oh >= 1 && ow >= 1, "lathe::conv2d_int8: a ", h, "x", w, " input is smaller than the kernel");
-    // int8 codes from the previous layer: back to the values they stand for (exact: the codes
-    // come back unchanged when the rows are quantized again with the same scale).
     TORCH_CHECK(x.scalar_type() != at::kChar || inputScale > 0,
                 "lathe::conv2d_int8: int8 input needs its input_scale");
-    const at::Tensor input = x.scalar_type() == at::kChar ? x.to(at::kFloat) * checkedScale(inputScale) : x;
+    const float inScale = checkedScale(inputScale), outScale = checkedScale(outputScale);
     if (batch == 0) {
         auto empty = at::empty({batch, outChannels, oh, ow}, x.options().dtype(at::kFloat));
-        return outputScale > 0 ? empty.to(at::kChar) : empty;
+        return outScale > 0 ? empty.to(at::kChar) : empty;
     }
-    // Each output pixel's receptive field as a row (C, kh, kw order: the weight's), then one GEMM.
-    const auto rows =
-        at::im2col(input.to(at::kFloat), kernel, dilation, padding, stride).transpose(1, 2).contiguous();
     const kernels::QLinear layer{packed.data_ptr<std::int8_t>(),
                                  colSums.data_ptr<std::int32_t>(),
                                  scales.data_ptr<float>(),
                                  bias && bias->defined() ? bias->data_ptr<float>() : nullptr,
                                  n,
                                  k};
-    const auto y = runLayer("lathe::conv2d_int8", rows, static_cast<size_t>(batch * oh * ow), layer, relu,
-                            inputScale, outputScale, {batch, oh, ow, outChannels});
-    return y.permute({0, 3, 1, 2}).contiguous();
+    const auto rows = static_cast<size_t>(batch * oh * ow);
+    // A static input scale: the input's int8 codes (given, or made once per value), then the
+    // receptive fields gathered as codes. Every value gets the code quantizeRows would give it
+    // after im2col (the code of a value depends only on it and the fixed scale), so this is the
+    // fp32 path below to the bit, with a ninth of the quantizing and a quarter of the bytes.
+    at::Tensor codes;
+    if (x.scalar_type() == at::kChar) {
+        codes = x.contiguous();
+    } else if (inScale > 0) {
+        const auto xf = x.to(at::kFloat).contiguous();
+        codes = at::empty(xf.sizes(), xf.options().dtype(at::kChar));
+        const auto planes = static_cast<size_t>(batch * inChannels), plane = static_cast<size_t>(h * w);
+        std::vector<float> planeScales(planes);
+        kernels::quantizeRows(xf.data_ptr<float>(), planes, plane, plane, codes.data_ptr<std::int8_t>(),
+                              plane, planeScales.data(), inScale);
+        // A NaN or inf makes its output pixels NaN on the fp32 path (the row's scale is NaN):
+        // such an input takes that path.
+        for (float ps : planeScales)
+            if (!std::isfinite(ps)) codes = at::Tensor();
+    }
+    at::Tensor y;
+    if (codes.defined()) {
+        const size_t kp = kernels::qPaddedK(k);
+        // Reused per thread: a fresh buffer of this size is fresh pages from the kernel each call.
+        thread_local std::vector<std::int8_t> a;
+        a.assign(rows * kp, 0);
+        im2colCodes(codes.data_ptr<std::int8_t>(), batch, inChannels, h, w, kernel, stride, padding, dilation,
+                    oh, ow, a.data(), kp);
+        const std::vector<float> rowScales(rows, inScale);
+        y = at::empty({batch, oh, ow, outChannels}, x.options().dtype(at::kFloat));
+        kernels::qlinearQuantized(a.data(), rowScales.data(), rows, layer, y.data_ptr<float>(), n, relu);
+        if (outScale > 0) y = codesOf(y, rows, n, outScale);
+    } else {
+        // Each output pixel's receptive field as an fp32 row (C, kh, kw order: the weight's), then
+        // one GEMM quantizing each row.
+        const auto fields =
+            at::im2col(x.to(at::kFloat), kernel, dilation, padding, stride).transpose(1, 2).contiguous();
+        y = runLayer("lathe::conv2d_int8", fields, rows, layer, relu, inputScale, outputScale,
+                     {batch, oh, ow, outChannels});
+    }
+    return y.scalar_type() == at::kChar ? toNchw<std::int8_t>(y) : toNchw<float>(y);
 }
 
 namespace {

@@ -217,12 +217,17 @@ public:
             m_tasks = tasks;
             m_next.store(0);
             m_helpers = std::min<int>(threads - 1, static_cast<int>(m_workers.size()));
-            m_active = m_helpers;
+            m_active = 0;
+            m_open = true;
             ++m_generation;
         }
         m_wake.notify_all();
         work(fn, ctx, tasks);
+        // Every task is taken. Close the job: a helper that wakes only now (its core was busy,
+        // say with another library's spinning threads) stays out, and only the helpers that did
+        // join are waited for. The caller never waits for a thread that has not started.
         std::unique_lock<std::mutex> lk(m_mutex);
+        m_open = false;
         m_done.wait(lk, [&] { return m_active == 0; });
     }
 
@@ -249,7 +254,8 @@ private:
                 std::unique_lock<std::mutex> lk(m_mutex);
                 m_wake.wait(lk, [&] { return m_generation != seen; });
                 seen = m_generation;
-                if (index >= m_helpers) continue;  // this job asked for fewer threads
+                if (!m_open || index >= m_helpers) continue;  // closed, or fewer threads asked
+                ++m_active;
                 fn = m_fn;
                 ctx = m_ctx;
                 tasks = m_tasks;
@@ -271,7 +277,8 @@ private:
     void* m_ctx = nullptr;
     std::size_t m_tasks = 0;
     int m_helpers = 0;
-    int m_active = 0;
+    int m_active = 0;     // helpers inside the current job
+    bool m_open = false;  // whether helpers may still join it
     std::atomic<std::size_t> m_next{0};
 };
 
@@ -307,17 +314,29 @@ void runGemm(const GemmJob& job, const Epilogue& e, GemmIsa isa) {
     if (!gemmIsaAvailable(isa)) isa = bestGemmIsa();
     if (job.m == 0 || job.blocks == 0) return;
     const int nt = threads();
-    // Work per task: at least ~256k multiply-adds, so a batch-1 layer does not pay for waking
-    // threads that would each do a few microseconds; an even number of blocks (the VNNI and AMX
-    // drivers take two at a time).
+    // Work per task: enough that waking a thread for it pays (a wake-up costs microseconds;
+    // more when another library's threads hold the cores), so a small layer or a batch of one
+    // runs on the calling thread. The faster the path, the more multiply-adds that takes: about
+    // 20 us of work on each. An even number of blocks (the VNNI and AMX drivers take two at a
+    // time).
     const std::size_t perBlock = job.m * job.kp * kQBlockN;
-    std::size_t minBlocks =
-        std::max<std::size_t>(2, (std::size_t{1} << 18) / std::max<std::size_t>(perBlock, 1));
+    const std::size_t minWork = std::size_t{1} << (isa == GemmIsa::Amx          ? 22
+                                                   : isa == GemmIsa::Avx512Vnni ? 21
+                                                   : isa == GemmIsa::Avx2       ? 18
+                                                                                : 16);
+    std::size_t minBlocks = std::max<std::size_t>(2, minWork / std::max<std::size_t>(perBlock, 1));
     std::size_t tasks = std::max<std::size_t>(1, std::min<std::size_t>(job.blocks / minBlocks, nt * 2));
     std::size_t per = (job.blocks + tasks - 1) / tasks;
     per += per & 1;
     tasks = (job.blocks + per - 1) / per;
-    RunCtx ctx{&job, &e, rangeFn(isa), per};
+    GemmJob run = job;
+    if (isa == GemmIsa::Avx512Vnni) {  // its operand is a + 128, made once here for all threads
+        thread_local std::vector<std::int8_t> biased;
+        biased.resize(job.m * job.kp);
+        biasCodesAvx512(job.a, biased.size(), biased.data());
+        run.a = biased.data();
+    }
+    RunCtx ctx{&run, &e, rangeFn(isa), per};
     Pool::instance().run(tasks, nt, runTask, &ctx);
 }
 

@@ -12,7 +12,9 @@
 namespace lathe::kernels::detail {
 
 struct GemmJob {
-    const std::int8_t* a = nullptr;  // m rows of stride kp, zero-padded past k
+    // m rows of stride kp, zero-padded past k. The AVX-512 VNNI path reads them biased: each
+    // byte XOR 0x80, i.e. a + 128 as an unsigned byte (runGemm prepares that copy).
+    const std::int8_t* a = nullptr;
     std::size_t m = 0;
     std::size_t kp = 0;  // padded K (multiple of 64)
     const std::int8_t* packed = nullptr;
@@ -42,6 +44,9 @@ void gemmRangeScalar(const GemmJob& j, std::size_t nb0, std::size_t nb1, const E
 void gemmRangeAvx2(const GemmJob& j, std::size_t nb0, std::size_t nb1, const Epilogue& e) noexcept;
 void gemmRangeAvx512Vnni(const GemmJob& j, std::size_t nb0, std::size_t nb1, const Epilogue& e) noexcept;
 void gemmRangeAmx(const GemmJob& j, std::size_t nb0, std::size_t nb1, const Epilogue& e) noexcept;
+
+// out[i] = a[i] XOR 0x80 (the code plus 128, as an unsigned byte): the VNNI path's operand.
+void biasCodesAvx512(const std::int8_t* a, std::size_t bytes, std::int8_t* out) noexcept;
 
 // Row quantization: the scalar definition for rows [r0, r1), and the AVX2 one (bit-identical).
 void quantizeRowsScalar(const float* x, std::size_t r0, std::size_t r1, std::size_t k, std::size_t ldx,

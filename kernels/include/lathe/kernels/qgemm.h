@@ -64,9 +64,9 @@ void quantizeWeights(const float* w, std::size_t n, std::size_t k, std::size_t l
 void packWeights(const std::int8_t* q, std::size_t n, std::size_t k, std::size_t ldq, std::int8_t* packed,
                  std::int32_t* colSums) noexcept;
 
-// Quantizes rows x[m][k] (row stride ldx) into q[m][ldq] (ldq >= qPaddedK(k); bytes k..ldq are
-// zeroed) with one scale per row (scales[m]). fixedScale > 0: every row uses that scale (static
-// quantization) instead of its own amax.
+// Quantizes rows x[m][k] (row stride ldx) into q[m][ldq] (ldq >= k, bytes k..ldq zeroed; the
+// GEMM reads rows of ldq = qPaddedK(k)) with one scale per row (scales[m]). fixedScale > 0: every row uses
+// that scale (static quantization) instead of its own amax.
 void quantizeRows(const float* x, std::size_t m, std::size_t k, std::size_t ldx, std::int8_t* q,
                   std::size_t ldq, float* scales, float fixedScale = 0.f,
                   GemmIsa isa = bestGemmIsa()) noexcept;
