@@ -15,6 +15,7 @@ core=(
   libsimdjson-dev                            # the inference server's request parser
   catch2 openssh-server openssh-client       # tests; sshd is started on loopback by the remote tests
   python3-torch                              # PyTorch baseline of the trainer benchmark
+  python3-torchvision                        # real architectures (no weights) for the model-graph tests
   clang libclang-rt-14-dev                   # libFuzzer for the request-parser fuzz test
   clang-format                               # the style test (packaging/check-format.sh)
 )

@@ -71,5 +71,6 @@ void registerLoad(CLI::App& app, int& exitCode);
 void registerModels(CLI::App& app, int& exitCode);
 void registerCompress(CLI::App& app, int& exitCode);
 void registerServe(CLI::App& app, int& exitCode);
+void registerGraph(CLI::App& app, int& exitCode);
 
 }  // namespace lathe::cli

@@ -19,6 +19,7 @@
 
 #include "lathe/core/compress.h"
 #include "lathe/core/model_artifact.h"
+#include "lathe/core/model_graph.h"
 #include "lathe/core/trainer.h"
 #include "serving/model_runner.h"
 
@@ -27,7 +28,7 @@ namespace lathe::core {
 class Store;
 class Registry;
 
-inline constexpr int kTorchBackendAbi = 3;
+inline constexpr int kTorchBackendAbi = 4;
 
 // The torch-side definitions (liblathe_torch). Same contracts as the public declarations.
 namespace torch_impl {
@@ -51,6 +52,7 @@ CompressResult pruneModel(Registry& registry, Store& store, const ModelRef& pare
                           const PruneOptions& options, const CompressControl& control);
 CompressResult distillModel(Registry& registry, Store& store, const DistillOptions& options,
                             const CompressControl& control);
+ModelGraph readTorchScriptGraph(const std::string& path, const GraphOptions& options);
 }  // namespace torch_impl
 
 struct TorchBackend {
@@ -67,6 +69,7 @@ struct TorchBackend {
     decltype(&torch_impl::quantizeModel) quantizeModel;
     decltype(&torch_impl::pruneModel) pruneModel;
     decltype(&torch_impl::distillModel) distillModel;
+    decltype(&torch_impl::readTorchScriptGraph) readTorchScriptGraph;
 };
 
 /// The torch-backed library, loaded on first use (thread-safe). Throws Error naming the file and

@@ -17,6 +17,7 @@ extern "C" __attribute__((visibility("default"))) const lathe::core::TorchBacken
         &t::quantizeModel,
         &t::pruneModel,
         &t::distillModel,
+        &t::readTorchScriptGraph,
     };
     return &backend;
 }

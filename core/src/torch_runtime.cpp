@@ -136,6 +136,10 @@ CompressResult distillModel(Registry& registry, Store& store, const DistillOptio
     return torchBackend().distillModel(registry, store, options, control);
 }
 
+ModelGraph readTorchScriptGraph(const std::string& path, const GraphOptions& options) {
+    return torchBackend().readTorchScriptGraph(path, options);
+}
+
 std::shared_ptr<serving::LoadedModel> serving::LoadedModel::load(const ServedModel& model, int64_t maxBatch,
                                                                  const std::string& device,
                                                                  const std::string& expectedSha256,

@@ -229,13 +229,26 @@ TEST_CASE(
     const auto arts = store.artifacts(rid);
     REQUIRE_FALSE(arts.empty());
     CHECK(arts.back().path.rfind(store.artifactDir(rid), 0) == 0);
+    // The same training step by step: every step's global gradient norm, and the final
+    // parameters. Bit for bit on the AVX2 machines of this project; on an AVX-512 one (Zen 5) the
+    // 2-host and the 1-host layout differ in the last bits of some steps' averaged gradients
+    // (measured: gradient norms within 3e-8 relative, parameters within 7e-8 after 12 steps; each
+    // layout is bit-reproducible run to run; the cause is not yet pinned down), so the check
+    // allows rounding and nothing more: a wrong or missing rank's gradient moves these by far more.
+    const auto gr = store.metrics(rid, "train/grad_norm"), gl = store.metrics(lid, "train/grad_norm");
+    REQUIRE(gr.size() == gl.size());
+    for (size_t i = 0; i < gr.size(); ++i) {
+        INFO("step " << gr[i].step);
+        CHECK(gr[i].step == gl[i].step);
+        CHECK(std::abs(gr[i].value - gl[i].value) <= 1e-6 * std::abs(gl[i].value));
+    }
     const auto pr = savedParameters(store, rid), pl = savedParameters(store, lid);
     REQUIRE(pr.size() == pl.size());
     for (size_t i = 0; i < pr.size(); ++i) {
-        INFO("parameter " << i);
-        CHECK(torch::equal(pr[i], pl[i]));
+        INFO("parameter " << i << ": max difference " << (pr[i] - pl[i]).abs().max().item<double>());
+        CHECK(torch::allclose(pr[i], pl[i], /*rtol=*/1e-5, /*atol=*/1e-6));
     }
-    CHECK(rj.at("val/loss").get<double>() == lj.at("val/loss").get<double>());
+    CHECK(rj.at("val/loss").get<double>() == Approx(lj.at("val/loss").get<double>()).epsilon(1e-6));
     // The log says where the ranks ran; the run registers as a model like a local one.
     bool placed = false;
     for (const auto& l : store.logs(rid))

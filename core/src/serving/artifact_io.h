@@ -13,6 +13,11 @@ namespace lathe::core {
 /// Lathe metadata.
 torch::jit::Module loadArtifact(const std::string& path, const c10::Device& device, ArtifactInfo& info);
 
+/// Any TorchScript file onto `device`; `info` is filled from its Lathe metadata when it has some
+/// (`hasMeta`). Throws ConfigError for a missing or non-TorchScript file.
+torch::jit::Module loadAnyScript(const std::string& path, const c10::Device& device, ArtifactInfo& info,
+                                 bool& hasMeta);
+
 /// Saves `module` with `info`'s metadata (signature, metrics, run, data, source) as the next
 /// version of `name`, with lineage's parentVersion, parentModel, derivation and report. The file
 /// is written under a temporary name and renamed to its content hash, as registerModel does.

@@ -374,6 +374,15 @@ torch::jit::Module loadArtifact(const std::string& path, const c10::Device& devi
     return m;
 }
 
+torch::jit::Module loadAnyScript(const std::string& path, const c10::Device& device, ArtifactInfo& info,
+                                 bool& hasMeta) {
+    torch::jit::ExtraFilesMap extra{{kMetaFile, ""}};
+    auto m = loadScript(path, extra, device);
+    hasMeta = !extra[kMetaFile].empty();
+    if (hasMeta) fillMeta(info, extra[kMetaFile], path);
+    return m;
+}
+
 ArtifactInfo torch_impl::readArtifact(const std::string& path) {
     ArtifactInfo info;
     loadArtifact(path, torch::kCPU, info);

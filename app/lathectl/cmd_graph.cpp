@@ -1,0 +1,181 @@
+// lathectl graph: a model's op graph (model_graph.h) as a per-layer summary, JSON or Graphviz DOT.
+#include <unistd.h>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "cli_common.h"
+#include "lathe/core/error.h"
+#include "lathe/core/model_artifact.h"
+#include "lathe/core/model_graph.h"
+#include "lathe/core/registry.h"
+
+namespace fs = std::filesystem;
+
+namespace lathe::cli {
+namespace {
+
+struct GraphState {
+    CommonOptions common;
+    std::string file, model, inputShape, format, output;
+    int64_t run = 0;
+    bool summary = false, horizontal = false;
+};
+
+// "1,234,567"
+std::string grouped(int64_t v) {
+    std::string s = std::to_string(v < 0 ? -v : v), out;
+    for (size_t i = 0; i < s.size(); ++i) {
+        if (i && (s.size() - i) % 3 == 0) out += ',';
+        out += s[i];
+    }
+    return (v < 0 ? "-" : "") + out;
+}
+
+// 1.2 K, 3.4 M, 5.6 G FLOPs; "-" for none.
+std::string flopsText(double f) {
+    if (f <= 0) return "-";
+    char b[32];
+    if (f >= 1e9)
+        std::snprintf(b, sizeof b, "%.2f G", f / 1e9);
+    else if (f >= 1e6)
+        std::snprintf(b, sizeof b, "%.2f M", f / 1e6);
+    else if (f >= 1e3)
+        std::snprintf(b, sizeof b, "%.1f K", f / 1e3);
+    else
+        std::snprintf(b, sizeof b, "%.0f", f);
+    return b;
+}
+
+std::string bytesText(int64_t b) {
+    char buf[32];
+    if (b >= (int64_t{1} << 20))
+        std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1 << 20));
+    else
+        std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(b) / 1024);
+    return buf;
+}
+
+void printSummary(const core::ModelGraph& g) {
+    const auto rows = core::graphLayers(g);
+    size_t nameW = 5, opW = 2, shapeW = 12;
+    for (const auto& r : rows) {
+        nameW = std::max(nameW, r.name.size());
+        opW = std::max(opW, r.op.size());
+        shapeW = std::max(shapeW, r.outputShape.size());
+    }
+    nameW = std::min<size_t>(nameW, 48);
+    std::printf("%-*s  %-*s  %-*s  %14s  %12s\n", static_cast<int>(nameW), "layer", static_cast<int>(opW),
+                "op", static_cast<int>(shapeW), "output shape", "parameters", "FLOPs");
+    for (const auto& r : rows)
+        std::printf("%-*s  %-*s  %-*s  %14s  %12s\n", static_cast<int>(nameW), r.name.c_str(),
+                    static_cast<int>(opW), r.op.c_str(), static_cast<int>(shapeW), r.outputShape.c_str(),
+                    grouped(r.parameters).c_str(), flopsText(r.flops).c_str());
+    std::string input = "no example input";
+    if (!g.exampleInput.empty()) {
+        core::GraphTensor t;
+        t.known = true;
+        t.shape = g.exampleInput;
+        input = "input " + core::graphShapeText(t);
+    }
+    std::printf("total: %s parameters (%s), %s FLOPs for %s; %zu nodes, %zu edges\n",
+                grouped(g.parameters).c_str(), bytesText(g.parameterBytes).c_str(),
+                flopsText(g.flops).c_str(), input.c_str(), g.nodes.size(), g.edges.size());
+    for (const auto& n : g.notes) std::printf("note: %s\n", n.c_str());
+}
+
+void writeFile(const std::string& path, const std::string& text) {
+    const std::string tmp = path + ".tmp";
+    {
+        std::ofstream out(tmp, std::ios::binary);
+        if (!out) throw UsageError("cannot write " + path);
+        out << text;
+        if (!out) throw UsageError("writing " + path + " failed");
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) throw UsageError("cannot write " + path);
+}
+
+void runGraph(const GraphState& st) {
+    const int sources = !st.file.empty() + !st.model.empty() + (st.run > 0);
+    if (sources != 1) throw UsageError("give one model: a FILE (.pt), --model NAME[:V|@ALIAS] or --run ID");
+    std::string format = st.format;
+    if (format.empty() && !st.output.empty()) {
+        const auto ext = fs::path(st.output).extension().string();
+        format = ext == ".dot" || ext == ".gv" ? "dot" : "json";
+    }
+    if (!format.empty() && format != "json" && format != "dot")
+        throw UsageError("--format " + format + ": one of json, dot");
+    core::GraphOptions options;
+    if (!st.inputShape.empty()) options.inputShape = parseShape(st.inputShape);
+
+    std::string path = st.file, label = st.file, temp;
+    if (!st.model.empty()) {
+        std::unique_ptr<core::Registry> registry;
+        try {
+            registry = std::make_unique<core::Registry>(core::Store::resolvePath(st.common.db));
+        } catch (const core::StoreError& ex) {
+            throw UsageError(ex.what());
+        }
+        const auto v = registry->resolve(core::parseModelRef(st.model));  // NotFoundError names it
+        path = v.path;
+        label = v.name + ":" + std::to_string(v.version);
+    } else if (st.run > 0) {
+        auto store = openStore(st.common);
+        temp = (fs::temp_directory_path() /
+                ("lathe-graph-" + std::to_string(::getpid()) + "-" + std::to_string(st.run) + ".pt"))
+                   .string();
+        core::exportRunModel(*store, st.run, temp);
+        path = temp;
+        label = "run " + std::to_string(st.run);
+    }
+    core::ModelGraph g;
+    try {
+        g = core::readTorchScriptGraph(path, options);
+    } catch (...) {
+        if (!temp.empty()) fs::remove(temp);
+        throw;
+    }
+    if (!temp.empty()) fs::remove(temp);
+    g.name = label;
+
+    if (st.common.json && format.empty()) format = "json";
+    if (format.empty() || st.summary) {
+        printSummary(g);
+        if (format.empty()) return;
+    }
+    const std::string text = format == "dot" ? core::graphDot(g, st.horizontal) : core::graphJson(g) + "\n";
+    if (st.output.empty()) {
+        std::cout << text;
+        return;
+    }
+    writeFile(st.output, text);
+    if (!st.summary)
+        std::printf("wrote the graph of %s (%zu nodes, %zu edges) as %s to %s\n", label.c_str(),
+                    g.nodes.size(), g.edges.size(), format.c_str(), st.output.c_str());
+}
+
+}  // namespace
+
+void registerGraph(CLI::App& app, int& exitCode) {
+    (void)exitCode;
+    auto st = std::make_shared<GraphState>();
+    auto* cmd = app.add_subcommand(
+        "graph",
+        "a model's op graph: a per-layer summary (parameters, output shapes, FLOPs), JSON or Graphviz DOT");
+    cmd->add_option("file", st->file, "a TorchScript file (.pt), Lathe artifact or not");
+    cmd->add_option("--model", st->model, "a registered version: NAME, NAME:V or NAME@ALIAS");
+    cmd->add_option("--run", st->run, "a recorded run: its model, exported from its last checkpoint");
+    cmd->add_option("--input-shape", st->inputShape,
+                    "example input with the batch dimension, e.g. 1,3,224,224 (default: the artifact's "
+                    "declared input, batch 1), run once to find shapes and FLOPs");
+    cmd->add_option("--format", st->format, "json or dot (Graphviz); default: the summary")
+        ->check(CLI::IsMember({"json", "dot"}));
+    cmd->add_option("-o,--output", st->output, "write the json/dot there instead of to stdout (.dot: dot)");
+    cmd->add_flag("--summary", st->summary, "the per-layer table (also with --format / -o)");
+    cmd->add_flag("--horizontal", st->horizontal, "dot: left to right instead of top to bottom");
+    addCommonOptions(cmd, st->common);
+    cmd->callback([st] { runGraph(*st); });  // NotFoundError is a ConfigError: exit 2
+}
+
+}  // namespace lathe::cli

@@ -1,0 +1,88 @@
+#pragma once
+// Model graphs (core/src/graph/README.md): a model's ops as a neutral graph — op kind, printable
+// attributes, input and output shapes, the parameters each op reads, estimated FLOPs, the module
+// scope it came from — read from a TorchScript file (registered artifacts and run exports
+// included). The graph is plain data: the CLI prints it as a summary, JSON or Graphviz DOT, and
+// the workbench lays it out and draws it.
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace lathe::core {
+
+struct GraphTensor {
+    bool known = false;          // whether shape and dtype were found (from a run on an example input)
+    std::vector<int64_t> shape;  // with the batch dimension
+    std::string dtype;           // "float32", "int8", "int64", …
+};
+
+struct GraphNode {
+    int64_t id = 0;        // its index in ModelGraph::nodes
+    std::string name;      // unique: the module path when the module has one op, else path/op_k
+    std::string op;        // as the source names it: "aten::conv2d", "lathe::linear_int8", "input"
+    std::string category;  // conv, linear, norm, activation, pool, elementwise, reshape, attention,
+                           // embedding, dropout, quantized, control, input, output, other
+    std::string scope;     // module path, "layer1.0.conv1"; "" at the top level
+    std::vector<std::pair<std::string, std::string>> attributes;  // constant arguments, printable
+    std::vector<GraphTensor> inputs, outputs;                     // tensor arguments and results
+    int64_t parameters = 0;      // elements of the parameters it reads (as PyTorch counts them: not
+                                 // buffers such as batch norm's running statistics)
+    int64_t parameterBytes = 0;  // bytes of the parameters and buffers it reads, as stored
+    double flops = 0;            // estimated floating-point (or integer) operations, a multiply-add = 2
+};
+
+struct GraphEdge {
+    int64_t from = 0, to = 0;  // node ids
+    GraphTensor tensor;        // what flows along it
+};
+
+struct ModelGraph {
+    std::string source;            // "torchscript"
+    std::string name;              // the file, model version or run it was read from
+    std::vector<GraphNode> nodes;  // in execution order: the input first, the output last
+    std::vector<GraphEdge> edges;
+    int64_t parameters = 0;             // the model's, each tensor counted once however many ops read it
+    int64_t parameterBytes = 0;         // parameters and buffers
+    double flops = 0;                   // sum over nodes, for one run on the example input
+    std::vector<int64_t> exampleInput;  // the input shape shapes and FLOPs are for; {} when none ran
+    std::vector<std::string> notes;     // what could not be determined, and why
+};
+
+struct GraphOptions {
+    // The example input (batch included) run to find shapes. Empty: the artifact's declared input
+    // with batch 1 when the file is a Lathe artifact; else the graph has no shapes or FLOPs.
+    std::vector<int64_t> inputShape;
+};
+
+/// Reads a TorchScript file (loads LibTorch). Throws ConfigError, naming the file, for a missing
+/// or unreadable file, one that is not TorchScript (truncated, another format), one that needs an
+/// operator this process lacks, or an explicit input shape the model cannot run.
+ModelGraph readTorchScriptGraph(const std::string& path, const GraphOptions& options = {});
+
+/// One object: source, name, parameters, parameter_bytes, flops, example_input, notes, nodes
+/// (id, name, op, category, scope, attributes, inputs, outputs, parameters, parameter_bytes,
+/// flops) and edges (from, to, shape, dtype). Shapes not known are null.
+std::string graphJson(const ModelGraph& graph, int indent = -1);
+
+/// Graphviz DOT: a cluster per module scope, nodes labelled with op and output shape, coloured by
+/// category; rankdir TB, or LR when `horizontal`.
+std::string graphDot(const ModelGraph& graph, bool horizontal = false);
+
+/// A model summary's rows: every node that reads parameters or does arithmetic (not reshapes,
+/// the input or the output), in execution order.
+struct GraphLayer {
+    std::string name, op, category;
+    std::string outputShape;  // "[1, 16, 8, 8]", "?" when not known
+    int64_t parameters = 0;
+    double flops = 0;
+};
+std::vector<GraphLayer> graphLayers(const ModelGraph& graph);
+
+/// Display colour (#rrggbb) of a node category, shared by the DOT output and the workbench.
+const char* graphCategoryColor(const std::string& category);
+
+/// "[1, 16, 8, 8]"; "?" when not known.
+std::string graphShapeText(const GraphTensor& t);
+
+}  // namespace lathe::core

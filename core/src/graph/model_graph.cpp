@@ -1,0 +1,165 @@
+// The torch-free half of model graphs (model_graph.h): JSON, DOT, the summary's rows, colours.
+// The readers live in the torch-backed library (torchscript_graph.cpp).
+#include "lathe/core/model_graph.h"
+
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+namespace lathe::core {
+
+namespace {
+
+nlohmann::json tensorJson(const GraphTensor& t) {
+    if (!t.known) return {{"shape", nullptr}, {"dtype", nullptr}};
+    return {{"shape", t.shape}, {"dtype", t.dtype}};
+}
+
+// DOT string literal: quotes and backslashes escaped, newlines as \n.
+std::string dotQuote(const std::string& s) {
+    std::string out = "\"";
+    for (char c : s) {
+        if (c == '"' || c == '\\')
+            out += '\\', out += c;
+        else if (c == '\n')
+            out += "\\n";
+        else if (static_cast<unsigned char>(c) >= 0x20)
+            out += c;
+    }
+    return out + "\"";
+}
+
+std::string shortOp(const std::string& op) {
+    const auto p = op.rfind("::");
+    return p == std::string::npos ? op : op.substr(p + 2);
+}
+
+}  // namespace
+
+std::string graphShapeText(const GraphTensor& t) {
+    if (!t.known) return "?";
+    std::string s = "[";
+    for (size_t i = 0; i < t.shape.size(); ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
+    return s + "]";
+}
+
+const char* graphCategoryColor(const std::string& category) {
+    static const std::map<std::string, const char*> colors{
+        {"conv", "#4e79a7"},       {"linear", "#59a14f"},    {"norm", "#9c755f"},
+        {"activation", "#f28e2b"}, {"pool", "#76b7b2"},      {"elementwise", "#edc948"},
+        {"reshape", "#bab0ac"},    {"attention", "#b07aa1"}, {"embedding", "#ff9da7"},
+        {"dropout", "#d4d4d4"},    {"quantized", "#e15759"}, {"control", "#8c8c8c"},
+        {"input", "#ffffff"},      {"output", "#ffffff"}};
+    const auto it = colors.find(category);
+    return it == colors.end() ? "#e0e0e0" : it->second;
+}
+
+std::string graphJson(const ModelGraph& g, int indent) {
+    nlohmann::json nodes = nlohmann::json::array(), edges = nlohmann::json::array();
+    for (const auto& n : g.nodes) {
+        nlohmann::json attrs = nlohmann::json::object();
+        for (const auto& [k, v] : n.attributes) attrs[k] = v;
+        nlohmann::json ins = nlohmann::json::array(), outs = nlohmann::json::array();
+        for (const auto& t : n.inputs) ins.push_back(tensorJson(t));
+        for (const auto& t : n.outputs) outs.push_back(tensorJson(t));
+        nodes.push_back({{"id", n.id},
+                         {"name", n.name},
+                         {"op", n.op},
+                         {"category", n.category},
+                         {"scope", n.scope},
+                         {"attributes", attrs},
+                         {"inputs", ins},
+                         {"outputs", outs},
+                         {"parameters", n.parameters},
+                         {"parameter_bytes", n.parameterBytes},
+                         {"flops", n.flops}});
+    }
+    for (const auto& e : g.edges) {
+        auto j = tensorJson(e.tensor);
+        j["from"] = e.from;
+        j["to"] = e.to;
+        edges.push_back(j);
+    }
+    nlohmann::json j{
+        {"source", g.source},
+        {"name", g.name},
+        {"parameters", g.parameters},
+        {"parameter_bytes", g.parameterBytes},
+        {"flops", g.flops},
+        {"example_input", g.exampleInput.empty() ? nlohmann::json(nullptr) : nlohmann::json(g.exampleInput)},
+        {"notes", g.notes},
+        {"nodes", nodes},
+        {"edges", edges}};
+    return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string graphDot(const ModelGraph& g, bool horizontal) {
+    std::ostringstream out;
+    out << "digraph " << dotQuote(g.name.empty() ? "model" : g.name) << " {\n"
+        << "  rankdir=" << (horizontal ? "LR" : "TB") << ";\n"
+        << "  node [shape=box, style=\"rounded,filled\", fontname=\"Helvetica\", fontsize=10];\n"
+        << "  edge [fontname=\"Helvetica\", fontsize=8];\n";
+    // Nodes grouped into nested clusters by scope: a tree of scope prefixes.
+    struct Cluster {
+        std::map<std::string, Cluster> children;
+        std::vector<const GraphNode*> nodes;
+    };
+    Cluster root;
+    for (const auto& n : g.nodes) {
+        Cluster* c = &root;
+        std::string prefix;
+        std::stringstream parts(n.scope);
+        std::string part;
+        while (!n.scope.empty() && std::getline(parts, part, '.')) {
+            prefix += (prefix.empty() ? "" : ".") + part;
+            c = &c->children[prefix];
+        }
+        c->nodes.push_back(&n);
+    }
+    int clusterId = 0;
+    std::function<void(const Cluster&, const std::string&, int)> emit = [&](const Cluster& c,
+                                                                            const std::string& label,
+                                                                            int depth) {
+        const std::string pad(static_cast<size_t>(2 * depth), ' ');
+        if (!label.empty())
+            out << pad << "subgraph cluster_" << clusterId++ << " {\n"
+                << pad << "  label=" << dotQuote(label) << "; style=rounded; color=\"#bbbbbb\";\n";
+        for (const GraphNode* n : c.nodes) {
+            std::string text = n->category == "input" || n->category == "output" ? n->name : shortOp(n->op);
+            if (!n->outputs.empty() && n->outputs[0].known) text += "\n" + graphShapeText(n->outputs[0]);
+            out << pad << "  n" << n->id << " [label=" << dotQuote(text) << ", tooltip=" << dotQuote(n->name)
+                << ", fillcolor=" << dotQuote(graphCategoryColor(n->category)) << "];\n";
+        }
+        for (const auto& [name, child] : c.children) emit(child, name, depth + 1);
+        if (!label.empty()) out << pad << "}\n";
+    };
+    emit(root, "", 0);
+    for (const auto& e : g.edges) {
+        out << "  n" << e.from << " -> n" << e.to;
+        if (e.tensor.known) out << " [label=" << dotQuote(graphShapeText(e.tensor)) << "]";
+        out << ";\n";
+    }
+    out << "}\n";
+    return out.str();
+}
+
+std::vector<GraphLayer> graphLayers(const ModelGraph& g) {
+    std::vector<GraphLayer> rows;
+    for (const auto& n : g.nodes) {
+        if (n.category == "input" || n.category == "output" || n.category == "reshape") continue;
+        if (n.parameters == 0 && n.flops == 0) continue;
+        GraphLayer row;
+        row.name = n.name;
+        row.op = n.op;
+        row.category = n.category;
+        row.outputShape = n.outputs.empty() ? "?" : graphShapeText(n.outputs[0]);
+        row.parameters = n.parameters;
+        row.flops = n.flops;
+        rows.push_back(std::move(row));
+    }
+    return rows;
+}
+
+}  // namespace lathe::core

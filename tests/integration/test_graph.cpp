@@ -1,0 +1,302 @@
+// Model graphs (model_graph.h): the zoo's networks exported from runs, a static int8 model, and
+// models no one here wrote (torchvision's ResNet-18 and a TransformerEncoderLayer, traced by
+// Debian's python3-torch at test time) against what PyTorch reports for them; bad files; the CLI.
+// LibTorch first: glog (through c10) defines CHECK too, and Catch2's must be the one in force.
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "lathe/core/compress.h"
+#include "lathe/core/error.h"
+#include "lathe/core/model_artifact.h"
+#include "lathe/core/model_graph.h"
+#include "lathe/core/record.h"
+#include "lathe/core/registry.h"
+#include "lathe/core/store.h"
+#include "lathe/core/torch_runtime.h"
+#include "run_process.h"
+#include "skip.h"
+#include "temp_dir.h"
+
+using namespace lathe;
+using lathe::test::TempDir;
+
+namespace {
+
+std::map<std::string, int> opCounts(const core::ModelGraph& g) {
+    std::map<std::string, int> c;
+    for (const auto& n : g.nodes) ++c[n.op];
+    return c;
+}
+
+std::map<std::string, int> categoryCounts(const core::ModelGraph& g) {
+    std::map<std::string, int> c;
+    for (const auto& n : g.nodes) ++c[n.category];
+    return c;
+}
+
+const core::GraphNode* findNode(const core::ModelGraph& g, const std::string& name) {
+    for (const auto& n : g.nodes)
+        if (n.name == name) return &n;
+    return nullptr;
+}
+
+int64_t moduleParameters(const std::string& path) {
+    auto m = torch::jit::load(path);
+    int64_t n = 0;
+    for (const auto& p : m.parameters()) n += p.numel();
+    return n;
+}
+
+// Every edge joins two existing nodes, ids are indices, the input comes first and the output last.
+void checkWellFormed(const core::ModelGraph& g) {
+    REQUIRE(g.nodes.size() >= 2);
+    CHECK(g.nodes.front().category == "input");
+    CHECK(g.nodes.back().category == "output");
+    for (size_t i = 0; i < g.nodes.size(); ++i) CHECK(g.nodes[i].id == static_cast<int64_t>(i));
+    for (const auto& e : g.edges) {
+        CHECK(e.from >= 0);
+        CHECK(e.to < static_cast<int64_t>(g.nodes.size()));
+        CHECK(e.from < e.to);  // execution order
+    }
+    std::set<std::string> names;
+    for (const auto& n : g.nodes) CHECK(names.insert(n.name).second);
+}
+
+// A workspace with the digits CNN trained for one epoch; the run's exported model.
+struct CnnRun {
+    TempDir dir;
+    std::string db = dir.file("ws.db"), model = dir.file("cnn.pt");
+    int64_t runId = 0;
+    CnnRun() {
+        core::Store store(db);
+        core::RunSpec spec;
+        spec.model = "cnn";
+        spec.epochs = 1;
+        spec.seed = 3;
+        const auto rec = core::trainAndRecord(store, spec, {});
+        REQUIRE(rec.result.status == core::RunStatus::Completed);
+        store.flush();
+        runId = rec.runId;
+        core::exportRunModel(store, runId, model);
+    }
+};
+
+}  // namespace
+
+TEST_CASE("the zoo's CNN: ops, shapes, parameters and FLOPs from its exported model", "[graph]") {
+    CnnRun run;
+    const auto g = core::readTorchScriptGraph(run.model);
+    checkWellFormed(g);
+    CHECK(g.source == "torchscript");
+    // The artifact declares [-1, 1, 8, 8]: the example run is batch 1.
+    CHECK(g.exampleInput == std::vector<int64_t>{1, 1, 8, 8});
+    CHECK(g.parameters == moduleParameters(run.model));
+    const auto cats = categoryCounts(g);
+    CHECK(cats.at("conv") == 2);
+    CHECK(cats.at("linear") == 2);
+    CHECK(cats.at("pool") == 2);
+    // The first convolution: 1 -> 16 channels, 3x3, padding 1, bias.
+    const core::GraphNode* conv = nullptr;
+    for (const auto& n : g.nodes)
+        if (n.category == "conv" && !conv) conv = &n;
+    REQUIRE(conv != nullptr);
+    REQUIRE(conv->outputs.size() == 1);
+    CHECK(conv->outputs[0].shape == std::vector<int64_t>{1, 16, 8, 8});
+    CHECK(conv->outputs[0].dtype == "float32");
+    CHECK(conv->parameters == 16 * 9 + 16);
+    CHECK(conv->flops == 16 * 8 * 8 * (2.0 * 9 + 1));  // a multiply-add per weight, plus the bias
+    bool weightShown = false;
+    for (const auto& [k, v] : conv->attributes)
+        weightShown = weightShown || (k == "weight" && v == "[16, 1, 3, 3] float32");
+    CHECK(weightShown);
+    // Edges carry the tensors: the input feeds the first conv with [1, 1, 8, 8].
+    bool inputEdge = false;
+    for (const auto& e : g.edges)
+        if (e.from == 0 && e.to == conv->id)
+            inputEdge = e.tensor.known && e.tensor.shape == std::vector<int64_t>{1, 1, 8, 8};
+    CHECK(inputEdge);
+    // The output node receives the logits.
+    REQUIRE(!g.nodes.back().inputs.empty());
+    CHECK(g.nodes.back().inputs[0].shape == std::vector<int64_t>{1, 10});
+    // An explicit example input: batch 4 scales every shape and the FLOPs.
+    core::GraphOptions four;
+    four.inputShape = {4, 1, 8, 8};
+    const auto g4 = core::readTorchScriptGraph(run.model, four);
+    CHECK(g4.flops == Approx(4 * g.flops));
+    CHECK(g4.nodes.back().inputs[0].shape == std::vector<int64_t>{4, 10});
+    // The summary lists the layers that compute, the JSON and DOT carry every node.
+    const auto layers = core::graphLayers(g);
+    CHECK(layers.size() >= 6);
+    const auto j = nlohmann::json::parse(core::graphJson(g));
+    CHECK(j.at("nodes").size() == g.nodes.size());
+    CHECK(j.at("edges").size() == g.edges.size());
+    CHECK(j.at("parameters") == g.parameters);
+    CHECK(j.at("flops").get<double>() == Approx(g.flops));
+    const auto dot = core::graphDot(g);
+    CHECK(dot.rfind("digraph", 0) == 0);
+    CHECK(dot.find("n" + std::to_string(conv->id) + " [label=\"conv2d\\n[1, 16, 8, 8]\"") !=
+          std::string::npos);
+}
+
+TEST_CASE("a static int8 model's graph shows Lathe's int8 ops with their FLOPs", "[graph]") {
+    CnnRun run;
+    core::Registry registry(run.db);
+    core::Store store(run.db);
+    REQUIRE(core::registerModel(registry, &store, "cnn", run.runId, "", {}).version == 1);
+    core::QuantizeOptions o;
+    o.mode = "static";
+    const auto r = core::quantizeModel(registry, &store, core::parseModelRef("cnn:1"), o);
+    const auto v = registry.resolve(core::parseModelRef("cnn:2"));
+    const auto g = core::readTorchScriptGraph(v.path);
+    checkWellFormed(g);
+    const auto ops = opCounts(g);
+    CHECK(ops.at("lathe::conv2d_int8") == 2);
+    CHECK(ops.at("lathe::linear_int8") == 2);
+    const auto fp32 = core::readTorchScriptGraph(run.model);
+    // The same arithmetic: the int8 convolutions count the fp32 ones' multiply-adds (the bias is
+    // in their epilogue, not counted); the stored weights shrink to about a quarter.
+    double convInt8 = 0, convFp32 = 0;
+    for (const auto& n : g.nodes)
+        if (n.op == "lathe::conv2d_int8") convInt8 += n.flops;
+    for (const auto& n : fp32.nodes)
+        if (n.category == "conv")
+            convFp32 +=
+                n.flops - static_cast<double>(torch::tensor(n.outputs.at(0).shape).prod().item<int64_t>());
+    CHECK(convInt8 > 0);
+    CHECK(convInt8 == Approx(convFp32));
+    CHECK(g.parameterBytes < fp32.parameterBytes / 2);
+    (void)r;
+}
+
+TEST_CASE("torchvision's ResNet-18 and a TransformerEncoderLayer match what PyTorch reports",
+          "[graph][python]") {
+    if (test::runShell("/usr/bin/python3 -c 'import torch, torchvision'").exitCode != 0)
+        LATHE_SKIP("Debian's python3-torch and python3-torchvision are not installed");
+    TempDir dir;
+    const auto r = test::runShell("/usr/bin/python3 " + std::string(LATHE_SOURCE_DIR) +
+                                  "/tests/integration/graph_models.py " + dir.path());
+    INFO(r.err);
+    REQUIRE(r.exitCode == 0);
+    const auto facts = nlohmann::json::parse(r.out);
+
+    SECTION("ResNet-18") {
+        const auto& f = facts.at("resnet18");
+        core::GraphOptions o;
+        o.inputShape = {1, 3, 224, 224};  // a plain TorchScript file declares no input
+        const auto g = core::readTorchScriptGraph(f.at("file"), o);
+        checkWellFormed(g);
+        CHECK(g.parameters == f.at("parameters").get<int64_t>());  // 11,689,512
+        const auto cats = categoryCounts(g);
+        CHECK(cats.at("conv") == f.at("counts").at("Conv2d").get<int>());       // 20
+        CHECK(cats.at("norm") == f.at("counts").at("BatchNorm2d").get<int>());  // 20
+        CHECK(cats.at("linear") == f.at("counts").at("Linear").get<int>());     // 1
+        CHECK(g.nodes.back().inputs.at(0).shape == f.at("output").get<std::vector<int64_t>>());
+        // Module scopes from the trace: the first block's first convolution, by its module path.
+        const auto* c = findNode(g, "layer1.0.conv1");
+        REQUIRE(c != nullptr);
+        CHECK(c->category == "conv");
+        CHECK(c->outputs.at(0).shape == std::vector<int64_t>{1, 64, 56, 56});
+        CHECK(c->parameters == 64 * 64 * 9);
+        // Convolutions (no bias in ResNet) and the classifier: two FLOPs per multiply-add
+        // PyTorch's hooks counted.
+        double convLinear = 0;
+        for (const auto& n : g.nodes)
+            if (n.category == "conv" || n.category == "linear") convLinear += n.flops;
+        CHECK(convLinear == Approx(2.0 * f.at("macs").get<double>()).epsilon(1e-6));
+        CHECK(g.flops > convLinear);  // batch norms, ReLUs, pooling, additions on top
+    }
+    SECTION("TransformerEncoderLayer") {
+        const auto& f = facts.at("encoder_layer");
+        core::GraphOptions o;
+        o.inputShape = {2, 10, 64};
+        const auto g = core::readTorchScriptGraph(f.at("file"), o);
+        checkWellFormed(g);
+        CHECK(g.parameters == f.at("parameters").get<int64_t>());  // 33,472
+        CHECK(g.nodes.back().inputs.at(0).shape == f.at("output").get<std::vector<int64_t>>());
+        const auto ops = opCounts(g);
+        CHECK(ops.at("aten::layer_norm") == 2);
+        CHECK(ops.at("aten::softmax") == 1);
+        CHECK(ops.at("aten::bmm") == 2);
+        CHECK(ops.at("aten::linear") == 4);  // in-projection, out-projection, feed-forward x2
+        const auto* ln = findNode(g, "norm1");
+        REQUIRE(ln != nullptr);
+        CHECK(ln->outputs.at(0).shape == std::vector<int64_t>{2, 10, 64});
+        // Without an example input a plain file gets its graph, and a note instead of shapes.
+        const auto bare = core::readTorchScriptGraph(f.at("file"));
+        CHECK(bare.nodes.size() == g.nodes.size());
+        CHECK(bare.exampleInput.empty());
+        CHECK(bare.flops == 0);
+        REQUIRE(bare.notes.size() == 1);
+        CHECK(bare.notes[0].find("--input-shape") != std::string::npos);
+    }
+}
+
+TEST_CASE("bad model files get a clear error naming them", "[graph]") {
+    TempDir dir;
+    CHECK_THROWS_WITH(core::readTorchScriptGraph(dir.file("missing.pt")),
+                      Catch::Contains("no model file at"));
+    const auto text = dir.file("notes.pt");
+    std::ofstream(text) << "not a model\n";
+    CHECK_THROWS_AS(core::readTorchScriptGraph(text), core::ConfigError);
+    CHECK_THROWS_WITH(core::readTorchScriptGraph(text), Catch::Contains("is not a TorchScript model"));
+    // Truncated: the first half of a real model.
+    CnnRun run;
+    std::ifstream in(run.model, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto cut = dir.file("cut.pt");
+    std::ofstream(cut, std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+    CHECK_THROWS_AS(core::readTorchScriptGraph(cut), core::ConfigError);
+    // An example input the model cannot take, given explicitly: an error, not a note.
+    core::GraphOptions o;
+    o.inputShape = {1, 3, 8, 8};
+    CHECK_THROWS_WITH(core::readTorchScriptGraph(run.model, o),
+                      Catch::Contains("cannot run on an input of shape [1,3,8,8]"));
+}
+
+TEST_CASE("lathectl graph: a summary, --json, dot, a run and a registered model, exit 2 on bad input",
+          "[graph][cli]") {
+    CnnRun run;
+    const auto lathectl = test::binPath("lathectl") + " graph ";
+    auto r = test::runShell(lathectl + run.model);
+    INFO(r.err);
+    REQUIRE(r.exitCode == 0);
+    CHECK(r.out.find("output shape") != std::string::npos);
+    CHECK(r.out.find("[1, 16, 8, 8]") != std::string::npos);
+    CHECK(r.out.find("total: ") != std::string::npos);
+    r = test::runShell(lathectl + run.model + " --json");
+    REQUIRE(r.exitCode == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    for (const char* key : {"nodes", "edges", "parameters", "flops"}) CHECK(j.contains(key));
+    CHECK(j.at("parameters") == moduleParameters(run.model));
+    r = test::runShell(lathectl + "--run " + std::to_string(run.runId) + " --db " + run.db + " --format dot");
+    REQUIRE(r.exitCode == 0);
+    CHECK(r.out.rfind("digraph \"run ", 0) == 0);
+    const auto out = run.dir.file("g.json");
+    r = test::runShell(lathectl + run.model + " --input-shape 2,1,8,8 -o " + out);
+    REQUIRE(r.exitCode == 0);
+    CHECK(nlohmann::json::parse(test::readFile(out)).at("example_input") == nlohmann::json{2, 1, 8, 8});
+    {
+        core::Registry registry(run.db);
+        core::Store store(run.db);
+        core::registerModel(registry, &store, "cnn", run.runId, "", {});
+    }
+    r = test::runShell(lathectl + "--model cnn:1 --db " + run.db + " --json");
+    REQUIRE(r.exitCode == 0);
+    CHECK(nlohmann::json::parse(r.out).at("name") == "cnn:1");
+    // Bad input: exit 2, one clear line.
+    for (const std::string& bad :
+         {std::string("/nonexistent/model.pt"), "--model nope --db " + run.db, "--run 99 --db " + run.db,
+          run.model + " --format png", run.model + " --input-shape 1,3,8,8", std::string("")}) {
+        r = test::runShell(lathectl + bad);
+        INFO(bad << ": " << r.err);
+        CHECK(r.exitCode == 2);
+        CHECK(r.err.find("error") != std::string::npos);
+    }
+}
