@@ -2,10 +2,9 @@
 // The readers live in the torch-backed library (torchscript_graph.cpp).
 #include "lathe/core/model_graph.h"
 
-#include <cmath>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <sstream>
 
 namespace lathe::core {

@@ -431,9 +431,8 @@ double flopsOf(const GraphNode& n) {
     }
     if (n.op == "lathe::conv2d_int8") {
         const auto in = attribute(n, "in_channels");
-        const auto* x = inShape(0);
         const auto kernel = dims(attribute(n, "kernel"));
-        if (in.empty() || kernel.size() != 2 || !x) return 0;
+        if (in.empty() || kernel.size() != 2) return 0;
         return 2 * out * static_cast<double>(std::stoll(in) * kernel[0] * kernel[1]);
     }
     if (n.op == "lathe::linear_int8") {
