@@ -13,9 +13,10 @@ core=(
   libtomlplusplus-dev nlohmann-json3-dev libcli11-dev
   libboost-dev prometheus-cpp-dev            # Beast/Asio HTTP server and client; Prometheus metrics
   libsimdjson-dev                            # the inference server's request parser
+  libonnx-dev libgraphviz-dev                # model graphs: ONNX files, layout and SVG/PNG (libgvc)
   catch2 openssh-server openssh-client       # tests; sshd is started on loopback by the remote tests
   python3-torch                              # PyTorch baseline of the trainer benchmark
-  python3-torchvision                        # real architectures (no weights) for the model-graph tests
+  python3-torchvision python3-onnx           # real architectures (no weights) for the model-graph tests
   clang libclang-rt-14-dev                   # libFuzzer for the request-parser fuzz test
   clang-format                               # the style test (packaging/check-format.sh)
 )

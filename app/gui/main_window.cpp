@@ -36,6 +36,7 @@
 #include "lathe/widgets/comm_view.h"
 #include "lathe/widgets/compress_dialog.h"
 #include "lathe/widgets/dashboard.h"
+#include "lathe/widgets/graph_view.h"
 #include "lathe/widgets/host_list_model.h"
 #include "lathe/widgets/hosts_view.h"
 #include "lathe/widgets/log_view.h"
@@ -106,6 +107,7 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
     addRunView(new widgets::LossScaleView, QStringLiteral("lossScaleView"));
     addRunView(new widgets::ProfileView, QStringLiteral("profileView"));
     addRunView(new widgets::CommView, QStringLiteral("commView"));
+    addRunView(new widgets::RunGraphView, QStringLiteral("runGraphView"));
     addRunView(new widgets::LogView, QStringLiteral("logView"));
 
     auto* right = new QSplitter(Qt::Vertical);
@@ -142,6 +144,10 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
         m_models->setTargetHosts(names);
     });
     m_hosts->setStore(m_store.get());
+    m_graphPage = new widgets::GraphView;
+    m_graphPage->setObjectName(QStringLiteral("graphPage"));
+    m_pages->addTab(m_graphPage, tr("Graph"));
+    m_pages->setTabToolTip(3, tr("A model's op graph: File → Open Model… or a registered version's Graph…"));
     setCentralWidget(m_pages);
 
     m_progress = new QLabel;
@@ -176,6 +182,8 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
                                        : tr("The model registry of this workspace is not open."));
             });
     connect(m_models, &widgets::ModelsView::compressRequested, this, &MainWindow::openCompressDialog);
+    connect(m_models, &widgets::ModelsView::graphRequested, this,
+            [this](const QString& model, qint64 version) { showModelGraph(model, version); });
     openRegistry();
 
     m_runsPool.setMaxThreadCount(1);
@@ -211,6 +219,12 @@ void MainWindow::buildMenus() {
     QMenu* file = menuBar()->addMenu(tr("&File"));
     QAction* open = file->addAction(tr("&Open workspace…"), this, &MainWindow::openWorkspaceDialog);
     open->setShortcut(QKeySequence::Open);
+    QAction* openModel = file->addAction(tr("Open &Model…"), this, [this] {
+        const QString path = QFileDialog::getOpenFileName(this, tr("Open model"), QString(),
+                                                          tr("Models (*.pt *.pth *.onnx);;All files (*)"));
+        if (!path.isEmpty()) openModelFile(path);
+    });
+    openModel->setShortcut(QKeySequence(tr("Ctrl+M")));
     QAction* exportAction = file->addAction(tr("&Export chart…"), this, &MainWindow::exportChartsDialog);
     exportAction->setShortcut(QKeySequence(tr("Ctrl+E")));
     file->addSeparator();
@@ -267,6 +281,27 @@ void MainWindow::openRegistry() {
 }
 
 widgets::CompressDialog* MainWindow::compressDialog() const { return m_compressDialog.data(); }
+
+void MainWindow::openModelFile(const QString& path, const QString& title) {
+    m_pages->setCurrentWidget(m_graphPage);
+    m_graphPage->openFile(path, title);
+}
+
+bool MainWindow::showModelGraph(const QString& model, qint64 version) {
+    if (!m_registry) {
+        showError(tr("Cannot show the graph"), tr("The model registry of this workspace is not open."));
+        return false;
+    }
+    try {
+        const auto v =
+            m_registry->resolve(core::parseModelRef(model.toStdString() + ":" + std::to_string(version)));
+        openModelFile(QString::fromStdString(v.path), QStringLiteral("%1:%2").arg(model).arg(version));
+        return true;
+    } catch (const std::exception& e) {
+        showError(tr("Cannot show the graph"), QString::fromUtf8(e.what()));
+        return false;
+    }
+}
 
 widgets::CompressDialog* MainWindow::openCompressDialog(const QString& model, qint64 version) {
     if (!m_registry) {

@@ -28,6 +28,7 @@ class QTimer;
 namespace lathe::widgets {
 class CompressDialog;
 class Dashboard;
+class GraphView;
 class HostsView;
 class ModelsView;
 class RunForm;
@@ -66,6 +67,12 @@ public:
     QTabWidget* pageTabs() const { return m_pages; }
     widgets::ModelsView* modelsView() const { return m_models; }
     widgets::HostsView* hostsView() const { return m_hosts; }
+    /// The "Graph" page: a model file (File → Open Model…) or a registered version's graph.
+    widgets::GraphView* graphPage() const { return m_graphPage; }
+    /// Shows a TorchScript or ONNX file on the Graph page.
+    void openModelFile(const QString& path, const QString& title = {});
+    /// Shows a registered version's graph on the Graph page (false: not in the registry).
+    bool showModelGraph(const QString& model, qint64 version);
     DeploySession* deploySession() const { return m_deploy.get(); }
     /// The workspace's model registry (same file as the store); null when it could not be opened.
     core::Registry* registry() const { return m_registry.get(); }
@@ -137,6 +144,7 @@ private:
     std::unique_ptr<TrainingSession> m_session;
     QPointer<widgets::CompressDialog> m_compressDialog;
     std::shared_ptr<core::Registry> m_registry;
+    widgets::GraphView* m_graphPage = nullptr;
     std::unique_ptr<DeploySession> m_deploy;
     QTabWidget* m_pages = nullptr;
     widgets::ModelsView* m_models = nullptr;

@@ -1,12 +1,16 @@
-// lathectl graph: a model's op graph (model_graph.h) as a per-layer summary, JSON or Graphviz DOT.
+// lathectl graph: a model's op graph (model_graph.h) as a per-layer summary, JSON, Graphviz DOT,
+// or an SVG/PNG drawing (graph_layout.h).
 #include <unistd.h>
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <set>
 
 #include "cli_common.h"
 #include "lathe/core/error.h"
+#include "lathe/core/graph_layout.h"
 #include "lathe/core/model_artifact.h"
 #include "lathe/core/model_graph.h"
 #include "lathe/core/registry.h"
@@ -20,6 +24,7 @@ struct GraphState {
     CommonOptions common;
     std::string file, model, inputShape, format, output;
     int64_t run = 0;
+    int collapseDepth = 0;
     bool summary = false, horizontal = false;
 };
 
@@ -98,14 +103,21 @@ void writeFile(const std::string& path, const std::string& text) {
 
 void runGraph(const GraphState& st) {
     const int sources = !st.file.empty() + !st.model.empty() + (st.run > 0);
-    if (sources != 1) throw UsageError("give one model: a FILE (.pt), --model NAME[:V|@ALIAS] or --run ID");
+    if (sources != 1)
+        throw UsageError("give one model: a FILE (.pt or .onnx), --model NAME[:V|@ALIAS] or --run ID");
     std::string format = st.format;
     if (format.empty() && !st.output.empty()) {
         const auto ext = fs::path(st.output).extension().string();
-        format = ext == ".dot" || ext == ".gv" ? "dot" : "json";
+        format = ext == ".dot" || ext == ".gv" ? "dot"
+                 : ext == ".svg"               ? "svg"
+                 : ext == ".png"               ? "png"
+                                               : "json";
     }
-    if (!format.empty() && format != "json" && format != "dot")
-        throw UsageError("--format " + format + ": one of json, dot");
+    if (!format.empty() && format != "json" && format != "dot" && format != "svg" && format != "png")
+        throw UsageError("--format " + format + ": one of json, dot, svg, png");
+    if (format == "png" && st.output.empty() && ::isatty(STDOUT_FILENO))
+        throw UsageError("--format png writes binary: give -o FILE.png or redirect stdout");
+    if (st.collapseDepth < 0) throw UsageError("--collapse-depth must be 0 (everything expanded) or more");
     core::GraphOptions options;
     if (!st.inputShape.empty()) options.inputShape = parseShape(st.inputShape);
 
@@ -131,7 +143,7 @@ void runGraph(const GraphState& st) {
     }
     core::ModelGraph g;
     try {
-        g = core::readTorchScriptGraph(path, options);
+        g = core::readModelGraph(path, options);
     } catch (...) {
         if (!temp.empty()) fs::remove(temp);
         throw;
@@ -144,7 +156,25 @@ void runGraph(const GraphState& st) {
         printSummary(g);
         if (format.empty()) return;
     }
-    const std::string text = format == "dot" ? core::graphDot(g, st.horizontal) : core::graphJson(g) + "\n";
+    std::string text;
+    if (format == "svg" || format == "png") {
+        // Scopes deeper than --collapse-depth drawn as one box each.
+        std::set<std::string> collapsed;
+        if (st.collapseDepth > 0)
+            for (const auto& s : core::graphScopes(g))
+                if (std::count(s.begin(), s.end(), '.') == st.collapseDepth - 1) collapsed.insert(s);
+        const auto view = core::buildGraphView(g, collapsed);
+        core::LayoutOptions lo;
+        lo.horizontal = st.horizontal;
+        lo.title = label;
+        try {
+            text = core::renderGraphView(view, format, lo);
+        } catch (const core::Error& ex) {
+            throw UsageError(ex.what());
+        }
+    } else {
+        text = format == "dot" ? core::graphDot(g, st.horizontal) : core::graphJson(g) + "\n";
+    }
     if (st.output.empty()) {
         std::cout << text;
         return;
@@ -162,18 +192,23 @@ void registerGraph(CLI::App& app, int& exitCode) {
     auto st = std::make_shared<GraphState>();
     auto* cmd = app.add_subcommand(
         "graph",
-        "a model's op graph: a per-layer summary (parameters, output shapes, FLOPs), JSON or Graphviz DOT");
-    cmd->add_option("file", st->file, "a TorchScript file (.pt), Lathe artifact or not");
+        "a model's op graph: a per-layer summary (parameters, output shapes, FLOPs), JSON, Graphviz DOT, "
+        "SVG or PNG");
+    cmd->add_option("file", st->file, "a TorchScript (.pt, Lathe artifact or not) or ONNX (.onnx) file");
     cmd->add_option("--model", st->model, "a registered version: NAME, NAME:V or NAME@ALIAS");
     cmd->add_option("--run", st->run, "a recorded run: its model, exported from its last checkpoint");
     cmd->add_option("--input-shape", st->inputShape,
                     "example input with the batch dimension, e.g. 1,3,224,224 (default: the artifact's "
                     "declared input, batch 1), run once to find shapes and FLOPs");
-    cmd->add_option("--format", st->format, "json or dot (Graphviz); default: the summary")
-        ->check(CLI::IsMember({"json", "dot"}));
-    cmd->add_option("-o,--output", st->output, "write the json/dot there instead of to stdout (.dot: dot)");
+    cmd->add_option("--format", st->format,
+                    "json, dot (Graphviz), svg or png (laid out by dot); default: the summary")
+        ->check(CLI::IsMember({"json", "dot", "svg", "png"}));
+    cmd->add_option("-o,--output", st->output,
+                    "write it there instead of to stdout (format from .dot/.gv, .svg, .png, else json)");
+    cmd->add_option("--collapse-depth", st->collapseDepth,
+                    "svg/png: draw module scopes N levels deep as one box each (default 0: every op)");
     cmd->add_flag("--summary", st->summary, "the per-layer table (also with --format / -o)");
-    cmd->add_flag("--horizontal", st->horizontal, "dot: left to right instead of top to bottom");
+    cmd->add_flag("--horizontal", st->horizontal, "dot/svg/png: left to right instead of top to bottom");
     addCommonOptions(cmd, st->common);
     cmd->callback([st] { runGraph(*st); });  // NotFoundError is a ConfigError: exit 2
 }

@@ -14,6 +14,7 @@
 
 #include "lathe/core/compress.h"
 #include "lathe/core/error.h"
+#include "lathe/core/graph_layout.h"
 #include "lathe/core/model_artifact.h"
 #include "lathe/core/model_graph.h"
 #include "lathe/core/record.h"
@@ -237,6 +238,168 @@ TEST_CASE("torchvision's ResNet-18 and a TransformerEncoderLayer match what PyTo
     }
 }
 
+TEST_CASE("ONNX files of ResNet-18 and a TransformerEncoderLayer match PyTorch and the onnx package",
+          "[graph][python][onnx]") {
+    if (test::runShell("/usr/bin/python3 -c 'import torch, torchvision, onnx'").exitCode != 0)
+        LATHE_SKIP("Debian's python3-torch, python3-torchvision and python3-onnx are not all installed");
+    TempDir dir;
+    const auto r = test::runShell("/usr/bin/python3 " + std::string(LATHE_SOURCE_DIR) +
+                                  "/tests/integration/graph_models.py " + dir.path());
+    INFO(r.err);
+    REQUIRE(r.exitCode == 0);
+    const auto facts = nlohmann::json::parse(r.out);
+    // Op counts as the onnx package reads the file, less what the reader folds into its
+    // consumers: Constant nodes and Identity aliases of initializers.
+    auto expectedOps = [](const nlohmann::json& counts) {
+        std::map<std::string, int> m;
+        for (const auto& [op, n] : counts.items())
+            if (op != "Constant" && op != "Identity") m[op] = n.get<int>();
+        return m;
+    };
+    auto shownOps = [](const core::ModelGraph& g) {
+        std::map<std::string, int> m;
+        for (const auto& n : g.nodes)
+            if (n.category != "input" && n.category != "output") ++m[n.op];
+        return m;
+    };
+
+    SECTION("ResNet-18") {
+        const auto& f = facts.at("resnet18");
+        const auto g = core::readOnnxGraph(f.at("onnx").at("file"));
+        checkWellFormed(g);
+        CHECK(g.source == "onnx");
+        CHECK(g.parameters == f.at("parameters").get<int64_t>());  // 11,689,512: running stats are buffers
+        CHECK(shownOps(g) == expectedOps(f.at("onnx").at("op_counts")));
+        CHECK(g.nodes.back().inputs.at(0).shape == f.at("output").get<std::vector<int64_t>>());
+        // The symbolic batch taken as 1, and said so.
+        REQUIRE(!g.notes.empty());
+        CHECK(g.notes[0].find("input[batch]") != std::string::npos);
+        CHECK(g.exampleInput == std::vector<int64_t>{1, 3, 224, 224});
+        // Scopes from the exporter's node names: the same names as the TorchScript reader gives.
+        const auto* c = findNode(g, "layer1.0.conv1");
+        REQUIRE(c != nullptr);
+        CHECK(c->op == "Conv");
+        CHECK(c->category == "conv");
+        CHECK(c->outputs.at(0).shape == std::vector<int64_t>{1, 64, 56, 56});
+        CHECK(c->parameters == 64 * 64 * 9);
+        CHECK(findNode(g, "layer2.0.downsample.0") != nullptr);
+        double convLinear = 0;
+        for (const auto& n : g.nodes)
+            if (n.category == "conv" || n.category == "linear") convLinear += n.flops;
+        // Gemm adds its bias: 1,000 more than the multiply-adds alone.
+        CHECK(convLinear == Approx(2.0 * f.at("macs").get<double>() + 1000).epsilon(1e-9));
+        // The TorchScript trace of the same model: the same parameters and arithmetic.
+        core::GraphOptions o;
+        o.inputShape = {1, 3, 224, 224};
+        const auto ts = core::readModelGraph(f.at("file"), o);  // by content: a zip is TorchScript
+        CHECK(ts.source == "torchscript");
+        CHECK(ts.parameters == g.parameters);
+        CHECK(ts.flops == Approx(g.flops).epsilon(0.01));
+        // An explicit batch of 4: shapes and FLOPs follow, no note.
+        o.inputShape = {4, 3, 224, 224};
+        const auto g4 = core::readModelGraph(f.at("onnx").at("file"), o);
+        CHECK(g4.source == "onnx");
+        CHECK(g4.nodes.back().inputs.at(0).shape == std::vector<int64_t>{4, 1000});
+        CHECK(g4.flops == Approx(4 * g.flops).epsilon(1e-9));
+        CHECK(g4.notes.empty());
+    }
+    SECTION("TransformerEncoderLayer") {
+        const auto& f = facts.at("encoder_layer");
+        const auto g = core::readOnnxGraph(f.at("onnx").at("file"));
+        checkWellFormed(g);
+        // PyTorch's count: the exporter shares equal-valued initializers through Identity nodes,
+        // each still a parameter of the model.
+        CHECK(g.parameters == f.at("parameters").get<int64_t>());  // 33,472
+        CHECK(shownOps(g) == expectedOps(f.at("onnx").at("op_counts")));
+        CHECK(g.nodes.back().inputs.at(0).shape == f.at("output").get<std::vector<int64_t>>());
+        CHECK(g.exampleInput == std::vector<int64_t>{2, 10, 64});
+        // Shapes through the attention's reshapes come from ONNX's shape inference.
+        const auto* sm = findNode(g, "self_attn/Softmax");
+        REQUIRE(sm != nullptr);
+        CHECK(sm->outputs.at(0).shape == std::vector<int64_t>{8, 10, 10});  // batch x heads, L, L
+        CHECK(g.flops > 0);
+    }
+    SECTION("an opset newer than the reader knows is refused, naming both") {
+        if (!facts.contains("future_opset")) LATHE_SKIP("python3-onnx is not installed");
+        CHECK_THROWS_AS(core::readOnnxGraph(facts.at("future_opset")), core::ConfigError);
+        CHECK_THROWS_WITH(core::readOnnxGraph(facts.at("future_opset")),
+                          Catch::Contains("uses ONNX opset 99") && Catch::Contains("knows opsets up to 17"));
+    }
+    SECTION("the CLI draws it as SVG and PNG, and summarises it") {
+        const std::string file = facts.at("resnet18").at("onnx").at("file");
+        const auto svg = dir.file("r18.svg"), png = dir.file("r18.png");
+        auto cli = test::runShell(test::binPath("lathectl") + " graph " + file + " -o " + svg);
+        INFO(cli.err);
+        REQUIRE(cli.exitCode == 0);
+        std::ifstream s(svg);
+        const std::string text((std::istreambuf_iterator<char>(s)), std::istreambuf_iterator<char>());
+        CHECK(text.find("<svg") != std::string::npos);
+        CHECK(text.find("layer1.0.conv1") != std::string::npos);  // a box's tooltip
+        cli = test::runShell(test::binPath("lathectl") + " graph " + file + " --format png -o " + png +
+                             " --horizontal");
+        REQUIRE(cli.exitCode == 0);
+        std::ifstream p(png, std::ios::binary);
+        char magic[8] = {};
+        p.read(magic, 8);
+        CHECK(std::string(magic + 1, 3) == "PNG");
+        cli = test::runShell(test::binPath("lathectl") + " graph " + file + " --summary");
+        REQUIRE(cli.exitCode == 0);
+        CHECK(cli.out.find("total: 11,689,512 parameters") != std::string::npos);
+        CHECK(cli.out.find("layer4.1.conv2") != std::string::npos);
+        cli = test::runShell(test::binPath("lathectl") + " graph " + file + " --json");
+        REQUIRE(cli.exitCode == 0);
+        const auto j = nlohmann::json::parse(cli.out);
+        CHECK(j.at("source") == "onnx");
+        CHECK(j.at("nodes").size() == 71);
+        CHECK(j.at("parameters") == 11689512);
+    }
+}
+
+TEST_CASE("bad ONNX files get a clear error naming them, never a crash", "[graph][onnx]") {
+    TempDir dir;
+    CHECK_THROWS_WITH(core::readOnnxGraph(dir.file("missing.onnx")), Catch::Contains("no such file"));
+    const auto empty = dir.file("empty.onnx");
+    std::ofstream(empty).close();
+    CHECK_THROWS_WITH(core::readOnnxGraph(empty), Catch::Contains("is empty"));
+    const auto text = dir.file("notes.onnx");
+    std::ofstream(text) << "not a model\n";
+    CHECK_THROWS_AS(core::readOnnxGraph(text), core::ConfigError);
+    CHECK_THROWS_WITH(core::readOnnxGraph(text), Catch::Contains("is not an ONNX model"));
+    // A TorchScript archive handed to the ONNX reader says what it looks like.
+    CnnRun run;
+    CHECK_THROWS_WITH(core::readOnnxGraph(run.model), Catch::Contains("zip archive"));
+    // Every truncation of a real ONNX file: a ConfigError or (cut between fields) a graph.
+    if (test::runShell("/usr/bin/python3 -c 'import torch'").exitCode != 0) return;
+    const auto small = dir.file("mlp.onnx");
+    const auto r = test::runShell(
+        "/usr/bin/python3 -c \"import torch, warnings; warnings.simplefilter('ignore'); "
+        "torch.onnx.export(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), "
+        "torch.nn.Linear(8, 2)), torch.rand(1, 4), '" +
+        small + "')\"");
+    REQUIRE(r.exitCode == 0);
+    std::ifstream in(small, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    REQUIRE(bytes.size() > 100);
+    const auto whole = core::readOnnxGraph(small);
+    CHECK(whole.parameters == 4 * 8 + 8 + 8 * 2 + 2);
+    int refused = 0;
+    for (size_t cut = 0; cut < bytes.size(); cut += std::max<size_t>(1, bytes.size() / 97)) {
+        const auto part = dir.file("part.onnx");
+        std::ofstream(part, std::ios::binary) << bytes.substr(0, cut);
+        try {
+            const auto g = core::readOnnxGraph(part);
+            checkWellFormed(g);
+        } catch (const core::ConfigError&) {
+            ++refused;
+        }
+    }
+    CHECK(refused > 50);
+    // Through the CLI: exit 2 and one line.
+    auto cli = test::runShell(test::binPath("lathectl") + " graph " + text);
+    CHECK(cli.exitCode == 2);
+    CHECK(cli.err.find("is not an ONNX model") != std::string::npos);
+}
+
 TEST_CASE("bad model files get a clear error naming them", "[graph]") {
     TempDir dir;
     CHECK_THROWS_WITH(core::readTorchScriptGraph(dir.file("missing.pt")),
@@ -292,10 +455,53 @@ TEST_CASE("lathectl graph: a summary, --json, dot, a run and a registered model,
     // Bad input: exit 2, one clear line.
     for (const std::string& bad :
          {std::string("/nonexistent/model.pt"), "--model nope --db " + run.db, "--run 99 --db " + run.db,
-          run.model + " --format png", run.model + " --input-shape 1,3,8,8", std::string("")}) {
+          run.model + " --format bmp", run.model + " --input-shape 1,3,8,8", std::string("")}) {
         r = test::runShell(lathectl + bad);
         INFO(bad << ": " << r.err);
         CHECK(r.exitCode == 2);
         CHECK(r.err.find("error") != std::string::npos);
     }
+}
+
+TEST_CASE("profile op times land on the graph's nodes in execution order", "[graph]") {
+    core::ModelGraph g;
+    for (const char* op : {"input", "aten::conv2d", "aten::relu", "aten::linear", "output"}) {
+        core::GraphNode n;
+        n.id = static_cast<int64_t>(g.nodes.size());
+        n.op = op;
+        n.category = n.id == 0 ? "input" : n.id == 4 ? "output" : "other";
+        g.nodes.push_back(n);
+    }
+    auto span = [](core::ProfileSpan::Kind kind, const char* name, int64_t step, int64_t start, int64_t dur) {
+        core::ProfileSpan s;
+        s.kind = kind;
+        s.name = name;
+        s.step = step;
+        s.startNs = start;
+        s.durationNs = dur;
+        return s;
+    };
+    using K = core::ProfileSpan::Kind;
+    std::vector<core::ProfileSpan> spans{
+        span(K::Phase, "forward", 1, 0, 1000),
+        span(K::Op, "aten::conv2d", 1, 10, 290),
+        span(K::Op, "aten::convolution", 1, 20, 270),  // nested: not a node of its own
+        span(K::Op, "aten::relu", 1, 300, 50),
+        span(K::Op, "aten::t", 1, 350, 10),  // an op the graph folded away
+        span(K::Op, "aten::linear", 1, 360, 340),
+        span(K::Phase, "backward", 1, 1000, 2000),
+        span(K::Op, "aten::relu", 1, 1500, 999),  // outside the forward pass
+        span(K::Phase, "forward", 2, 5000, 1000),
+        span(K::Op, "aten::conv2d", 2, 5010, 310),
+        span(K::Op, "aten::relu", 2, 5320, 30),
+        span(K::Op, "aten::linear", 2, 5360, 360),
+    };
+    const auto t = core::graphNodeTimes(g, spans);
+    REQUIRE(t.size() == 5);
+    CHECK(t[0] == -1);
+    CHECK(t[1] == Approx(300));  // mean of 290 and 310
+    CHECK(t[2] == Approx(40));
+    CHECK(t[3] == Approx(350));
+    CHECK(t[4] == -1);
+    CHECK(core::graphNodeTimes(g, {}) == std::vector<double>(5, -1));
 }

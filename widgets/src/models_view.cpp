@@ -62,6 +62,8 @@ ModelsView::ModelsView(QWidget* parent) : QWidget(parent) {
     m_target->setSizeAdjustPolicy(QComboBox::AdjustToContents);
     m_compress = new QPushButton(tr("Compress…"), this);
     m_compress->setObjectName(QStringLiteral("compressButton"));
+    m_graph = new QPushButton(tr("Graph…"), this);
+    m_graph->setObjectName(QStringLiteral("graphButton"));
     m_report = new QPushButton(tr("Report"), this);
     m_report->setObjectName(QStringLiteral("reportButton"));
     m_refresh = new QPushButton(tr("Refresh"), this);
@@ -81,6 +83,7 @@ ModelsView::ModelsView(QWidget* parent) : QWidget(parent) {
     buttons->addWidget(m_rollback);
     buttons->addSpacing(12);
     buttons->addWidget(m_compress);
+    buttons->addWidget(m_graph);
     buttons->addWidget(m_report);
     buttons->addSpacing(12);
     buttons->addWidget(m_status, 1);
@@ -110,6 +113,9 @@ ModelsView::ModelsView(QWidget* parent) : QWidget(parent) {
     connect(m_deploy, &QPushButton::clicked, this, &ModelsView::requestDeploy);
     connect(m_rollback, &QPushButton::clicked, this, &ModelsView::requestRollback);
     connect(m_refresh, &QPushButton::clicked, this, &ModelsView::refresh);
+    connect(m_graph, &QPushButton::clicked, this, [this] {
+        if (selectedVersion() > 0) Q_EMIT graphRequested(selectedModel(), selectedVersion());
+    });
     connect(m_compress, &QPushButton::clicked, this, [this] {
         if (selectedVersion() > 0) Q_EMIT compressRequested(selectedModel(), selectedVersion());
     });
@@ -325,6 +331,9 @@ void ModelsView::updateButtons() {
         rollbackTip = rollbackQuestion(model);
     m_rollback->setEnabled(!m_busy && live && back > 0);
     m_compress->setEnabled(entry && version > 0);
+    m_graph->setEnabled(entry && version > 0);
+    m_graph->setToolTip(version > 0 ? tr("Show the op graph of %1 v%2").arg(selectedModel()).arg(version)
+                                    : tr("Select a version to see its op graph"));
     m_compress->setToolTip(version > 0
                                ? tr("Make a smaller, faster version of %1 v%2 (int8 quantization) and "
                                     "compare it with this one")

@@ -2,9 +2,12 @@
 // The readers live in the torch-backed library (torchscript_graph.cpp).
 #include "lathe/core/model_graph.h"
 
+#include "graph_names.h"
+
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 namespace lathe::core {
@@ -36,6 +39,35 @@ std::string shortOp(const std::string& op) {
 }
 
 }  // namespace
+
+void nameGraphNodes(ModelGraph& g) {
+    auto base = [](const std::string& op) {
+        std::string s = shortOp(op);
+        if (s.size() > 1 && s.back() == '_' && s[s.size() - 2] != '_') s.pop_back();
+        return s;
+    };
+    auto fixed = [](const GraphNode& n) { return n.category == "input" || n.category == "output"; };
+    std::map<std::string, int> perScope;
+    for (const auto& n : g.nodes)
+        if (!fixed(n)) ++perScope[n.scope];
+    std::map<std::string, int> seen;
+    std::set<std::string> used;
+    for (const auto& n : g.nodes)
+        if (fixed(n)) used.insert(n.name);
+    for (auto& n : g.nodes) {
+        if (fixed(n)) continue;
+        std::string name;
+        if (!n.scope.empty() && perScope[n.scope] == 1) {
+            name = n.scope;
+        } else {
+            const std::string b = (n.scope.empty() ? "" : n.scope + "/") + base(n.op);
+            const int k = ++seen[b];
+            name = k == 1 ? b : b + "_" + std::to_string(k);
+        }
+        while (!used.insert(name).second) name += "'";
+        n.name = name;
+    }
+}
 
 std::string graphShapeText(const GraphTensor& t) {
     if (!t.known) return "?";

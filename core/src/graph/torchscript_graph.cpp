@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "graph_names.h"
 #include "lathe/core/error.h"
 #include "lathe/core/model_graph.h"
 #include "serving/artifact_io.h"
@@ -300,29 +301,7 @@ struct Reader {
         for (const Value* o : graph->outputs()) trace(o, output, "", from);
         for (int64_t f : from) out.edges.push_back({f, output.id, {}});
         out.nodes.push_back(output);
-        nameNodes();
-    }
-
-    // Unique names: the scope alone where it holds one op, else scope/op, scope/op_2, ...
-    void nameNodes() {
-        std::map<std::string, int> perScope;
-        for (const auto& n : out.nodes)
-            if (n.category != "input" && n.category != "output") ++perScope[n.scope];
-        std::map<std::string, int> seen;
-        std::set<std::string> used{"input", "output"};
-        for (auto& n : out.nodes) {
-            if (n.category == "input" || n.category == "output") continue;
-            std::string name;
-            if (!n.scope.empty() && perScope[n.scope] == 1) {
-                name = n.scope;
-            } else {
-                const std::string base = (n.scope.empty() ? "" : n.scope + "/") + baseName(n.op);
-                const int k = ++seen[base];
-                name = k == 1 ? base : base + "_" + std::to_string(k);
-            }
-            while (!used.insert(name).second) name += "'";
-            n.name = name;
-        }
+        nameGraphNodes(out);
     }
 
     // Runs a copy of forward returning every shown op's tensor results; fills the shapes.

@@ -2,8 +2,8 @@
 // Model graphs (core/src/graph/README.md): a model's ops as a neutral graph — op kind, printable
 // attributes, input and output shapes, the parameters each op reads, estimated FLOPs, the module
 // scope it came from — read from a TorchScript file (registered artifacts and run exports
-// included). The graph is plain data: the CLI prints it as a summary, JSON or Graphviz DOT, and
-// the workbench lays it out and draws it.
+// included) or an ONNX file. The graph is plain data: the CLI prints it as a summary, JSON or Graphviz DOT,
+// and the workbench lays it out and draws it.
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -38,7 +38,7 @@ struct GraphEdge {
 };
 
 struct ModelGraph {
-    std::string source;            // "torchscript"
+    std::string source;            // "torchscript" or "onnx"
     std::string name;              // the file, model version or run it was read from
     std::vector<GraphNode> nodes;  // in execution order: the input first, the output last
     std::vector<GraphEdge> edges;
@@ -59,6 +59,16 @@ struct GraphOptions {
 /// or unreadable file, one that is not TorchScript (truncated, another format), one that needs an
 /// operator this process lacks, or an explicit input shape the model cannot run.
 ModelGraph readTorchScriptGraph(const std::string& path, const GraphOptions& options = {});
+
+/// Reads an ONNX file with libonnx's protobuf definitions and shape inference (no runtime; in
+/// liblathe_graph). Symbolic dimensions (a dynamic batch) are taken as 1 unless
+/// `options.inputShape` gives the first input's shape. Throws ConfigError, naming the file, for a
+/// missing, empty, truncated or foreign file, or an opset newer than the reader knows.
+ModelGraph readOnnxGraph(const std::string& path, const GraphOptions& options = {});
+
+/// Either, by content: a zip archive is TorchScript, anything else is read as ONNX (in
+/// liblathe_graph).
+ModelGraph readModelGraph(const std::string& path, const GraphOptions& options = {});
 
 /// One object: source, name, parameters, parameter_bytes, flops, example_input, notes, nodes
 /// (id, name, op, category, scope, attributes, inputs, outputs, parameters, parameter_bytes,

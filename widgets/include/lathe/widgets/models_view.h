@@ -99,6 +99,8 @@ Q_SIGNALS:
     void rollbackRequested(const QString& model, qint64 fromVersion, qint64 toVersion);
     /// Compress… on a selected version: the application opens its Compress dialog.
     void compressRequested(const QString& model, qint64 version);
+    /// "Graph…": show the selected version's op graph.
+    void graphRequested(const QString& model, qint64 version);
     /// After a list read was applied (also after a failed one: see statusText()).
     void refreshed();
 
@@ -118,6 +120,7 @@ private:
     QPushButton* m_rollback = nullptr;
     QPushButton* m_refresh = nullptr;
     QPushButton* m_compress = nullptr;
+    QPushButton* m_graph = nullptr;
     QPushButton* m_report = nullptr;
     QComboBox* m_target = nullptr;
     QString m_chosenHost;  // the person's choice in m_target ("": this machine), kept while a live model
