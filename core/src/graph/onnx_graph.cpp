@@ -19,6 +19,7 @@
 #include "graph_names.h"
 #include "lathe/core/error.h"
 #include "lathe/core/model_graph.h"
+#include "onnx_reader.h"
 
 namespace lathe::core {
 
@@ -79,10 +80,21 @@ int64_t dtypeBytes(int t) {
     }
 }
 
+// Elements of a shape, saturating at 2^53: a file may declare any dimensions.
+constexpr int64_t kMaxElements = int64_t{1} << 53;
 int64_t elements(const std::vector<int64_t>& shape) {
     int64_t n = 1;
-    for (int64_t d : shape) n *= std::max<int64_t>(d, 0);
+    for (int64_t d : shape) {
+        d = std::max<int64_t>(d, 0);
+        if (d != 0 && n > kMaxElements / d) return kMaxElements;
+        n *= d;
+    }
     return n;
+}
+
+int64_t addSaturated(int64_t a, int64_t b) {
+    int64_t r = 0;
+    return __builtin_add_overflow(a, b, &r) ? INT64_MAX : r;
 }
 
 // A value's type as a GraphTensor: known when it is a tensor whose every dimension is a number.
@@ -324,6 +336,7 @@ std::string readAll(const std::string& path) {
 
 struct OnnxReader {
     const std::string& path;
+    const std::string* bytes = nullptr;  // the file's content when given, else read from path
     onnx::ModelProto model;
     ModelGraph out;
     std::unordered_map<std::string, GraphTensor> types;  // value name -> tensor type
@@ -339,7 +352,8 @@ struct OnnxReader {
     explicit OnnxReader(const std::string& p) : path(p) {}
 
     void parse() {
-        const std::string bytes = readAll(path);
+        const std::string owned = this->bytes ? std::string() : readAll(path);
+        const std::string& bytes = this->bytes ? *this->bytes : owned;
         if (bytes.empty()) throw ConfigError(path + " is empty, not an ONNX model");
         if (bytes.size() >= 4 && std::memcmp(bytes.data(), "PK\x03\x04", 4) == 0)
             throw ConfigError(path + " is a zip archive (TorchScript?), not an ONNX model");
@@ -523,20 +537,20 @@ struct OnnxReader {
                 if (const auto p = params.find(v); p != params.end()) {
                     const auto& prm = p->second;
                     const int64_t count = elements(prm.dims);
-                    const int64_t bytes = count * dtypeBytes(prm.type);
+                    const int64_t bytes = count * dtypeBytes(prm.type);  // <= 2^56: no overflow
                     GraphTensor t{true, prm.dims, dtypeName(prm.type)};
                     node.attributes.push_back(
                         {"input " + std::to_string(i) + " (" + v + ")", graphShapeText(t) + " " + t.dtype});
                     node.inputs.push_back(t);
-                    node.parameterBytes += bytes;
+                    node.parameterBytes = addSaturated(node.parameterBytes, bytes);
                     const bool buffer = isBuffer(n, i);
-                    if (!buffer) node.parameters += count;
+                    if (!buffer) node.parameters = addSaturated(node.parameters, count);
                     // Each named tensor once. An Identity alias counts as its own: PyTorch's exporter
                     // folds equal-valued initializers (two zero biases) into one plus Identity nodes,
                     // where the model has two parameters.
                     if (counted.insert(v).second) {
-                        if (!buffer) out.parameters += count;
-                        out.parameterBytes += bytes;
+                        if (!buffer) out.parameters = addSaturated(out.parameters, count);
+                        out.parameterBytes = addSaturated(out.parameterBytes, bytes);
                     }
                     continue;
                 }
@@ -657,11 +671,14 @@ struct OnnxReader {
 
 }  // namespace
 
-ModelGraph readOnnxGraph(const std::string& path, const GraphOptions& options) {
+namespace {
+
+ModelGraph readOnnx(const std::string& path, const std::string* bytes, const GraphOptions& options) {
     for (int64_t d : options.inputShape)
         if (d <= 0) throw ConfigError("--input-shape: every dimension must be positive");
     try {
         OnnxReader reader(path);
+        reader.bytes = bytes;
         return reader.read(options);
     } catch (const Error&) {
         throw;
@@ -671,15 +688,15 @@ ModelGraph readOnnxGraph(const std::string& path, const GraphOptions& options) {
     }
 }
 
-ModelGraph readModelGraph(const std::string& path, const GraphOptions& options) {
-    char magic[4] = {};
-    {
-        std::ifstream in(path, std::ios::binary);
-        if (!in) throw ConfigError(path + ": no such file or not readable");
-        in.read(magic, 4);
-    }
-    if (std::memcmp(magic, "PK\x03\x04", 4) == 0) return readTorchScriptGraph(path, options);
-    return readOnnxGraph(path, options);
+}  // namespace
+
+ModelGraph readOnnxGraph(const std::string& path, const GraphOptions& options) {
+    return readOnnx(path, nullptr, options);
+}
+
+ModelGraph readOnnxGraphBytes(const std::string& bytes, const std::string& name,
+                              const GraphOptions& options) {
+    return readOnnx(name, &bytes, options);
 }
 
 }  // namespace lathe::core

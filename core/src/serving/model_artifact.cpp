@@ -236,6 +236,15 @@ torch::jit::Module loadScript(const std::string& path, torch::jit::ExtraFilesMap
         throw ConfigError(
             path + " is not a TorchScript model (save one with torch.jit.trace(model, x).save(path)): " +
             msg.substr(0, msg.find('\n')));
+    } catch (const Error&) {
+        throw;
+    } catch (const std::exception& ex) {
+        // The archive read but its code did not: TorchScript's lexer and parser report with
+        // their own std::exception (torch::jit::ErrorReport), a damaged pickle with others.
+        std::string msg = ex.what();
+        msg = msg.substr(0, msg.find('\n'));
+        throw ConfigError(path + " is not a readable TorchScript model (damaged code or data" +
+                          (msg.empty() ? std::string(")") : "): " + msg));
     }
 }
 
