@@ -107,8 +107,8 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
     addRunView(new widgets::LossScaleView, QStringLiteral("lossScaleView"));
     addRunView(new widgets::ProfileView, QStringLiteral("profileView"));
     addRunView(new widgets::CommView, QStringLiteral("commView"));
-    addRunView(new widgets::RunGraphView, QStringLiteral("runGraphView"));
     addRunView(new widgets::LogView, QStringLiteral("logView"));
+    addRunView(new widgets::RunGraphView, QStringLiteral("runGraphView"));
 
     auto* right = new QSplitter(Qt::Vertical);
     right->addWidget(m_table);

@@ -504,4 +504,18 @@ TEST_CASE("profile op times land on the graph's nodes in execution order", "[gra
     CHECK(t[3] == Approx(350));
     CHECK(t[4] == -1);
     CHECK(core::graphNodeTimes(g, {}) == std::vector<double>(5, -1));
+
+    // An exported graph holds what aten::linear ran as (aten::t, aten::addmm): nested spans match.
+    core::ModelGraph e;
+    for (const char* op : {"input", "aten::t", "aten::addmm", "output"}) {
+        core::GraphNode n;
+        n.id = static_cast<int64_t>(e.nodes.size());
+        n.op = op;
+        n.category = n.id == 0 ? "input" : n.id == 3 ? "output" : "other";
+        e.nodes.push_back(n);
+    }
+    const auto te = core::graphNodeTimes(
+        e, {span(K::Phase, "forward", 1, 0, 1000), span(K::Op, "aten::linear", 1, 0, 100),
+            span(K::Op, "aten::t", 1, 5, 5), span(K::Op, "aten::addmm", 1, 12, 78)});
+    CHECK(te == std::vector<double>{-1, 5, 78, -1});
 }

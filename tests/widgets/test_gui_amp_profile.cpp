@@ -5,11 +5,16 @@
 #include <QSignalSpy>
 #include <QTabWidget>
 #include <QTemporaryDir>
+#include <QToolButton>
 
 #include <memory>
 
+#include "lathe/core/model_artifact.h"
 #include "lathe/core/store.h"
+#include "lathe/widgets/graph_view.h"
 #include "lathe/widgets/loss_scale_view.h"
+#include "lathe/widgets/model_list_model.h"
+#include "lathe/widgets/models_view.h"
 #include "lathe/widgets/profile_view.h"
 #include "lathe/widgets/run_form.h"
 #include "lathe/widgets/top_ops_model.h"
@@ -48,12 +53,13 @@ TEST_CASE("End to end: a bf16 run with injected overflows and the profiler, seen
     window->show();
     auto* form = window->runForm();
     auto* tabs = window->viewTabs();
-    REQUIRE(tabs->count() == 5);
+    REQUIRE(tabs->count() == 6);
     CHECK(tabs->tabText(0) == "Curves");
     CHECK(tabs->tabText(1) == "Loss scale");
     CHECK(tabs->tabText(2) == "Profile");
     CHECK(tabs->tabText(3) == "Communication");
     CHECK(tabs->tabText(4) == "Log");
+    CHECK(tabs->tabText(5) == "Graph");
 
     form->setFieldText("name", "amp-profile");
     form->setFieldText("epochs", "2");
@@ -97,6 +103,60 @@ TEST_CASE("End to end: a bf16 run with injected overflows and the profiler, seen
     CHECK(profile->phaseChart() != nullptr);
     QTest::qWait(80);
     REQUIRE(window->grab().save(outputPath("gui_profile_tab.png")));
+
+    // The Graph tab: the run's model, its ops coloured by the profile's measured times.
+    auto* graphTab = window->runView<lathe::widgets::RunGraphView>();
+    REQUIRE(graphTab != nullptr);
+    auto* gv = graphTab->graphView();
+    QSignalSpy graphReady(gv, &lathe::widgets::GraphView::layoutReady);
+    tabs->setCurrentWidget(graphTab);
+    REQUIRE(waitUntil([&] { return graphReady.count() >= 1; }, 60000));
+    CHECK(graphTab->runShown() == run);
+    REQUIRE(gv->graph() != nullptr);
+    CHECK(gv->graph()->parameters > 0);
+    REQUIRE(gv->nodeTimes().size() == gv->graph()->nodes.size());
+    int linear = 0, timed = 0;
+    std::string ops;
+    for (const auto& n : gv->graph()->nodes) ops += n.op + " ";
+    INFO("ops: " << ops);
+    for (const auto& n : gv->graph()->nodes)
+        if (n.op == "aten::addmm") {  // the exported MLP's layers, inside the trainer's aten::linear
+            ++linear;
+            timed += gv->nodeTimes()[static_cast<size_t>(n.id)] > 0;
+        }
+    CHECK(linear > 0);
+    CHECK(timed == linear);  // every linear layer matched to its measured op
+    auto* heat = gv->findChild<QToolButton*>(QStringLiteral("graphHeatMap"));
+    REQUIRE(heat != nullptr);
+    CHECK(heat->isEnabled());
+    heat->click();
+    CHECK(gv->heatMap());
+    REQUIRE(gv->findNext(QStringLiteral("aten::addmm")));
+    CHECK(gv->propertiesText().contains(QStringLiteral("time (profile)")));
+    CHECK(gv->propertiesText().contains(QStringLiteral("µs")));
+    QTest::qWait(80);
+    REQUIRE(window->grab().save(outputPath("gui_graph_tab_heat.png")));
+
+    // Registered, the same model opens on the Graph page from the Models page's Graph… button.
+    lathe::core::registerModel(*window->registry(), &window->store(), "amp-profile", run, "", {});
+    auto* models = window->modelsView();
+    models->refresh();
+    REQUIRE(waitUntil([&] { return models->listModel()->modelCount() == 1; }, 10000));
+    models->selectModel("amp-profile", 1);
+    auto* graphButton = models->findChild<QPushButton*>(QStringLiteral("graphButton"));
+    REQUIRE(graphButton != nullptr);
+    REQUIRE(graphButton->isEnabled());
+    QSignalSpy pageReady(window->graphPage(), &lathe::widgets::GraphView::layoutReady);
+    graphButton->click();
+    REQUIRE(waitUntil([&] { return pageReady.count() >= 1; }, 60000));
+    CHECK(window->pageTabs()->currentWidget() == window->graphPage());
+    REQUIRE(window->graphPage()->graph() != nullptr);
+    CHECK(window->graphPage()->graph()->name == "amp-profile:1");
+    CHECK(window->graphPage()->graph()->nodes.size() == gv->graph()->nodes.size());
+    QTest::qWait(80);
+    REQUIRE(window->grab().save(outputPath("gui_graph_page.png")));
+    window->pageTabs()->setCurrentIndex(0);
+    tabs->setCurrentWidget(profile);
 
     // A run without the profiler: the Profile tab says so.
     form->setFieldText("name", "plain");

@@ -9,6 +9,7 @@
 
 #include "deploy_session.h"
 #include "lathe/core/store.h"
+#include "lathe/widgets/graph_view.h"
 #include "lathe/widgets/model_list_model.h"
 #include "lathe/widgets/models_view.h"
 #include "lathe/widgets/serving_chart.h"
@@ -43,10 +44,12 @@ TEST_CASE("The window's Models page shows the workspace registry and asks before
     auto window = openWindow(fx);
 
     QTabWidget* pages = window->pageTabs();
-    REQUIRE(pages->count() == 3);
+    REQUIRE(pages->count() == 4);
     CHECK(pages->tabText(0) == "Runs");
     CHECK(pages->tabText(1) == "Models");
     CHECK(pages->tabText(2) == "Hosts");
+    CHECK(pages->tabText(3) == "Graph");
+    CHECK(pages->widget(3) == static_cast<QWidget*>(window->graphPage()));
     CHECK(pages->widget(1) == window->modelsView());
     REQUIRE(window->registry());
     REQUIRE(window->deploySession());

@@ -320,11 +320,13 @@ GraphView::GraphView(QWidget* parent) : QWidget(parent) {
     m_canvas->setObjectName(QStringLiteral("graphCanvas"));
     m_properties = new QTextBrowser(split);
     m_properties->setObjectName(QStringLiteral("graphProperties"));
-    m_properties->setMinimumWidth(240);
+    m_properties->setMinimumWidth(220);
+    m_properties->setMaximumWidth(460);
     split->addWidget(m_canvas);
     split->addWidget(m_properties);
     split->setStretchFactor(0, 4);
     split->setStretchFactor(1, 1);
+    split->setSizes({900, 300});
     m_stack->addWidget(split);
     layout->addWidget(m_stack, 1);
     m_status = new QLabel(this);
@@ -386,12 +388,13 @@ void GraphView::openFile(const QString& path, const QString& title) {
     m_titleLabel->setText(tr("<b>%1</b> — reading…").arg(m_title.toHtmlEscaped()));
     showMessage(tr("Reading %1…").arg(path));
     const bool horizontal = m_horizontal;
-    m_pool.start([this, path, generation, horizontal] {
+    m_pool.start([this, path, title, generation, horizontal] {
         if (m_generation.load() != generation) return;
         auto result = std::make_shared<LayoutResult>();
         result->fresh = true;
         try {
             auto g = std::make_shared<core::ModelGraph>(core::readModelGraph(path.toStdString()));
+            if (!title.isEmpty()) g->name = title.toStdString();
             result->collapsed = core::defaultCollapsed(*g);
             result->view = core::buildGraphView(*g, result->collapsed);
             core::LayoutOptions o;
@@ -796,6 +799,11 @@ void GraphView::fitAll() {
     if (m_scene->items().isEmpty()) return;
     const QRectF r = m_scene->sceneRect();
     m_canvas->fitInView(r, Qt::KeepAspectRatio);
+    if (m_canvas->transform().m11() > 1.25) {  // a small graph: no giant boxes
+        m_canvas->resetTransform();
+        m_canvas->scale(1.25, 1.25);
+        m_canvas->centerOn(r.center());
+    }
     // A tall chain fitted whole is unreadable: start at a readable zoom at its top instead.
     if (m_canvas->transform().m11() < 0.5 && (r.height() > 4 * r.width() || r.width() > 4 * r.height())) {
         m_canvas->resetTransform();

@@ -230,24 +230,21 @@ std::vector<double> graphNodeTimes(const ModelGraph& g, const std::vector<Profil
         ops[s.step].push_back(&s);
     }
     for (auto& [step, list] : ops) {
+        // Every op span of the pass, outer before inner at the same start: the graph may hold
+        // the op the training code called (aten::linear) or what it was exported as (aten::t,
+        // aten::addmm, which ran nested inside it).
         std::sort(list.begin(), list.end(), [](const ProfileSpan* a, const ProfileSpan* b) {
             return a->startNs != b->startNs ? a->startNs < b->startNs : a->durationNs > b->durationNs;
         });
-        std::vector<const ProfileSpan*> top;
-        int64_t openUntil = -1;
-        for (const auto* s : list)
-            if (s->startNs >= openUntil) {
-                top.push_back(s);
-                openUntil = s->startNs + s->durationNs;
-            }
         // Greedy alignment in execution order: each node takes the next span with its op's name
-        // within a short look-ahead (ops the graph folded or the training pass added are skipped).
+        // within a look-ahead (ops nested in a matched one, folded by the graph or added by the
+        // training pass are passed over).
         size_t cursor = 0;
         for (const auto& n : g.nodes) {
             if (n.category == "input" || n.category == "output") continue;
-            for (size_t k = cursor; k < top.size() && k < cursor + 8; ++k)
-                if (top[k]->name == n.op) {
-                    sum[static_cast<size_t>(n.id)] += static_cast<double>(top[k]->durationNs);
+            for (size_t k = cursor; k < list.size() && k < cursor + 48; ++k)
+                if (list[k]->name == n.op) {
+                    sum[static_cast<size_t>(n.id)] += static_cast<double>(list[k]->durationNs);
                     ++hits[static_cast<size_t>(n.id)];
                     cursor = k + 1;
                     break;

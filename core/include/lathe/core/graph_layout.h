@@ -102,8 +102,9 @@ std::string renderGraphView(const GraphView& view, const std::string& format,
                             const LayoutOptions& options = {});
 
 /// Per graph node, the mean time (ns) its op took in a profiled run's forward passes, or -1 when
-/// no span matched: the recorded steps' top-level op spans of the "forward" phase, matched to the
-/// graph's nodes in execution order by op name.
+/// no span matched: the recorded steps' op spans inside the "forward" phase (nested ones too:
+/// an exported graph's aten::addmm ran inside the aten::linear the trainer called), matched to
+/// the graph's nodes in execution order by op name.
 std::vector<double> graphNodeTimes(const ModelGraph& graph, const std::vector<ProfileSpan>& spans);
 
 }  // namespace lathe::core

@@ -50,6 +50,8 @@ public:
     void clear();
 
     const core::ModelGraph* graph() const { return m_graph.get(); }
+    /// Per graph node, the profile time in ns (-1: none); empty without a profile.
+    const std::vector<double>& nodeTimes() const { return m_times; }
     bool hasLayout() const { return m_layoutReady; }
     int visibleBoxes() const { return static_cast<int>(m_view.nodes.size()); }
     const std::set<std::string>& collapsedScopes() const { return m_collapsed; }
