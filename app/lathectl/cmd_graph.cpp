@@ -14,6 +14,7 @@
 #include "lathe/core/model_artifact.h"
 #include "lathe/core/model_graph.h"
 #include "lathe/core/registry.h"
+#include "lathe/core/run_spec.h"
 
 namespace fs = std::filesystem;
 
@@ -22,7 +23,7 @@ namespace {
 
 struct GraphState {
     CommonOptions common;
-    std::string file, model, inputShape, format, output;
+    std::string file, model, spec, inputShape, format, output;
     int64_t run = 0;
     int collapseDepth = 0;
     bool summary = false, horizontal = false;
@@ -102,9 +103,10 @@ void writeFile(const std::string& path, const std::string& text) {
 }
 
 void runGraph(const GraphState& st) {
-    const int sources = !st.file.empty() + !st.model.empty() + (st.run > 0);
+    const int sources = !st.file.empty() + !st.model.empty() + (st.run > 0) + !st.spec.empty();
     if (sources != 1)
-        throw UsageError("give one model: a FILE (.pt or .onnx), --model NAME[:V|@ALIAS] or --run ID");
+        throw UsageError(
+            "give one model: a FILE (.pt or .onnx), --model NAME[:V|@ALIAS], --run ID or --spec RUN.toml");
     std::string format = st.format;
     if (format.empty() && !st.output.empty()) {
         const auto ext = fs::path(st.output).extension().string();
@@ -132,6 +134,14 @@ void runGraph(const GraphState& st) {
         const auto v = registry->resolve(core::parseModelRef(st.model));  // NotFoundError names it
         path = v.path;
         label = v.name + ":" + std::to_string(v.version);
+    } else if (!st.spec.empty()) {
+        // The zoo network a run configuration names, before training: exported untrained.
+        const core::RunSpec spec = core::loadRunSpec(st.spec);  // ConfigError names the file and key
+        temp =
+            (fs::temp_directory_path() / ("lathe-graph-" + std::to_string(::getpid()) + "-spec.pt")).string();
+        core::exportSpecModel(spec, temp);
+        path = temp;
+        label = spec.model + " for " + spec.data;
     } else if (st.run > 0) {
         auto store = openStore(st.common);
         temp = (fs::temp_directory_path() /
@@ -197,6 +207,9 @@ void registerGraph(CLI::App& app, int& exitCode) {
     cmd->add_option("file", st->file, "a TorchScript (.pt, Lathe artifact or not) or ONNX (.onnx) file");
     cmd->add_option("--model", st->model, "a registered version: NAME, NAME:V or NAME@ALIAS");
     cmd->add_option("--run", st->run, "a recorded run: its model, exported from its last checkpoint");
+    cmd->add_option(
+        "--spec", st->spec,
+        "a TOML run configuration: the zoo network it names, before training (e.g. model = \"cnn\")");
     cmd->add_option("--input-shape", st->inputShape,
                     "example input with the batch dimension, e.g. 1,3,224,224 (default: the artifact's "
                     "declared input, batch 1), run once to find shapes and FLOPs");

@@ -28,7 +28,7 @@ namespace lathe::core {
 class Store;
 class Registry;
 
-inline constexpr int kTorchBackendAbi = 4;
+inline constexpr int kTorchBackendAbi = 5;
 
 // The torch-side definitions (liblathe_torch). Same contracts as the public declarations.
 namespace torch_impl {
@@ -37,6 +37,7 @@ int cudaDeviceCount() noexcept;
 TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventSink& sink);
 void setComputeThreads(int n);
 ArtifactInfo exportRunModel(const Store& store, int64_t runId, const std::string& outPath);
+ArtifactInfo exportSpecModel(const RunSpec& spec, const std::string& outPath);
 ArtifactInfo importTorchScript(const std::string& file, const std::vector<int64_t>& inputShape,
                                const std::string& outPath);
 ArtifactInfo readArtifact(const std::string& path);
@@ -70,6 +71,7 @@ struct TorchBackend {
     decltype(&torch_impl::pruneModel) pruneModel;
     decltype(&torch_impl::distillModel) distillModel;
     decltype(&torch_impl::readTorchScriptGraph) readTorchScriptGraph;
+    decltype(&torch_impl::exportSpecModel) exportSpecModel;
 };
 
 /// The torch-backed library, loaded on first use (thread-safe). Throws Error naming the file and

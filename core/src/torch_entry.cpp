@@ -18,6 +18,7 @@ extern "C" __attribute__((visibility("default"))) const lathe::core::TorchBacken
         &t::pruneModel,
         &t::distillModel,
         &t::readTorchScriptGraph,
+        &t::exportSpecModel,
     };
     return &backend;
 }

@@ -136,6 +136,10 @@ CompressResult distillModel(Registry& registry, Store& store, const DistillOptio
     return torchBackend().distillModel(registry, store, options, control);
 }
 
+ArtifactInfo exportSpecModel(const RunSpec& spec, const std::string& outPath) {
+    return torchBackend().exportSpecModel(spec, outPath);
+}
+
 ModelGraph readTorchScriptGraph(const std::string& path, const GraphOptions& options) {
     return torchBackend().readTorchScriptGraph(path, options);
 }

@@ -452,10 +452,21 @@ TEST_CASE("lathectl graph: a summary, --json, dot, a run and a registered model,
     r = test::runShell(lathectl + "--model cnn:1 --db " + run.db + " --json");
     REQUIRE(r.exitCode == 0);
     CHECK(nlohmann::json::parse(r.out).at("name") == "cnn:1");
+    // A run configuration before training: its zoo network, untrained, with the same layers and
+    // parameter count as the trained run's.
+    const auto spec = run.dir.file("cnn.toml");
+    std::ofstream(spec) << "model = \"cnn\"\ndata = \"digits\"\n";
+    r = test::runShell(lathectl + "--spec " + spec + " --json");
+    INFO(r.err);
+    REQUIRE(r.exitCode == 0);
+    const auto fromSpec = nlohmann::json::parse(r.out);
+    CHECK(fromSpec.at("name") == "cnn for digits");
+    CHECK(fromSpec.at("parameters") == moduleParameters(run.model));
     // Bad input: exit 2, one clear line.
     for (const std::string& bad :
          {std::string("/nonexistent/model.pt"), "--model nope --db " + run.db, "--run 99 --db " + run.db,
-          run.model + " --format bmp", run.model + " --input-shape 1,3,8,8", std::string("")}) {
+          run.model + " --format bmp", run.model + " --input-shape 1,3,8,8", std::string(""),
+          "--spec " + run.dir.file("missing.toml")}) {
         r = test::runShell(lathectl + bad);
         INFO(bad << ": " << r.err);
         CHECK(r.exitCode == 2);

@@ -250,6 +250,44 @@ torch::jit::Module loadScript(const std::string& path, torch::jit::ExtraFilesMap
 
 }  // namespace
 
+namespace {
+
+// Scripts a zoo network (eval mode) with its standardisation folded in, checks the script computes
+// what the network does on validation rows, and saves it as an artifact with `info`'s metadata
+// plus the signature.
+ArtifactInfo scriptAndSave(torch::nn::Sequential model, const RunSpec& spec, const data::SplitSet& split,
+                           ArtifactInfo info, const std::string& outPath, const std::string& what) {
+    const auto classes = static_cast<int64_t>(split.train.classNames.size());
+    std::vector<int64_t> inShape{-1};
+    inShape.insert(inShape.end(), split.train.shape.begin(), split.train.shape.end());
+    info.signature.inputs = {{"input", "FP32", inShape}};
+    info.signature.outputs = {{"logits", "FP32", {-1, classes}}};
+    info.signature.classNames = split.train.classNames;
+    info.data = spec.data;
+
+    torch::NoGradGuard noGrad;
+    auto scripted = scriptSequential(model, split);
+    // The scripted forward must compute what the trained model computes.
+    const auto n = std::min<int64_t>(split.val.size(), 64);
+    if (n > 0) {
+        std::vector<int64_t> shape{n};
+        shape.insert(shape.end(), split.val.shape.begin(), split.val.shape.end());
+        auto x = torch::from_blob(const_cast<float*>(split.val.x.data()), shape, torch::kFloat).clone();
+        // The zoo model saw standardised data; the scripted one standardises raw input itself.
+        auto raw = x;
+        if (!split.mean.empty()) raw = x * torch::tensor(split.stddev) + torch::tensor(split.mean);
+        const auto expected = model->forward(x);
+        const auto got = scripted.forward({raw}).toTensor();
+        if (!torch::allclose(expected, got, 1e-4, 1e-4))
+            throw Error("exported TorchScript of " + what + " disagrees with the model");
+    }
+    saveModule(scripted, outPath, metaJson(info));
+    finish(info, outPath);
+    return info;
+}
+
+}  // namespace
+
 ArtifactInfo torch_impl::exportRunModel(const Store& store, int64_t runId, const std::string& outPath) {
     const auto run = store.run(runId);
     if (!run) throw NotFoundError("no run " + std::to_string(runId) + " in workspace " + store.path());
@@ -277,38 +315,25 @@ ArtifactInfo torch_impl::exportRunModel(const Store& store, int64_t runId, const
     model->eval();
 
     ArtifactInfo info;
-    std::vector<int64_t> inShape{-1};
-    inShape.insert(inShape.end(), split.train.shape.begin(), split.train.shape.end());
-    info.signature.inputs = {{"input", "FP32", inShape}};
-    info.signature.outputs = {{"logits", "FP32", {-1, classes}}};
-    info.signature.classNames = split.train.classNames;
     for (const auto& [k, v] : store.lastMetrics(runId))
         if (k.rfind("val/", 0) == 0 || k == "train/loss") info.metrics[k] = v;
     info.runId = runId;
-    info.data = spec.data;
     info.source =
         "run " + std::to_string(runId) + " (" + run->name + ", " + spec.model + " on " + spec.data + ")";
+    return scriptAndSave(model, spec, split, info, outPath, "run " + std::to_string(runId));
+}
 
-    torch::NoGradGuard noGrad;
-    auto scripted = scriptSequential(model, split);
-    // The scripted forward must compute what the trained model computes.
-    const auto n = std::min<int64_t>(split.val.size(), 64);
-    if (n > 0) {
-        std::vector<int64_t> shape{n};
-        shape.insert(shape.end(), split.val.shape.begin(), split.val.shape.end());
-        auto x = torch::from_blob(const_cast<float*>(split.val.x.data()), shape, torch::kFloat).clone();
-        // The zoo model saw standardised data; the scripted one standardises raw input itself.
-        auto raw = x;
-        if (!split.mean.empty()) raw = x * torch::tensor(split.stddev) + torch::tensor(split.mean);
-        const auto expected = model->forward(x);
-        const auto got = scripted.forward({raw}).toTensor();
-        if (!torch::allclose(expected, got, 1e-4, 1e-4))
-            throw Error("exported TorchScript of run " + std::to_string(runId) +
-                        " disagrees with the trained model");
-    }
-    saveModule(scripted, outPath, metaJson(info));
-    finish(info, outPath);
-    return info;
+ArtifactInfo torch_impl::exportSpecModel(const RunSpec& spec, const std::string& outPath) {
+    torch_impl::checkRunnable(spec);
+    torch::manual_seed(static_cast<uint64_t>(spec.seed));
+    const auto split = data::loadSplit(spec);
+    const auto classes = static_cast<int64_t>(split.train.classNames.size());
+    auto model = makeModel(spec, split.train.shape, classes);
+    model->eval();
+    ArtifactInfo info;
+    info.source =
+        "untrained " + spec.model + " for " + spec.data + " (seed " + std::to_string(spec.seed) + ")";
+    return scriptAndSave(model, spec, split, info, outPath, "the " + spec.model + " network");
 }
 
 ArtifactInfo torch_impl::importTorchScript(const std::string& file, const std::vector<int64_t>& inputShape,

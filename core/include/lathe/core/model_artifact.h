@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "lathe/core/registry.h"
+#include "lathe/core/run_spec.h"
 
 namespace lathe::core {
 
@@ -31,6 +32,9 @@ struct ArtifactInfo {
 /// standardisation baked in), metadata goes into the archive. Throws NotFoundError/CheckpointError
 /// ("run 7 has no checkpoint: train with --checkpoint-every ...").
 ArtifactInfo exportRunModel(const Store& store, int64_t runId, const std::string& outPath);
+/// The same for a run configuration not trained yet: the zoo network it names, initialised with
+/// its seed, sized for its data set (loaded for the shapes). For graphs before training.
+ArtifactInfo exportSpecModel(const RunSpec& spec, const std::string& outPath);
 
 /// Copies a TorchScript file (e.g. from Python's torch.jit.trace(...).save()) into an artifact at
 /// `outPath`. When the file has no Lathe metadata, `inputShape` (one sample's shape, without the
