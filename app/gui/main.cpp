@@ -1,5 +1,6 @@
-// lathe: the Qt workbench. `lathe [--db PATH]` opens (or creates) a workspace and shows its
-// runs; the same --db / $LATHE_DB / XDG default as lathectl, so both see the same runs.
+// lathe: the Qt workbench. `lathe [--db PATH] [MODEL]` opens (or creates) a workspace and shows
+// its runs (and MODEL's graph on the Graph page); the same --db / $LATHE_DB / XDG default as lathectl, so
+// both see the same runs.
 #include <QApplication>
 #include <QCommandLineParser>
 #include <QDir>
@@ -16,6 +17,7 @@
 
 #include "lathe/core/error.h"
 #include "lathe/core/store.h"
+#include "lathe/widgets/graph_view.h"
 #include "main_window.h"
 
 int main(int argc, char** argv) {
@@ -47,12 +49,20 @@ int main(int argc, char** argv) {
     parser.addOption(selectOption);
     QCommandLineOption pageOption(
         QStringLiteral("page"),
-        QStringLiteral("Page to show on start: its tab's title (Runs, Models, Hosts)."),
+        QStringLiteral("Page to show on start: its tab's title (Runs, Models, Hosts, Graph)."),
         QStringLiteral("NAME"));
     parser.addOption(pageOption);
     parser.addOption(screenshotOption);
     parser.addOption(quitAfterOption);
+    parser.addPositionalArgument(
+        QStringLiteral("model"),
+        QStringLiteral("A TorchScript (.pt) or ONNX (.onnx) file to open on the Graph page."),
+        QStringLiteral("[MODEL]"));
     parser.process(app);
+    if (parser.positionalArguments().size() > 1) {
+        std::fprintf(stderr, "lathe: give at most one model file\n");
+        return 2;
+    }
 
     std::string path;
     std::unique_ptr<lathe::core::Store> store;
@@ -101,18 +111,42 @@ int main(int argc, char** argv) {
         if (!found) std::fprintf(stderr, "lathe: no page named %s\n", qPrintable(want));
     }
 
+    // A model given: its graph, on the Graph page (read and laid out on a worker thread).
+    auto graphPending = std::make_shared<bool>(!parser.positionalArguments().isEmpty());
+    if (*graphPending) {
+        const QString model = parser.positionalArguments().front();
+        if (!QFileInfo::exists(model)) {
+            std::fprintf(stderr, "lathe: no model file at %s\n", qPrintable(model));
+            return 2;
+        }
+        window.openModelFile(model);
+    }
+
     if (parser.isSet(screenshotOption)) {
         const QString file = parser.value(screenshotOption);
-        // Once the runs list (read on a worker thread) has landed, and its charts have painted.
+        // Once the runs list (read on a worker thread) has landed and a model given has been laid
+        // out, and the charts have painted.
         auto taken = std::make_shared<bool>(false);
-        QObject::connect(&window, &lathe::app::MainWindow::runsRefreshed, &window, [&window, file, taken] {
-            if (*taken || window.isRefreshingRuns()) return;
+        auto runsIn = std::make_shared<bool>(false);
+        auto shoot = [&window, file, taken, runsIn, graphPending] {
+            if (*taken || !*runsIn || *graphPending) return;
             *taken = true;
             QTimer::singleShot(500, &window, [&window, file] {
                 if (!window.grab().save(file))
                     std::fprintf(stderr, "lathe: could not save %s\n", qPrintable(file));
             });
+        };
+        QObject::connect(&window, &lathe::app::MainWindow::runsRefreshed, &window, [&window, runsIn, shoot] {
+            if (window.isRefreshingRuns()) return;
+            *runsIn = true;
+            shoot();
         });
+        auto graphDone = [graphPending, shoot] {
+            *graphPending = false;
+            shoot();
+        };
+        QObject::connect(window.graphPage(), &lathe::widgets::GraphView::layoutReady, &window, graphDone);
+        QObject::connect(window.graphPage(), &lathe::widgets::GraphView::loadFailed, &window, graphDone);
     }
     if (parser.isSet(quitAfterOption)) {
         bool ok = false;

@@ -563,6 +563,8 @@ struct OnnxReader {
                 node.inputs.push_back(types.count(v) ? types[v] : GraphTensor{});
                 if (const auto pr = producer.find(v); pr != producer.end()) from.insert(pr->second);
             }
+            // Gather is an embedding lookup when it reads a table of parameters, else indexing.
+            if (n.op_type() == "Gather" && node.parameters == 0) node.category = "reshape";
             for (const auto& o : n.output()) {
                 if (o.empty()) continue;
                 node.outputs.push_back(types.count(o) ? types[o] : GraphTensor{});
