@@ -14,6 +14,7 @@ core=(
   libboost-dev prometheus-cpp-dev            # Beast/Asio HTTP server and client; Prometheus metrics
   libsimdjson-dev                            # the inference server's request parser
   libonnx-dev libgraphviz-dev                # model graphs: ONNX files, layout and SVG/PNG (libgvc)
+  graphviz                                   # the dot program: the layout benchmark's baseline
   catch2 openssh-server openssh-client       # tests; sshd is started on loopback by the remote tests
   python3-torch                              # PyTorch baseline of the trainer benchmark
   python3-torchvision python3-onnx           # real architectures (no weights) for the model-graph tests
