@@ -96,6 +96,18 @@ def main():
     onnx_path = outdir + "/encoder_layer.onnx"
     export_onnx(layer, x, onnx_path, dynamic_batch=False)
     result["encoder_layer"]["onnx"] = onnx_facts(onnx_path)
+    # A scripted model calling a custom op (registered here, in Python): a program without the
+    # op's library must refuse it clearly.
+    lib = torch.library.Library("lathe_test", "DEF")
+    lib.define("scale2(Tensor x) -> Tensor")
+    lib.impl("scale2", lambda x: x * 2, "CPU")
+
+    class CustomOp(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.lathe_test.scale2(torch.relu(x))
+
+    torch.jit.script(CustomOp()).save(outdir + "/custom_op.pt")
+    result["custom_op"] = outdir + "/custom_op.pt"
     try:
         import onnx
         # The same model declaring an opset from the future: readers must refuse it clearly.

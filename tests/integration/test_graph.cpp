@@ -55,6 +55,15 @@ int64_t moduleParameters(const std::string& path) {
     return n;
 }
 
+// Runs graph_models.py into `dir`: the models' files and what PyTorch and onnx say about them.
+nlohmann::json graphModels(const TempDir& dir) {
+    const auto r = test::runShell("/usr/bin/python3 " + std::string(LATHE_SOURCE_DIR) +
+                                  "/tests/integration/graph_models.py " + dir.path());
+    INFO(r.err);
+    REQUIRE(r.exitCode == 0);
+    return nlohmann::json::parse(r.out);
+}
+
 // Every edge joins two existing nodes, ids are indices, the input comes first and the output last.
 void checkWellFormed(const core::ModelGraph& g) {
     REQUIRE(g.nodes.size() >= 2);
@@ -180,11 +189,7 @@ TEST_CASE("torchvision's ResNet-18 and a TransformerEncoderLayer match what PyTo
     if (test::runShell("/usr/bin/python3 -c 'import torch, torchvision'").exitCode != 0)
         LATHE_SKIP("Debian's python3-torch and python3-torchvision are not installed");
     TempDir dir;
-    const auto r = test::runShell("/usr/bin/python3 " + std::string(LATHE_SOURCE_DIR) +
-                                  "/tests/integration/graph_models.py " + dir.path());
-    INFO(r.err);
-    REQUIRE(r.exitCode == 0);
-    const auto facts = nlohmann::json::parse(r.out);
+    const auto facts = graphModels(dir);
 
     SECTION("ResNet-18") {
         const auto& f = facts.at("resnet18");
@@ -236,6 +241,16 @@ TEST_CASE("torchvision's ResNet-18 and a TransformerEncoderLayer match what PyTo
         REQUIRE(bare.notes.size() == 1);
         CHECK(bare.notes[0].find("--input-shape") != std::string::npos);
     }
+    SECTION("a TorchScript file whose custom op is missing is refused, naming the op") {
+        const std::string file = facts.at("custom_op");
+        CHECK_THROWS_AS(core::readTorchScriptGraph(file), core::ConfigError);
+        CHECK_THROWS_WITH(core::readTorchScriptGraph(file),
+                          Catch::Contains("uses an operator this program does not have") &&
+                              Catch::Contains("lathe_test::scale2"));
+        const auto cli = test::runShell(test::binPath("lathectl") + " graph " + file);
+        CHECK(cli.exitCode == 2);
+        CHECK(cli.err.find("lathe_test::scale2") != std::string::npos);
+    }
 }
 
 TEST_CASE("ONNX files of ResNet-18 and a TransformerEncoderLayer match PyTorch and the onnx package",
@@ -243,11 +258,7 @@ TEST_CASE("ONNX files of ResNet-18 and a TransformerEncoderLayer match PyTorch a
     if (test::runShell("/usr/bin/python3 -c 'import torch, torchvision, onnx'").exitCode != 0)
         LATHE_SKIP("Debian's python3-torch, python3-torchvision and python3-onnx are not all installed");
     TempDir dir;
-    const auto r = test::runShell("/usr/bin/python3 " + std::string(LATHE_SOURCE_DIR) +
-                                  "/tests/integration/graph_models.py " + dir.path());
-    INFO(r.err);
-    REQUIRE(r.exitCode == 0);
-    const auto facts = nlohmann::json::parse(r.out);
+    const auto facts = graphModels(dir);
     // Op counts as the onnx package reads the file, less what the reader folds into its
     // consumers: Constant nodes and Identity aliases of initializers.
     auto expectedOps = [](const nlohmann::json& counts) {

@@ -242,7 +242,11 @@ torch::jit::Module loadScript(const std::string& path, torch::jit::ExtraFilesMap
         // The archive read but its code did not: TorchScript's lexer and parser report with
         // their own std::exception (torch::jit::ErrorReport), a damaged pickle with others.
         std::string msg = ex.what();
+        msg.erase(0, msg.find_first_not_of(" \n"));  // ErrorReport's message starts with a newline
         msg = msg.substr(0, msg.find('\n'));
+        if (msg.rfind("Unknown builtin op", 0) == 0)
+            throw ConfigError(path + " uses an operator this program does not have (" + msg +
+                              "): a custom op whose library is not loaded here");
         throw ConfigError(path + " is not a readable TorchScript model (damaged code or data" +
                           (msg.empty() ? std::string(")") : "): " + msg));
     }
