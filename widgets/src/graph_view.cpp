@@ -34,7 +34,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 
 #include "lathe/core/model_artifact.h"
 #include "lathe/core/store.h"
@@ -758,8 +757,8 @@ void GraphView::showContextMenu(int viewNode, const QPoint& globalPos) {
     QMenu menu;
     if (n.node < 0)
         menu.addAction(tr("Expand %1").arg(q(n.scope)), [this, s = q(n.scope)] { expandScope(s); });
-    // Collapse this box's scope or any enclosing one.
-    std::string scope = n.node < 0 ? n.scope : n.scope;
+    // Collapse any scope enclosing this box (for a module box, from its parent up).
+    std::string scope = n.scope;
     if (n.node < 0) {
         const auto p = scope.rfind('.');
         scope = p == std::string::npos ? "" : scope.substr(0, p);
