@@ -2,10 +2,14 @@
 // or an SVG/PNG drawing (graph_layout.h).
 #include <unistd.h>
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <set>
 
 #include "cli_common.h"
@@ -93,14 +97,38 @@ void printSummary(const core::ModelGraph& g) {
 
 void writeFile(const std::string& path, const std::string& text) {
     const std::string tmp = path + ".tmp";
+    auto fail = [&](const std::string& why) {
+        std::remove(tmp.c_str());
+        throw UsageError(why);
+    };
     {
         std::ofstream out(tmp, std::ios::binary);
         if (!out) throw UsageError("cannot write " + path);
         out << text;
-        if (!out) throw UsageError("writing " + path + " failed");
+        out.close();
+        if (!out) fail("writing " + path + " failed (disk full?)");
     }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) throw UsageError("cannot write " + path);
+    if (std::rename(tmp.c_str(), path.c_str()) != 0)
+        fail("cannot write " + path + ": " + std::strerror(errno));
 }
+
+// A private directory for the model a run or spec is exported to (mkdtemp: not guessable, not
+// shared), removed with what is in it.
+struct TempModelDir {
+    std::string dir;
+    TempModelDir() {
+        std::string pattern = (fs::temp_directory_path() / "lathe-graph-XXXXXX").string();
+        if (!::mkdtemp(pattern.data())) throw UsageError("cannot create a temporary directory");
+        dir = pattern;
+    }
+    ~TempModelDir() {
+        std::error_code ec;
+        fs::remove_all(dir, ec);
+    }
+    TempModelDir(const TempModelDir&) = delete;
+    TempModelDir& operator=(const TempModelDir&) = delete;
+    std::string file() const { return dir + "/model.pt"; }
+};
 
 void runGraph(const GraphState& st) {
     const int sources = !st.file.empty() + !st.model.empty() + (st.run > 0) + !st.spec.empty();
@@ -123,7 +151,8 @@ void runGraph(const GraphState& st) {
     core::GraphOptions options;
     if (!st.inputShape.empty()) options.inputShape = parseShape(st.inputShape);
 
-    std::string path = st.file, label = st.file, temp;
+    std::string path = st.file, label = st.file;
+    std::unique_ptr<TempModelDir> temp;  // removed however this ends
     if (!st.model.empty()) {
         std::unique_ptr<core::Registry> registry;
         try {
@@ -137,28 +166,19 @@ void runGraph(const GraphState& st) {
     } else if (!st.spec.empty()) {
         // The zoo network a run configuration names, before training: exported untrained.
         const core::RunSpec spec = core::loadRunSpec(st.spec);  // ConfigError names the file and key
-        temp =
-            (fs::temp_directory_path() / ("lathe-graph-" + std::to_string(::getpid()) + "-spec.pt")).string();
-        core::exportSpecModel(spec, temp);
-        path = temp;
+        temp = std::make_unique<TempModelDir>();
+        path = temp->file();
+        core::exportSpecModel(spec, path);
         label = spec.model + " for " + spec.data;
     } else if (st.run > 0) {
         auto store = openStore(st.common);
-        temp = (fs::temp_directory_path() /
-                ("lathe-graph-" + std::to_string(::getpid()) + "-" + std::to_string(st.run) + ".pt"))
-                   .string();
-        core::exportRunModel(*store, st.run, temp);
-        path = temp;
+        temp = std::make_unique<TempModelDir>();
+        path = temp->file();
+        core::exportRunModel(*store, st.run, path);
         label = "run " + std::to_string(st.run);
     }
-    core::ModelGraph g;
-    try {
-        g = core::readModelGraph(path, options);
-    } catch (...) {
-        if (!temp.empty()) fs::remove(temp);
-        throw;
-    }
-    if (!temp.empty()) fs::remove(temp);
+    core::ModelGraph g = core::readModelGraph(path, options);
+    temp.reset();
     g.name = label;
 
     if (st.common.json && format.empty()) format = "json";

@@ -377,6 +377,7 @@ GraphView::GraphView(QWidget* parent) : QWidget(parent) {
 GraphView::~GraphView() {
     ++m_generation;
     m_pool.waitForDone();
+    for (; m_busyCursors > 0; --m_busyCursors) QApplication::restoreOverrideCursor();
 }
 
 void GraphView::clear() {
@@ -462,6 +463,7 @@ void GraphView::relayout() {
     auto collapsed = m_collapsed;
     const bool horizontal = m_horizontal;
     QApplication::setOverrideCursor(Qt::BusyCursor);
+    ++m_busyCursors;  // restored by each result, or the destructor for results never delivered
     m_pool.start([this, g, collapsed, generation, horizontal] {
         auto result = std::make_shared<LayoutResult>();
         if (m_generation.load() == generation) {
@@ -478,7 +480,10 @@ void GraphView::relayout() {
         QMetaObject::invokeMethod(
             this,
             [this, generation, result] {
-                QApplication::restoreOverrideCursor();
+                if (m_busyCursors > 0) {
+                    --m_busyCursors;
+                    QApplication::restoreOverrideCursor();
+                }
                 applyLayout(generation, result);
             },
             Qt::QueuedConnection);
@@ -511,8 +516,15 @@ void GraphView::applyLayout(uint64_t generation, const std::shared_ptr<LayoutRes
     m_layoutReady = true;
     m_stack->setCurrentIndex(1);
     if (result->fresh) fitAll();
+    const bool revealing = m_pendingSelect >= 0;
     m_pendingSelect = -1;
-    if (keep >= 0)
+    // A node selected before a collapse that now hides it stays hidden (a search or selectNode
+    // asked for it explicitly, and is revealed).
+    const bool shown =
+        keep >= 0 && static_cast<size_t>(keep) < m_view.viewOf.size() &&
+        m_view.viewOf[static_cast<size_t>(keep)] >= 0 &&
+        m_view.nodes[static_cast<size_t>(m_view.viewOf[static_cast<size_t>(keep)])].node == keep;
+    if (keep >= 0 && (revealing || shown))
         revealAndSelect(keep);
     else
         updateProperties();
@@ -798,7 +810,9 @@ void GraphView::expandAll() {
 
 void GraphView::collapseAll() {
     if (!m_graph) return;
-    m_collapsed = core::defaultCollapsed(*m_graph, 1);
+    m_collapsed.clear();
+    for (const auto& s : core::graphScopes(*m_graph))
+        if (s.find('.') == std::string::npos) m_collapsed.insert(s);
     m_selectedView = -1;
     relayout();
 }

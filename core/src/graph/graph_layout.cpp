@@ -102,6 +102,15 @@ struct Built {
 void build(Built& b, const GraphView& v, const LayoutOptions& o, bool render) {
     b.g = agopen(cs("model"), Agdirected, nullptr);
     if (!b.g) throw Error("Graphviz could not create a graph");
+    // Graph attributes' defaults (what clusters inherit) first: declaring one on the root also
+    // sets the root's own value, which would wipe the title set below.
+    agattr(b.g, AGRAPH, cs("label"), cs(""));
+    if (render) {
+        agattr(b.g, AGRAPH, cs("style"), cs("rounded"));
+        agattr(b.g, AGRAPH, cs("color"), cs("#b0b0b0"));
+        agattr(b.g, AGRAPH, cs("fontsize"), cs("9"));
+        agattr(b.g, AGRAPH, cs("fontname"), cs("Helvetica"));
+    }
     set(b.g, "rankdir", o.horizontal ? "LR" : "TB");
     set(b.g, "nodesep", "0.25");
     set(b.g, "ranksep", "0.35");
@@ -135,12 +144,7 @@ void build(Built& b, const GraphView& v, const LayoutOptions& o, bool render) {
         agattr(b.g, AGNODE, cs("penwidth"), cs("0.8"));
         agattr(b.g, AGEDGE, cs("arrowsize"), cs("0.6"));
         agattr(b.g, AGEDGE, cs("color"), cs("#707070"));
-        agattr(b.g, AGRAPH, cs("style"), cs("rounded"));
-        agattr(b.g, AGRAPH, cs("color"), cs("#b0b0b0"));
-        agattr(b.g, AGRAPH, cs("fontsize"), cs("9"));
-        agattr(b.g, AGRAPH, cs("fontname"), cs("Helvetica"));
     }
-    agattr(b.g, AGRAPH, cs("label"), cs(""));
     // Clusters (parents before children: buildGraphView creates them in that order).
     b.clusters.resize(v.clusters.size(), nullptr);
     for (size_t i = 0; i < v.clusters.size(); ++i) {

@@ -61,36 +61,48 @@ std::set<std::string> graphScopes(const ModelGraph& g) {
     return scopes;
 }
 
+namespace {
+
+// expandScope with the graph's scopes already listed.
+void expandIn(const std::map<std::string, std::vector<std::string>>& children,
+              std::set<std::string>& collapsed, const std::string& scope) {
+    collapsed.erase(scope);
+    const auto it = children.find(scope);
+    if (it != children.end()) collapsed.insert(it->second.begin(), it->second.end());
+}
+
+std::map<std::string, std::vector<std::string>> childrenOf(const std::set<std::string>& scopes) {
+    std::map<std::string, std::vector<std::string>> children;
+    for (const auto& s : scopes) children[parentOf(s)].push_back(s);
+    return children;
+}
+
+}  // namespace
+
 std::set<std::string> defaultCollapsed(const ModelGraph& g, size_t maxVisible) {
     if (g.nodes.size() <= maxVisible) return {};
     // Start from the top-level scopes closed, then open them a group of siblings at a time
     // (breadth first) wherever the view still fits: a model of 16 layers of 300 ops opens to its
     // 16 layers rather than staying one box, and never to two layers open and fourteen closed.
+    const auto children = childrenOf(graphScopes(g));
     std::set<std::string> collapsed;
-    for (const auto& s : graphScopes(g))
-        if (depthOf(s) == 1) collapsed.insert(s);
+    if (const auto top = children.find(""); top != children.end())
+        collapsed.insert(top->second.begin(), top->second.end());
     std::vector<std::vector<std::string>> queue{{collapsed.begin(), collapsed.end()}};
     for (size_t head = 0; head < queue.size() && head < 200; ++head) {
         const auto group = queue[head];
         auto trial = collapsed;
-        for (const auto& s : group) expandScope(g, trial, s);
+        for (const auto& s : group) expandIn(children, trial, s);
         if (buildGraphView(g, trial).nodes.size() > maxVisible) continue;
         collapsed = std::move(trial);
-        for (const auto& s : group) {
-            std::vector<std::string> children;
-            for (const auto& c : collapsed)
-                if (parentOf(c) == s) children.push_back(c);
-            if (!children.empty()) queue.push_back(std::move(children));
-        }
+        for (const auto& s : group)
+            if (const auto c = children.find(s); c != children.end()) queue.push_back(c->second);
     }
     return collapsed;
 }
 
 void expandScope(const ModelGraph& g, std::set<std::string>& collapsed, const std::string& scope) {
-    collapsed.erase(scope);
-    const int d = depthOf(scope);
-    for (const auto& s : graphScopes(g))
-        if (depthOf(s) == d + 1 && parentOf(s) == scope) collapsed.insert(s);
+    expandIn(childrenOf(graphScopes(g)), collapsed, scope);
 }
 
 void collapseScope(std::set<std::string>& collapsed, const std::string& scope) {

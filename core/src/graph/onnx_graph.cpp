@@ -14,6 +14,7 @@
 #include <numeric>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <unordered_map>
 
 #include "graph_names.h"
@@ -302,7 +303,9 @@ std::string scopeOf(const std::string& name) {
     std::string part;
     while (std::getline(s, part, '/'))
         if (!part.empty()) parts.push_back(part);
-    if (parts.size() < 2) return "";
+    // Real exporters nest a few dozen modules at most; a file may name a node with thousands of
+    // parts (merging below is quadratic in them, clusters nest as deep): no scope then.
+    if (parts.size() < 2 || parts.size() > 64) return "";
     parts.pop_back();  // the op ("Conv", "Add_1")
     // Each part repeats the tail of the path so far ("layer2", "layer2.0", "downsample",
     // "downsample.0"): merge on the longest overlap at a dot.
@@ -310,7 +313,7 @@ std::string scopeOf(const std::string& name) {
     for (const auto& p : parts) {
         size_t keep = scope.size();  // how much of `scope` precedes p
         for (size_t start = 0; start < scope.size(); start = scope.find('.', start) + 1) {
-            const std::string tail = scope.substr(start);
+            const std::string_view tail = std::string_view(scope).substr(start);
             if (p.size() > tail.size() && p.compare(0, tail.size(), tail) == 0 && p[tail.size()] == '.') {
                 keep = start;
                 break;

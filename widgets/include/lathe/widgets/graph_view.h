@@ -118,6 +118,7 @@ private:
     double m_layoutSeconds = 0, m_sceneSeconds = 0;
     int m_selectedView = -1;
     int64_t m_pendingSelect = -1;  // a graph node to select once the next layout is shown
+    int m_busyCursors = 0;         // override cursors set by layouts not yet shown
     QString m_title;
     QString m_searchText;
     int64_t m_searchCursor = -1;
