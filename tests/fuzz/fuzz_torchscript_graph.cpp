@@ -6,10 +6,13 @@
 // instrumentation, so this is a bounded random search (libFuzzer would have no coverage to
 // steer by), seeded like the libFuzzer targets: random and printed, or LATHE_FUZZ_SEED.
 // LibTorch 1.13's own loader crashes on some damaged archives (a segfault in
-// ScriptTypeParser::parseClassConstant on corrupted code); each input is therefore first given
-// to torch::jit::load alone in a child, and one that crashes LibTorch itself is counted and
-// reported as upstream, not held against the reader. Everything after the load is Lathe's.
+// ScriptTypeParser::parseClassConstant on corrupted code, depending on memory layout); each input
+// is given to torch::jit::load alone in a child first, and a child of the reader that crashes
+// with LibTorch's importer on its stack (found with backtrace/dladdr in its signal handler) is
+// counted and reported as upstream too, not held against the reader.
 //   fuzz_torchscript_graph SEED_MODEL.pt MAX_RUNS MAX_SECONDS ARTIFACT_PREFIX
+#include <dlfcn.h>
+#include <execinfo.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -94,6 +97,20 @@ std::string mutate(const std::string& seed, std::mt19937_64& rng, std::string& h
     return s;
 }
 
+// In a child that crashed: was LibTorch's importer (torch::jit::import_ir_module, under
+// torch::jit::load) on the stack? Then the crash is upstream's; exit 20 to say so.
+void onCrash(int sig) {
+    void* frames[128];
+    const int n = backtrace(frames, 128);
+    for (int i = 0; i < n; ++i) {
+        Dl_info info;
+        if (dladdr(frames[i], &info) && info.dli_sname && std::strstr(info.dli_sname, "import_ir_module"))
+            _exit(20);
+    }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -165,6 +182,9 @@ int main(int argc, char** argv) {
         }
         const pid_t pid = fork();
         if (pid == 0) {
+            signal(SIGSEGV, onCrash);
+            signal(SIGBUS, onCrash);
+            signal(SIGFPE, onCrash);
             try {
                 (void)readTorchScriptGraph(path);
                 _exit(0);
@@ -188,6 +208,10 @@ int main(int argc, char** argv) {
                 break;
             }
             usleep(200);
+        }
+        if (status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 20) {
+            ++upstream;  // crashed inside LibTorch's importer
+            continue;
         }
         const bool ok =
             status != -1 && WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 10);
