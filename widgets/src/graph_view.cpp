@@ -402,51 +402,42 @@ void GraphView::showMessage(const QString& text) {
 }
 
 void GraphView::openFile(const QString& path, const QString& title) {
-    const uint64_t generation = ++m_generation;
     m_title = title.isEmpty() ? QFileInfo(path).fileName() : title;
     m_titleLabel->setText(tr("<b>%1</b> — reading…").arg(m_title.toHtmlEscaped()));
     showMessage(tr("Reading %1…").arg(path));
-    const bool horizontal = m_horizontal;
-    m_pool.start([this, path, title, generation, horizontal] {
-        if (m_generation.load() != generation) return;
-        auto result = std::make_shared<LayoutResult>();
-        result->fresh = true;
-        try {
-            auto g = std::make_shared<core::ModelGraph>(core::readModelGraph(path.toStdString()));
-            if (!title.isEmpty()) g->name = title.toStdString();
-            result->collapsed = core::defaultCollapsed(*g);
-            result->view = core::buildGraphView(*g, result->collapsed);
-            core::LayoutOptions o;
-            o.horizontal = horizontal;
-            if (m_generation.load() != generation) return;
-            result->layout = core::layoutGraphView(result->view, o);
-            result->graph = std::move(g);
-        } catch (const std::exception& ex) {
-            result->error = ex.what();
-        }
-        QMetaObject::invokeMethod(
-            this, [this, generation, result] { applyLayout(generation, result); }, Qt::QueuedConnection);
-    });
+    startFresh(
+        [path, title] {
+            core::ModelGraph g = core::readModelGraph(path.toStdString());
+            if (!title.isEmpty()) g.name = title.toStdString();
+            return g;
+        },
+        {});
 }
 
 void GraphView::setGraph(core::ModelGraph graph, std::vector<double> times) {
-    const uint64_t generation = ++m_generation;
     if (m_title.isEmpty() || graph.name != m_title.toStdString()) m_title = q(graph.name);
     m_titleLabel->setText(tr("<b>%1</b> — laying out…").arg(m_title.toHtmlEscaped()));
-    auto g = std::make_shared<const core::ModelGraph>(std::move(graph));
+    auto g = std::make_shared<core::ModelGraph>(std::move(graph));
+    startFresh([g] { return std::move(*g); }, std::move(times));
+}
+
+void GraphView::startFresh(std::function<core::ModelGraph()> read, std::vector<double> times) {
+    const uint64_t generation = ++m_generation;
     const bool horizontal = m_horizontal;
-    m_pool.start([this, g, times = std::move(times), generation, horizontal]() mutable {
+    m_pool.start([this, read = std::move(read), times = std::move(times), generation, horizontal]() mutable {
         if (m_generation.load() != generation) return;
         auto result = std::make_shared<LayoutResult>();
         result->fresh = true;
         result->times = std::move(times);
         try {
+            auto g = std::make_shared<const core::ModelGraph>(read());
             result->collapsed = core::defaultCollapsed(*g);
             result->view = core::buildGraphView(*g, result->collapsed);
+            if (m_generation.load() != generation) return;
             core::LayoutOptions o;
             o.horizontal = horizontal;
             result->layout = core::layoutGraphView(result->view, o);
-            result->graph = g;
+            result->graph = std::move(g);
         } catch (const std::exception& ex) {
             result->error = ex.what();
         }
@@ -551,15 +542,16 @@ void GraphView::rebuildScene() {
     m_items.clear();
     m_scene->clear();
     m_selectedView = -1;
-    // Heat map scale: the largest time of any box.
+    // Each box's profile time (its ops' sum; -1: none timed), once per layout rather than per
+    // paint, and the heat map's scale: the largest.
+    m_viewTimes.assign(m_times.empty() ? 0 : m_view.nodes.size(), -1);
+    for (size_t i = 0; i < m_viewTimes.size() && i < m_view.viewOf.size() && i < m_times.size(); ++i)
+        if (m_times[i] >= 0 && m_view.viewOf[i] >= 0) {
+            double& t = m_viewTimes[static_cast<size_t>(m_view.viewOf[i])];
+            t = std::max(t, 0.0) + m_times[i];
+        }
     m_maxViewTime = 0;
-    if (!m_times.empty()) {
-        std::vector<double> perView(m_view.nodes.size(), 0);
-        for (size_t i = 0; i < m_view.viewOf.size() && i < m_times.size(); ++i)
-            if (m_times[i] > 0 && m_view.viewOf[i] >= 0)
-                perView[static_cast<size_t>(m_view.viewOf[i])] += m_times[i];
-        for (double t : perView) m_maxViewTime = std::max(m_maxViewTime, t);
-    }
+    for (double t : m_viewTimes) m_maxViewTime = std::max(m_maxViewTime, t);
     for (size_t c = 0; c < m_layout.clusters.size() && c < m_view.clusters.size(); ++c) {
         const auto& b = m_layout.clusters[c];
         int depth = 0;
@@ -584,22 +576,9 @@ void GraphView::rebuildScene() {
 
 QColor GraphView::fillOf(int viewNode) const {
     const auto& n = m_view.nodes[static_cast<size_t>(viewNode)];
-    if (m_heat && !m_times.empty()) {
-        double t = 0;
-        bool any = false;
-        if (n.node >= 0) {
-            if (static_cast<size_t>(n.node) < m_times.size() && m_times[static_cast<size_t>(n.node)] >= 0) {
-                t = m_times[static_cast<size_t>(n.node)];
-                any = true;
-            }
-        } else {
-            for (size_t i = 0; i < m_view.viewOf.size() && i < m_times.size(); ++i)
-                if (m_view.viewOf[i] == viewNode && m_times[i] >= 0) {
-                    t += m_times[i];
-                    any = true;
-                }
-        }
-        if (!any || m_maxViewTime <= 0) return QColor("#f4f4f4");
+    if (m_heat && static_cast<size_t>(viewNode) < m_viewTimes.size()) {
+        const double t = m_viewTimes[static_cast<size_t>(viewNode)];
+        if (t < 0 || m_maxViewTime <= 0) return QColor("#f4f4f4");
         // Log scale over three decades below the slowest box: pale yellow to dark red.
         const double x = std::clamp(1.0 + std::log10(std::max(t, 1.0) / m_maxViewTime) / 3.0, 0.0, 1.0);
         const QColor a("#fff7bc"), b("#b10026");
@@ -646,12 +625,9 @@ void GraphView::updateProperties() {
         row(tr("ops"), QString::number(vn.members));
         row(tr("parameters"), grouped(vn.parameters));
         row(tr("FLOPs"), flopsText(vn.flops));
-        if (!m_times.empty()) {
-            double t = 0;
-            for (size_t i = 0; i < m_view.viewOf.size() && i < m_times.size(); ++i)
-                if (m_view.viewOf[i] == m_selectedView && m_times[i] > 0) t += m_times[i];
-            row(tr("time (profile)"), timeText(t));
-        }
+        if (static_cast<size_t>(m_selectedView) < m_viewTimes.size())
+            row(tr("time (profile)"),
+                timeText(std::max(m_viewTimes[static_cast<size_t>(m_selectedView)], 0.0)));
         h += QStringLiteral("</table>") + tr("<p>Double-click to expand.</p>");
         m_properties->setHtml(h);
         Q_EMIT selectionChanged(-1);

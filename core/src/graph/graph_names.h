@@ -9,4 +9,7 @@ namespace lathe::core {
 /// namespace ("aten::") or in-place underscore.
 void nameGraphNodes(ModelGraph& graph);
 
+/// The op without its namespace: "conv2d" of "aten::conv2d".
+std::string shortOpName(const std::string& op);
+
 }  // namespace lathe::core

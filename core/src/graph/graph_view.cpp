@@ -6,16 +6,12 @@
 #include <set>
 #include <unordered_map>
 
+#include "graph_names.h"
 #include "lathe/core/graph_layout.h"
 
 namespace lathe::core {
 
 namespace {
-
-std::string shortOp(const std::string& op) {
-    const auto p = op.rfind("::");
-    return p == std::string::npos ? op : op.substr(p + 2);
-}
 
 int depthOf(const std::string& scope) {
     return scope.empty() ? 0 : 1 + static_cast<int>(std::count(scope.begin(), scope.end(), '.'));
@@ -179,7 +175,7 @@ GraphView buildGraphView(const ModelGraph& g, const std::set<std::string>& colla
         vn.node = n.id;
         vn.scope = n.scope;
         vn.category = n.category;
-        vn.label = n.category == "input" || n.category == "output" ? n.name : shortOp(n.op);
+        vn.label = n.category == "input" || n.category == "output" ? n.name : shortOpName(n.op);
         if (!n.outputs.empty() && n.outputs[0].known)
             vn.detail = graphShapeText(n.outputs[0]);
         else if (n.category == "output" && !n.inputs.empty() && n.inputs[0].known)

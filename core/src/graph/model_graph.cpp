@@ -33,16 +33,16 @@ std::string dotQuote(const std::string& s) {
     return out + "\"";
 }
 
-std::string shortOp(const std::string& op) {
+}  // namespace
+
+std::string shortOpName(const std::string& op) {
     const auto p = op.rfind("::");
     return p == std::string::npos ? op : op.substr(p + 2);
 }
 
-}  // namespace
-
 void nameGraphNodes(ModelGraph& g) {
     auto base = [](const std::string& op) {
-        std::string s = shortOp(op);
+        std::string s = shortOpName(op);
         if (s.size() > 1 && s.back() == '_' && s[s.size() - 2] != '_') s.pop_back();
         return s;
     };
@@ -150,22 +150,23 @@ std::string graphDot(const ModelGraph& g, bool horizontal) {
         c->nodes.push_back(&n);
     }
     int clusterId = 0;
-    std::function<void(const Cluster&, const std::string&, int)> emit = [&](const Cluster& c,
-                                                                            const std::string& label,
-                                                                            int depth) {
-        const std::string pad(static_cast<size_t>(2 * depth), ' ');
-        if (!label.empty())
-            out << pad << "subgraph cluster_" << clusterId++ << " {\n"
-                << pad << "  label=" << dotQuote(label) << "; style=rounded; color=\"#bbbbbb\";\n";
-        for (const GraphNode* n : c.nodes) {
-            std::string text = n->category == "input" || n->category == "output" ? n->name : shortOp(n->op);
-            if (!n->outputs.empty() && n->outputs[0].known) text += "\n" + graphShapeText(n->outputs[0]);
-            out << pad << "  n" << n->id << " [label=" << dotQuote(text) << ", tooltip=" << dotQuote(n->name)
-                << ", fillcolor=" << dotQuote(graphCategoryColor(n->category)) << "];\n";
-        }
-        for (const auto& [name, child] : c.children) emit(child, name, depth + 1);
-        if (!label.empty()) out << pad << "}\n";
-    };
+    std::function<void(const Cluster&, const std::string&, int)> emit =
+        [&](const Cluster& c, const std::string& label, int depth) {
+            const std::string pad(static_cast<size_t>(2 * depth), ' ');
+            if (!label.empty())
+                out << pad << "subgraph cluster_" << clusterId++ << " {\n"
+                    << pad << "  label=" << dotQuote(label) << "; style=rounded; color=\"#bbbbbb\";\n";
+            for (const GraphNode* n : c.nodes) {
+                std::string text =
+                    n->category == "input" || n->category == "output" ? n->name : shortOpName(n->op);
+                if (!n->outputs.empty() && n->outputs[0].known) text += "\n" + graphShapeText(n->outputs[0]);
+                out << pad << "  n" << n->id << " [label=" << dotQuote(text)
+                    << ", tooltip=" << dotQuote(n->name)
+                    << ", fillcolor=" << dotQuote(graphCategoryColor(n->category)) << "];\n";
+            }
+            for (const auto& [name, child] : c.children) emit(child, name, depth + 1);
+            if (!label.empty()) out << pad << "}\n";
+        };
     emit(root, "", 0);
     for (const auto& e : g.edges) {
         out << "  n" << e.from << " -> n" << e.to;

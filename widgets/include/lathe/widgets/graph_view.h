@@ -11,6 +11,7 @@
 #include <QWidget>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -94,6 +95,8 @@ Q_SIGNALS:
 
 private:
     struct LayoutResult;
+    /// Reads (`read`, on the worker thread), collapses by default and lays out a new graph.
+    void startFresh(std::function<core::ModelGraph()> read, std::vector<double> times);
     void relayout();
     void applyLayout(uint64_t generation, const std::shared_ptr<LayoutResult>& result);
     void rebuildScene();
@@ -107,7 +110,8 @@ private:
     void revealAndSelect(int64_t graphNode);
 
     std::shared_ptr<const core::ModelGraph> m_graph;
-    std::vector<double> m_times;  // per graph node, ns; empty: no profile
+    std::vector<double> m_times;      // per graph node, ns; empty: no profile
+    std::vector<double> m_viewTimes;  // per view node: its ops' summed time, -1 when none timed
     double m_maxViewTime = 0;
     std::set<std::string> m_collapsed;
     bool m_horizontal = false;
