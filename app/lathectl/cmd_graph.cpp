@@ -30,7 +30,7 @@ struct GraphState {
     std::string file, model, spec, inputShape, format, output;
     int64_t run = 0;
     int collapseDepth = 0;
-    bool summary = false, horizontal = false;
+    bool summary = false, horizontal = false, inProcess = false;
 };
 
 // "1,234,567"
@@ -150,6 +150,7 @@ void runGraph(const GraphState& st) {
     if (st.collapseDepth < 0) throw UsageError("--collapse-depth must be 0 (everything expanded) or more");
     core::GraphOptions options;
     if (!st.inputShape.empty()) options.inputShape = parseShape(st.inputShape);
+    options.inProcess = st.inProcess;
 
     std::string path = st.file, label = st.file;
     std::unique_ptr<TempModelDir> temp;  // removed however this ends
@@ -242,6 +243,10 @@ void registerGraph(CLI::App& app, int& exitCode) {
                     "svg/png: draw module scopes N levels deep as one box each (default 0: every op)");
     cmd->add_flag("--summary", st->summary, "the per-layer table (also with --format / -o)");
     cmd->add_flag("--horizontal", st->horizontal, "dot/svg/png: left to right instead of top to bottom");
+    // Hidden: read TorchScript in this process. readModelGraph runs `lathectl graph FILE --format
+    // json --in-process` as the child that reads TorchScript, so LibTorch crashing on a damaged
+    // file ends that child, not the program that asked.
+    cmd->add_flag("--in-process", st->inProcess, "read TorchScript in this process")->group("");
     addCommonOptions(cmd, st->common);
     cmd->callback([st] { runGraph(*st); });  // NotFoundError is a ConfigError: exit 2
 }

@@ -7,6 +7,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -27,6 +28,7 @@
 
 using namespace lathe;
 using lathe::test::TempDir;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -540,4 +542,100 @@ TEST_CASE("profile op times land on the graph's nodes in execution order", "[gra
         e, {span(K::Phase, "forward", 1, 0, 1000), span(K::Op, "aten::linear", 1, 0, 100),
             span(K::Op, "aten::t", 1, 5, 5), span(K::Op, "aten::addmm", 1, 12, 78)});
     CHECK(te == std::vector<double>{-1, 5, 78, -1});
+}
+
+TEST_CASE("TorchScript is read by a lathectl child: the same graph, and its crash is a ConfigError",
+          "[graph]") {
+    CnnRun run;
+    TempDir dir;
+    // The child's graph, back through JSON, is the one read here, field for field.
+    core::GraphOptions here;
+    here.inProcess = true;
+    const auto inChild = core::readModelGraph(run.model);
+    const auto inProcess = core::readModelGraph(run.model, here);
+    REQUIRE(inChild.nodes.size() > 5);
+    CHECK(core::graphJson(inChild) == core::graphJson(inProcess));
+    CHECK(inChild.parameters == inProcess.parameters);
+    CHECK_FALSE(inChild.exampleInput.empty());
+    // With an explicit example input, passed on to the child.
+    core::GraphOptions four;
+    four.inputShape = {4, 1, 8, 8};
+    const auto g4 = core::readModelGraph(run.model, four);
+    CHECK(g4.exampleInput == std::vector<int64_t>{4, 1, 8, 8});
+    CHECK(g4.nodes.back().inputs.at(0).shape.at(0) == 4);
+    // The child's ConfigError comes back as one, with its message.
+    const auto text = dir.file("notes.pt");
+    std::ofstream(text) << "PK\x03\x04 and then nothing a zip reader wants\n";
+    CHECK_THROWS_AS(core::readModelGraph(text), core::ConfigError);
+    CHECK_THROWS_WITH(core::readModelGraph(text), Catch::Contains("notes.pt is not a TorchScript model"));
+    core::GraphOptions bad;
+    bad.inputShape = {1, 3, 8, 8};
+    CHECK_THROWS_WITH(core::readModelGraph(run.model, bad),
+                      Catch::Contains("cannot run on an input of shape [1,3,8,8]"));
+
+    // Readers that crash, hang or write nonsense (stand-ins for LibTorch on a damaged file, which
+    // does so only on rare inputs: tests/fuzz/fuzz_torchscript_graph.cpp meets them).
+    auto script = [&](const std::string& name, const std::string& body) {
+        const auto p = dir.file(name);
+        std::ofstream(p) << "#!/bin/sh\n" << body << "\n";
+        fs::permissions(p, fs::perms::owner_all);
+        return p;
+    };
+    core::GraphOptions crash;
+    crash.readerProgram = script("crash.sh", "kill -SEGV $$");
+    CHECK_THROWS_AS(core::readModelGraph(run.model, crash), core::ConfigError);
+    CHECK_THROWS_WITH(core::readModelGraph(run.model, crash),
+                      Catch::Contains("crashed on this file (SIGSEGV") && Catch::Contains(run.model));
+    core::GraphOptions hang;
+    hang.readerProgram = script("hang.sh", "exec sleep 60");
+    hang.readerTimeoutS = 0.5;
+    CHECK_THROWS_WITH(core::readModelGraph(run.model, hang), Catch::Contains("took longer than"));
+    core::GraphOptions junk;
+    junk.readerProgram = script("junk.sh", "echo '{\"nodes\": 3}'");
+    CHECK_THROWS_WITH(core::readModelGraph(run.model, junk), Catch::Contains("wrote something unexpected"));
+    core::GraphOptions fails;
+    fails.readerProgram = script("fails.sh", "echo 'lathectl: internal error: out of luck' >&2; exit 3");
+    CHECK_THROWS_WITH(core::readModelGraph(run.model, fails),
+                      Catch::Contains("exit status 3") && Catch::Contains("out of luck"));
+    core::GraphOptions missing;
+    missing.readerProgram = dir.file("no-such-program");
+    CHECK_THROWS_WITH(core::readModelGraph(run.model, missing), Catch::Contains("cannot start"));
+}
+
+TEST_CASE("damaged TorchScript files that crash LibTorch's loader: exit 2, never a crash", "[graph][cli]") {
+    // Kept from tests/fuzz/fuzz_torchscript_graph.cpp runs: in a fresh process on these machines
+    // torch::jit::load segfaults on them (ScriptTypeParser::parseClassConstant), depending on
+    // memory layout; reading them here directly would end this test program.
+    const std::string dir = std::string(LATHE_SOURCE_DIR) + "/tests/fuzz/torchscript_crashes/";
+    for (const char* name : {"segv-class-constant-1.pt", "segv-class-constant-2.pt"}) {
+        const std::string file = dir + name;
+        INFO(file);
+        REQUIRE(fs::exists(file));
+        const auto alone = test::runShell(test::binPath("lathectl") + " graph --in-process " + file);
+        WARN("LibTorch alone on " << name << ": exit " << alone.exitCode
+                                  << (alone.exitCode > 128 ? " (killed by a signal)" : ""));
+        CHECK_THROWS_AS(core::readModelGraph(file), core::ConfigError);
+        CHECK_THROWS_WITH(core::readModelGraph(file), Catch::Contains(name));
+        const auto cli = test::runShell(test::binPath("lathectl") + " graph " + file);
+        CHECK(cli.exitCode == 2);
+        CHECK(cli.err.find(name) != std::string::npos);
+        CHECK(std::count(cli.err.begin(), cli.err.end(), '\n') == 1);
+    }
+}
+
+TEST_CASE("graphFromJson refuses what is not a graph", "[graph]") {
+    CHECK_THROWS_AS(core::graphFromJson("not json"), core::ConfigError);
+    CHECK_THROWS_AS(core::graphFromJson("{}"), core::ConfigError);
+    core::ModelGraph g;
+    g.source = "onnx";
+    g.nodes.resize(2);
+    g.nodes[0].id = 0;
+    g.nodes[1].id = 1;
+    g.nodes[0].attributes = {{"z", "1"}, {"a", "2"}};  // order kept, not sorted
+    g.edges.push_back({0, 1, {}});
+    const auto back = core::graphFromJson(core::graphJson(g));
+    CHECK(back.nodes.at(0).attributes == g.nodes[0].attributes);
+    CHECK(back.edges.size() == 1);
+    g.edges[0].to = 7;  // a node that is not there
+    CHECK_THROWS_WITH(core::graphFromJson(core::graphJson(g)), Catch::Contains("not there"));
 }

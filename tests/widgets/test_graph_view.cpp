@@ -152,6 +152,24 @@ TEST_CASE("Graph view: a bad file shows the reader's message", "[widgets][graph]
     CHECK(!view.hasLayout());
 }
 
+TEST_CASE("Graph view: a TorchScript file that crashes LibTorch's loader is an error, not a crash",
+          "[widgets][graph]") {
+    // Found by tests/fuzz/fuzz_torchscript_graph.cpp: LibTorch 1.13 segfaults loading it (in a
+    // fresh process on these machines). The view reads TorchScript through a lathectl child.
+    const QString file =
+        QStringLiteral(LATHE_SOURCE_DIR "/tests/fuzz/torchscript_crashes/segv-class-constant-1.pt");
+    REQUIRE(QFile::exists(file));
+    GraphView view;
+    view.show();
+    QSignalSpy failed(&view, &GraphView::loadFailed);
+    view.openFile(file);
+    REQUIRE(waitUntil([&] { return !failed.isEmpty(); }, 60000));
+    const QString message = failed.at(0).at(0).toString();
+    INFO(message.toStdString());
+    CHECK(message.contains(QStringLiteral("segv-class-constant-1.pt")));
+    CHECK(!view.hasLayout());
+}
+
 TEST_CASE("Graph view: a 5,000-op graph opens collapsed, a heat map colours by time", "[widgets][graph]") {
     // A stack of 250 blocks of 20 ops under "blocks.i": too many to open expanded.
     core::ModelGraph g;

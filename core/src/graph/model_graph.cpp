@@ -2,6 +2,8 @@
 // The readers live in the torch-backed library (torchscript_graph.cpp).
 #include "lathe/core/model_graph.h"
 
+#include "lathe/core/error.h"
+
 #include "graph_names.h"
 
 #include <functional>
@@ -14,7 +16,9 @@ namespace lathe::core {
 
 namespace {
 
-nlohmann::json tensorJson(const GraphTensor& t) {
+using Json = nlohmann::ordered_json;  // attributes keep their order through graphFromJson
+
+Json tensorJson(const GraphTensor& t) {
     if (!t.known) return {{"shape", nullptr}, {"dtype", nullptr}};
     return {{"shape", t.shape}, {"dtype", t.dtype}};
 }
@@ -88,11 +92,11 @@ const char* graphCategoryColor(const std::string& category) {
 }
 
 std::string graphJson(const ModelGraph& g, int indent) {
-    nlohmann::json nodes = nlohmann::json::array(), edges = nlohmann::json::array();
+    Json nodes = Json::array(), edges = Json::array();
     for (const auto& n : g.nodes) {
-        nlohmann::json attrs = nlohmann::json::object();
+        Json attrs = Json::object();
         for (const auto& [k, v] : n.attributes) attrs[k] = v;
-        nlohmann::json ins = nlohmann::json::array(), outs = nlohmann::json::array();
+        Json ins = Json::array(), outs = Json::array();
         for (const auto& t : n.inputs) ins.push_back(tensorJson(t));
         for (const auto& t : n.outputs) outs.push_back(tensorJson(t));
         nodes.push_back({{"id", n.id},
@@ -113,17 +117,87 @@ std::string graphJson(const ModelGraph& g, int indent) {
         j["to"] = e.to;
         edges.push_back(j);
     }
-    nlohmann::json j{
-        {"source", g.source},
-        {"name", g.name},
-        {"parameters", g.parameters},
-        {"parameter_bytes", g.parameterBytes},
-        {"flops", g.flops},
-        {"example_input", g.exampleInput.empty() ? nlohmann::json(nullptr) : nlohmann::json(g.exampleInput)},
-        {"notes", g.notes},
-        {"nodes", nodes},
-        {"edges", edges}};
-    return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+    Json j{{"source", g.source},
+           {"name", g.name},
+           {"parameters", g.parameters},
+           {"parameter_bytes", g.parameterBytes},
+           {"flops", g.flops},
+           {"example_input", g.exampleInput.empty() ? Json(nullptr) : Json(g.exampleInput)},
+           {"notes", g.notes},
+           {"nodes", nodes},
+           {"edges", edges}};
+    return j.dump(indent, ' ', false, Json::error_handler_t::replace);
+}
+
+namespace {
+
+GraphTensor tensorFromJson(const Json& j) {
+    GraphTensor t;
+    if (!j.is_object()) throw ConfigError("a tensor is not an object");
+    const auto shape = j.find("shape");
+    if (shape == j.end() || shape->is_null()) return t;
+    t.known = true;
+    t.shape = shape->get<std::vector<int64_t>>();
+    const auto dtype = j.find("dtype");
+    if (dtype != j.end() && !dtype->is_null()) t.dtype = dtype->get<std::string>();
+    return t;
+}
+
+std::vector<GraphTensor> tensorsFromJson(const Json& j) {
+    std::vector<GraphTensor> out;
+    for (const auto& t : j) out.push_back(tensorFromJson(t));
+    return out;
+}
+
+}  // namespace
+
+ModelGraph graphFromJson(const std::string& text) {
+    ModelGraph g;
+    try {
+        const Json j = Json::parse(text);
+        g.source = j.at("source").get<std::string>();
+        g.name = j.at("name").get<std::string>();
+        g.parameters = j.at("parameters").get<int64_t>();
+        g.parameterBytes = j.at("parameter_bytes").get<int64_t>();
+        g.flops = j.at("flops").get<double>();
+        if (!j.at("example_input").is_null())
+            g.exampleInput = j.at("example_input").get<std::vector<int64_t>>();
+        g.notes = j.at("notes").get<std::vector<std::string>>();
+        for (const auto& jn : j.at("nodes")) {
+            GraphNode n;
+            n.id = jn.at("id").get<int64_t>();
+            if (n.id != static_cast<int64_t>(g.nodes.size()))
+                throw ConfigError("node " + std::to_string(g.nodes.size()) + " has id " +
+                                  std::to_string(n.id));
+            n.name = jn.at("name").get<std::string>();
+            n.op = jn.at("op").get<std::string>();
+            n.category = jn.at("category").get<std::string>();
+            n.scope = jn.at("scope").get<std::string>();
+            for (const auto& [k, v] : jn.at("attributes").items())
+                n.attributes.emplace_back(k, v.get<std::string>());
+            n.inputs = tensorsFromJson(jn.at("inputs"));
+            n.outputs = tensorsFromJson(jn.at("outputs"));
+            n.parameters = jn.at("parameters").get<int64_t>();
+            n.parameterBytes = jn.at("parameter_bytes").get<int64_t>();
+            n.flops = jn.at("flops").get<double>();
+            g.nodes.push_back(std::move(n));
+        }
+        const auto count = static_cast<int64_t>(g.nodes.size());
+        for (const auto& je : j.at("edges")) {
+            GraphEdge e;
+            e.from = je.at("from").get<int64_t>();
+            e.to = je.at("to").get<int64_t>();
+            if (e.from < 0 || e.from >= count || e.to < 0 || e.to >= count)
+                throw ConfigError("an edge names a node that is not there");
+            e.tensor = tensorFromJson(je);
+            g.edges.push_back(std::move(e));
+        }
+    } catch (const nlohmann::json::exception& ex) {
+        throw ConfigError(std::string("not a model graph in JSON: ") + ex.what());
+    } catch (const ConfigError& ex) {
+        throw ConfigError(std::string("not a model graph in JSON: ") + ex.what());
+    }
+    return g;
 }
 
 std::string graphDot(const ModelGraph& g, bool horizontal) {

@@ -53,6 +53,12 @@ struct GraphOptions {
     // The example input (batch included) run to find shapes. Empty: the artifact's declared input
     // with batch 1 when the file is a Lathe artifact; else the graph has no shapes or FLOPs.
     std::vector<int64_t> inputShape;
+    // TorchScript through readModelGraph: LibTorch's own loader crashes (SIGSEGV) on some damaged
+    // archives, so by default the file is read by a child process (`lathectl graph FILE --format
+    // json`), which a crash ends instead of this program. True reads it here (what that child does).
+    bool inProcess = false;
+    std::string readerProgram;    // the child's program; "" = lathectl beside this program
+    double readerTimeoutS = 300;  // the child is killed after this long (a file that never loads)
 };
 
 /// Reads a TorchScript file (loads LibTorch). Throws ConfigError, naming the file, for a missing
@@ -67,13 +73,19 @@ ModelGraph readTorchScriptGraph(const std::string& path, const GraphOptions& opt
 ModelGraph readOnnxGraph(const std::string& path, const GraphOptions& options = {});
 
 /// Either, by content: a zip archive is TorchScript, anything else is read as ONNX (in
-/// liblathe_graph).
+/// liblathe_graph). TorchScript is read in a child process unless `options.inProcess` (see
+/// GraphOptions): a file that crashes LibTorch's loader is a ConfigError naming the file and the
+/// signal, one that never loads is stopped after `readerTimeoutS`.
 ModelGraph readModelGraph(const std::string& path, const GraphOptions& options = {});
 
 /// One object: source, name, parameters, parameter_bytes, flops, example_input, notes, nodes
 /// (id, name, op, category, scope, attributes, inputs, outputs, parameters, parameter_bytes,
 /// flops) and edges (from, to, shape, dtype). Shapes not known are null.
 std::string graphJson(const ModelGraph& graph, int indent = -1);
+
+/// graphJson's inverse. Throws ConfigError for text that is not such an object (a missing or
+/// mistyped field, an edge to a node that is not there).
+ModelGraph graphFromJson(const std::string& text);
 
 /// Graphviz DOT: a cluster per module scope, nodes labelled with op and output shape, coloured by
 /// category; rankdir TB, or LR when `horizontal`.
