@@ -8,6 +8,7 @@
 #include <onnx/shape_inference/implementation.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -105,7 +106,8 @@ GraphTensor tensorOf(const onnx::TypeProto& type) {
     const auto& tt = type.tensor_type();
     if (!tt.has_shape()) return t;
     for (const auto& d : tt.shape().dim()) {
-        if (!d.has_dim_value()) return GraphTensor{};
+        // A negative size (a damaged file; fuzz.onnx_graph found one) is no shape either.
+        if (!d.has_dim_value() || d.dim_value() < 0) return GraphTensor{};
         t.shape.push_back(d.dim_value());
     }
     t.known = true;
@@ -405,8 +407,10 @@ struct OnnxReader {
                 out.exampleInput = options.inputShape;
             } else {
                 for (auto& d : *shape->mutable_dim())
-                    if (!d.has_dim_value()) {
-                        symbolic.push_back(in.name() + "[" + d.dim_param() + "]");
+                    if (!d.has_dim_value() || d.dim_value() < 0) {
+                        symbolic.push_back(
+                            in.name() + "[" +
+                            (d.has_dim_value() ? std::to_string(d.dim_value()) : d.dim_param()) + "]");
                         d.set_dim_value(1);
                     }
                 if (first) {
@@ -600,6 +604,7 @@ struct OnnxReader {
         nameGraphNodes(out);
         for (auto& n : out.nodes) {
             n.flops = onnxFlops(n);
+            if (!(n.flops >= 0) || !std::isfinite(n.flops)) n.flops = 0;  // shapes a damaged file got wrong
             out.flops += n.flops;
         }
         if (!unknownOps.empty()) {
