@@ -41,11 +41,13 @@ int64_t answered(const core::LoadReport& r) {
 nlohmann::json reportJson(const core::LoadOptions& o, const core::LoadReport& r) {
     nlohmann::json by = nlohmann::json::object();
     for (const auto& [k, n] : r.byStatus) by[k] = n;
+    const bool closed = o.connections > 0;
     return {{"url", o.url},
             {"model", o.model},
-            {"rate", o.rate},
+            {"mode", closed ? "closed" : "open"},
+            {"rate", closed ? nlohmann::json(nullptr) : nlohmann::json(o.rate)},
             {"duration_s", o.durationS},
-            {"users", o.users},
+            {"users", closed ? o.connections : o.users},
             {"rows", o.rowsPerRequest},
             {"binary", o.binary},
             {"sent", r.sent},
@@ -65,9 +67,15 @@ nlohmann::json reportJson(const core::LoadOptions& o, const core::LoadReport& r)
 }
 
 void printReport(const core::LoadOptions& o, const core::LoadReport& r) {
-    std::printf("load: %s at %s, %g req/s intended for %g s, %d users, %lld row(s) per request%s\n",
-                o.model.c_str(), o.url.c_str(), o.rate, o.durationS, o.users,
-                static_cast<long long>(o.rowsPerRequest), o.binary ? ", binary tensor data" : "");
+    const bool closed = o.connections > 0;
+    if (closed)
+        std::printf("load: %s at %s, closed loop on %d connections for %g s, %lld row(s) per request%s\n",
+                    o.model.c_str(), o.url.c_str(), o.connections, o.durationS,
+                    static_cast<long long>(o.rowsPerRequest), o.binary ? ", binary tensor data" : "");
+    else
+        std::printf("load: %s at %s, %g req/s intended for %g s, %d users, %lld row(s) per request%s\n",
+                    o.model.c_str(), o.url.c_str(), o.rate, o.durationS, o.users,
+                    static_cast<long long>(o.rowsPerRequest), o.binary ? ", binary tensor data" : "");
     std::printf("  sent       %lld in %.1f s, %lld answered 2xx: %.1f req/s\n",
                 static_cast<long long>(r.sent), r.elapsedS, static_cast<long long>(r.ok), r.qps);
     if (r.unsent > 0)
@@ -77,8 +85,11 @@ void printReport(const core::LoadOptions& o, const core::LoadReport& r) {
             static_cast<long long>(r.unsent), o.rate, o.users);
     std::printf(
         "  latency    p50 %.2f  p90 %.2f  p99 %.2f  p99.9 %.2f  max %.2f  mean %.2f ms "
-        "(from the intended send time)\n",
-        r.p50Ms, r.p90Ms, r.p99Ms, r.p999Ms, r.maxMs, r.meanMs);
+        "(from the %s)\n",
+        r.p50Ms, r.p90Ms, r.p99Ms, r.p999Ms, r.maxMs, r.meanMs, closed ? "send" : "intended send time");
+    if (r.clientCpuS > 0 && r.sent > 0)
+        std::printf("  client CPU %.1f us per request (%.2f s on %d thread%s)\n", r.clientCpuS * 1e6 / r.sent,
+                    r.clientCpuS, o.threads, o.threads == 1 ? "" : "s");
     std::printf("  errors     %lld\n", static_cast<long long>(r.errors));
     std::printf("  by status  %s\n", statusList(r.byStatus).c_str());
 }
@@ -150,16 +161,29 @@ int runLoadCommand(LoadState& st) {
 void registerLoad(CLI::App& app, int& exitCode) {
     auto st = std::make_shared<LoadState>();
     auto* cmd = app.add_subcommand(
-        "load", "open-loop HTTP load against a KServe v2 server: QPS, latency percentiles, errors by status");
+        "load",
+        "HTTP load against a KServe v2 server, open loop (--rate) or closed loop (--connections, like wrk): "
+        "QPS, latency percentiles, errors by status");
     cmd->add_option("--url", st->load.url, "server base URL")->capture_default_str();
     cmd->add_option("--model", st->load.model, "model name served at /v2/models/NAME")->required();
-    cmd->add_option("--rate", st->load.rate, "intended requests per second (fixed schedule, not closed-loop)")
-        ->required()
-        ->check(CLI::PositiveNumber);
+    auto* rate =
+        cmd->add_option("--rate", st->load.rate,
+                        "open loop: intended requests per second on a fixed schedule, latency from each "
+                        "request's intended send time (a server that falls behind shows it)")
+            ->check(CLI::PositiveNumber);
+    auto* conns = cmd->add_option("--connections", st->load.connections,
+                                  "closed loop, like wrk: N connections, each sending its next request as "
+                                  "soon as the last is answered (the server's saturated throughput)")
+                      ->check(CLI::Range(1, 10000));
+    rate->excludes(conns);
+    auto* mode = cmd->add_option_group("mode");
+    mode->add_option(rate);
+    mode->add_option(conns);
+    mode->require_option(1);
     cmd->add_option("--duration", st->load.durationS, "seconds to send for")
         ->required()
         ->check(CLI::PositiveNumber);
-    cmd->add_option("--users", st->load.users, "concurrent keep-alive connections")
+    cmd->add_option("--users", st->load.users, "open loop: concurrent keep-alive connections")
         ->capture_default_str()
         ->check(CLI::Range(1, 10000));
     cmd->add_option("--rows", st->load.rowsPerRequest, "rows (batch dimension) per request")

@@ -55,6 +55,7 @@ struct DeployState {
     std::string reason;
     int64_t maxBatch = 0;
     double maxDelayMs = -1;
+    std::string batching;
     int64_t maxQueue = 0;
     int instances = 0;
     double readyTimeout = 60;
@@ -186,9 +187,9 @@ void runServe(ServeState& st, int& exitCode) {
     const auto port = server.start();
     const std::string url = "http://" + st.options.host + ":" + std::to_string(port);
     std::printf(
-        "serving %s v%lld at %s (max batch %lld, max delay %g ms, queue %lld rows, %d I/O threads, "
-        "%d instance%s)\n",
-        served.name.c_str(), static_cast<long long>(served.version), url.c_str(),
+        "serving %s v%lld at %s (%s batching, max batch %lld, max delay %g ms, queue %lld rows, %d I/O "
+        "threads, %d instance%s)\n",
+        served.name.c_str(), static_cast<long long>(served.version), url.c_str(), st.options.batching.c_str(),
         static_cast<long long>(st.options.maxBatch), st.options.maxDelayMs,
         static_cast<long long>(st.options.maxQueue), st.options.ioThreads, st.options.instances,
         st.options.instances == 1 ? "" : "s");
@@ -296,6 +297,7 @@ core::DeployOptions deployOptions(const DeployState& st) {
         o.serverArgs.insert(o.serverArgs.end(), {"--max-batch", std::to_string(st.maxBatch)});
     if (st.maxDelayMs >= 0)
         o.serverArgs.insert(o.serverArgs.end(), {"--max-delay-ms", std::to_string(st.maxDelayMs)});
+    if (!st.batching.empty()) o.serverArgs.insert(o.serverArgs.end(), {"--batching", st.batching});
     if (st.maxQueue > 0)
         o.serverArgs.insert(o.serverArgs.end(), {"--max-queue", std::to_string(st.maxQueue)});
     if (st.instances > 0)
@@ -323,6 +325,8 @@ void addDeployFlags(CLI::App* c, DeployState& st) {
     c->add_option("--reason", st.reason, "why (recorded in the deployment history)");
     c->add_option("--max-batch", st.maxBatch, "a new server's --max-batch");
     c->add_option("--max-delay-ms", st.maxDelayMs, "a new server's --max-delay-ms");
+    c->add_option("--batching", st.batching, "a new server's --batching (adaptive or fixed)")
+        ->check(CLI::IsMember({"adaptive", "fixed"}));
     c->add_option("--max-queue", st.maxQueue, "a new server's --max-queue");
     c->add_option("--instances", st.instances, "a new server's --instances")->check(CLI::Range(1, 64));
     c->add_option("--ready-timeout", st.readyTimeout, "seconds to wait for the server to become ready");
@@ -398,6 +402,13 @@ void registerServe(CLI::App& app, int& exitCode) {
                   "longest wait of the oldest request for a fuller batch")
         ->capture_default_str()
         ->check(CLI::Range(0.0, 10000.0));
+    s->add_option("--batching", st->options.batching,
+                  "adaptive: an idle instance runs what is queued at once, requests wait for company only "
+                  "while every instance is busy (low latency at light load, full batches under load); "
+                  "fixed: a batch waits until it has --max-batch rows or its oldest request has waited "
+                  "--max-delay-ms")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"adaptive", "fixed"}));
     s->add_option("--max-queue", st->options.maxQueue, "rows waiting before requests get 503")
         ->capture_default_str();
     s->add_option("--threads", st->options.ioThreads, "HTTP I/O threads")

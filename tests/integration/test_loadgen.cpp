@@ -35,6 +35,13 @@ const ServingWorkspace& workspace() {
     return ws;
 }
 
+// The value of one series (its full name and labels, as /metrics prints them); -1 when absent.
+double metricOf(const std::string& metrics, const std::string& series) {
+    const auto pos = metrics.find("\n" + series + " ");
+    if (pos == std::string::npos) return -1;
+    return std::stod(metrics.substr(pos + series.size() + 2));
+}
+
 // Sum of lathe_requests_total for one HTTP code, read from the server's /metrics.
 double servedWithCode(uint16_t port, int code) {
     const auto m = httpGet(port, "/metrics");
@@ -252,6 +259,44 @@ TEST_CASE("at a modest rate every request to the real server is answered 200", "
         o.body = R"({"inputs":[]})";
         CHECK_THROWS_WITH(runLoad(o), Catch::Contains("--binary"));
     }
+}
+
+TEST_CASE("closed loop: each connection sends again as soon as it is answered, like wrk",
+          "[loadgen][serving]") {
+    const auto& ws = workspace();
+    auto server = ws.serve();
+    LoadOptions o;
+    o.url = localUrl(server->port());
+    o.model = "digits";
+    o.connections = 4;
+    o.rate = 1;  // unused in closed loop: were it the schedule, about one request would go out
+    o.durationS = 1;
+    const auto r = runLoad(o);
+    checkConsistent(r);
+    CHECK(r.errors == 0);
+    CHECK(r.unsent == 0);
+    // As fast as the server answers: far beyond the (unused) rate, and at most 4 in flight, so
+    // the server never saw more than 4 rows in one batch.
+    CHECK(r.ok > 100);
+    CHECK(servedWithCode(server->port(), 200) == static_cast<double>(r.ok));
+    const auto m = httpGet(server->port(), "/metrics").body;
+    CHECK(metricOf(m, "lathe_batch_size_count{model=\"digits\",version=\"1\"}") > 0);
+    CHECK(metricOf(m, "lathe_batch_size_bucket{model=\"digits\",version=\"1\",le=\"4\"}") ==
+          metricOf(m, "lathe_batch_size_count{model=\"digits\",version=\"1\"}"));
+    CHECK(r.clientCpuS > 0);
+    // One connection: strictly one request at a time, so every batch is one row.
+    auto one = ws.serve();
+    o.url = localUrl(one->port());
+    o.connections = 1;
+    o.durationS = 0.5;
+    const auto single = runLoad(o);
+    CHECK(single.errors == 0);
+    CHECK(single.ok > 20);
+    const auto m1 = httpGet(one->port(), "/metrics").body;
+    CHECK(metricOf(m1, "lathe_batch_size_sum{model=\"digits\",version=\"1\"}") ==
+          metricOf(m1, "lathe_batch_size_count{model=\"digits\",version=\"1\"}"));
+    o.connections = -1;
+    CHECK_THROWS_WITH(runLoad(o), Catch::Contains("--connections"));
 }
 
 TEST_CASE("an overloaded server answers 503, the generator counts them, and the server keeps serving",
@@ -488,6 +533,16 @@ TEST_CASE("lathectl load prints a report, records it, and exits by outcome", "[l
     CHECK(none.exitCode == 1);
     CHECK_THAT(none.err, Catch::Contains("Connection refused — is a server running?"));
 
+    const auto closed = runShell(lathectl + " --model digits --connections 2 --duration 0.5 --json");
+    INFO(closed.err);
+    REQUIRE(closed.exitCode == 0);
+    const auto c = json::parse(closed.out);
+    CHECK(c.at("mode") == "closed");
+    CHECK(c.at("users") == 2);
+    CHECK(c.at("rate").is_null());
+    CHECK(c.at("ok").get<int>() > 20);
+    CHECK(runShell(lathectl + " --model digits --duration 1").exitCode == 2);  // neither mode
+    CHECK(runShell(lathectl + " --model digits --rate 5 --connections 2 --duration 1").exitCode == 2);
     CHECK(runShell(lathectl + " --model digits --rate 0 --duration 1").exitCode == 2);
     CHECK(runShell(lathectl + " --model digits --rate 10").exitCode == 2);
     CHECK(runShell(lathectl + " --model 'bad name' --rate 10 --duration 1").exitCode == 2);

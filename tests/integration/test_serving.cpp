@@ -74,10 +74,14 @@ bool running(int64_t pid) {
     return !stat.empty() && close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z';
 }
 
-int64_t metricValue(const std::string& metrics, const std::string& prefix) {
+double metricDouble(const std::string& metrics, const std::string& prefix) {
     const auto pos = metrics.find(prefix);
     if (pos == std::string::npos) return 0;
-    return static_cast<int64_t>(std::stod(metrics.substr(metrics.find(' ', pos) + 1)));
+    return std::stod(metrics.substr(metrics.find(' ', pos) + 1));
+}
+
+int64_t metricValue(const std::string& metrics, const std::string& prefix) {
+    return static_cast<int64_t>(metricDouble(metrics, prefix));
 }
 
 // Another run of the digits MLP in the workspace (seed 11, one epoch: other weights than v1's).
@@ -454,6 +458,7 @@ TEST_CASE("a client that stalls mid-request is dropped after the timeout, others
 TEST_CASE("concurrent single-row requests are batched together", "[serving]") {
     test::ServingWorkspace ws;
     core::ServeOptions o;
+    o.batching = "fixed";  // adaptive would run the first arrivals at once, alone
     o.maxBatch = 16;
     o.maxDelayMs = 200;  // generous: all 12 requests arrive well within it
     o.ioThreads = 4;
@@ -472,6 +477,36 @@ TEST_CASE("concurrent single-row requests are batched together", "[serving]") {
     CHECK(metricValue(m, "lathe_batch_size_sum{model=\"digits\",version=\"1\"}") == 12);
     CHECK(batches >= 1);
     CHECK(batches <= 4);  // one row per batch would be 12
+}
+
+TEST_CASE("adaptive batching runs a lone request at once, fixed holds it for the delay", "[serving]") {
+    test::ServingWorkspace ws;
+    const char* queued = "lathe_queue_duration_seconds_sum{model=\"digits\",version=\"1\"}";
+    const char* batches = "lathe_batch_size_count{model=\"digits\",version=\"1\"}";
+    core::ServeOptions o;
+    o.maxBatch = 16;
+    o.maxDelayMs = 1500;  // a fixed batch of one waits this long; an adaptive one never does
+    {
+        const auto server = ws.serve(o);  // adaptive, the default
+        for (int i = 0; i < 5; ++i)
+            REQUIRE(httpRequest(server->port(), "POST", "/v2/models/digits/infer", inferBody(1)).status ==
+                    200);
+        const auto m = httpGet(server->port(), "/metrics").body;
+        CHECK(metricValue(m, batches) == 5);
+        // Five requests, one after another, each taken by the idle worker as it came: their
+        // queueing together is a small fraction of one delay (each would wait 1.5 s under fixed).
+        CHECK(metricDouble(m, queued) < 0.75);
+    }
+    o.batching = "fixed";
+    const auto server = ws.serve(o);
+    REQUIRE(httpRequest(server->port(), "POST", "/v2/models/digits/infer", inferBody(1)).status == 200);
+    const auto m = httpGet(server->port(), "/metrics").body;
+    CHECK(metricValue(m, batches) == 1);
+    CHECK(metricDouble(m, queued) >= 1.4);
+    // An unknown policy is refused up front.
+    core::ServeOptions bad;
+    bad.batching = "eager";
+    CHECK_THROWS_WITH(core::InferenceServer(bad), Catch::Contains("--batching 'eager'"));
 }
 
 TEST_CASE("several model instances run batches at once and keep every answer to its own request",

@@ -7,10 +7,12 @@
 
 namespace lathe::core::serving {
 
-Batcher::Batcher(int64_t maxBatch, double maxDelayMs, int64_t maxQueueRows, BatcherStats stats, int instances)
+Batcher::Batcher(int64_t maxBatch, double maxDelayMs, int64_t maxQueueRows, BatcherStats stats, int instances,
+                 Policy policy)
     : m_maxBatch(std::max<int64_t>(1, maxBatch)),
       m_maxDelay(std::chrono::nanoseconds(static_cast<int64_t>(std::max(0.0, maxDelayMs) * 1e6))),
       m_maxQueueRows(std::max<int64_t>(1, maxQueueRows)),
+      m_policy(policy),
       m_stats(std::move(stats)) {
     try {
         for (int i = 0; i < std::max(1, instances); ++i)
@@ -34,8 +36,10 @@ bool Batcher::submit(PendingRequest&& r) {
         std::lock_guard<std::mutex> lk(m_mutex);
         if (m_stopping || m_queuedRows + r.rows > m_maxQueueRows) return false;
         // A worker needs waking only when there is something new for it to do: a first request
-        // (its delay starts), a batch's worth of rows, or a version boundary that closes the
-        // batch. Waking it for every request of a forming batch cost a context switch each.
+        // (adaptive: a waiting worker takes it now; fixed: its delay starts), a batch's worth of
+        // rows, or a version boundary that closes the batch. Waking it for every request of a
+        // forming batch cost a context switch each. Adaptive needs no more: a queue that is not
+        // empty means every worker is computing, and each looks at the queue when it is done.
         wake = m_queue.empty() || m_queuedRows + r.rows >= m_maxBatch || m_queue.back().model != r.model;
         m_queuedRows += r.rows;
         depth = m_queuedRows;
@@ -77,16 +81,16 @@ void Batcher::loop(int instance) {
                 }
                 return false;
             };
-            // Wait for a batch: full, or its oldest request's delay spent. Another worker may
-            // take the batch meanwhile, so the oldest request (and its deadline) is looked at
-            // afresh after every wake-up.
+            // Wait for a batch. Adaptive: anything queued (this worker is free). Fixed: full, or
+            // its oldest request's delay spent; another worker may take the batch meanwhile, so
+            // the oldest request (and its deadline) is looked at afresh after every wake-up.
             for (;;) {
                 if (m_queue.empty()) {
                     if (m_stopping) return;  // stopping and drained
                     m_cv.wait(lk);
                     continue;
                 }
-                if (m_stopping || ready()) break;
+                if (m_stopping || m_policy == Policy::Adaptive || ready()) break;
                 const auto deadline = m_queue.front().enqueued + m_maxDelay;
                 if (Clock::now() >= deadline) break;
                 m_cv.wait_until(lk, deadline);
@@ -121,7 +125,8 @@ void Batcher::runBatch(int instance, std::vector<PendingRequest>& batch, std::ve
         float* in = model.inputBuffer(instance);
         int64_t at = 0;
         for (const auto& r : batch) {
-            std::memcpy(in + at * model.inputElems(), r.input.data(), r.input.size() * sizeof(float));
+            std::memcpy(in + at * model.inputElems(), r.input,
+                        static_cast<size_t>(r.rows * model.inputElems()) * sizeof(float));
             at += r.rows;
         }
         output.resize(static_cast<size_t>(rows * model.outputElems()));
@@ -136,18 +141,10 @@ void Batcher::runBatch(int instance, std::vector<PendingRequest>& batch, std::ve
     if (m_stats.onBatch && proto.status == 200) m_stats.onBatch(model, rows, proto.computeS);
     int64_t offset = 0;
     for (auto& r : batch) {
-        BatchResult res;
-        res.status = proto.status;
-        res.error = proto.error;
-        res.computeS = proto.computeS;
-        res.batchRows = rows;
-        res.queueS = std::chrono::duration<double>(start - r.enqueued).count();
-        if (proto.status == 200) {
-            const auto n = r.rows * model.outputElems();
-            res.output.assign(output.begin() + offset, output.begin() + offset + n);
-            offset += n;
-        }
-        r.done(std::move(res));
+        proto.queueS = std::chrono::duration<double>(start - r.enqueued).count();
+        const auto n = r.rows * model.outputElems();
+        r.client->batchDone(proto, proto.status == 200 ? output.data() + offset : nullptr, n);
+        offset += n;
     }
 }
 

@@ -1,6 +1,13 @@
 #pragma once
-// Triton-style dynamic batcher for one model name: requests queue in arrival order; a batch
-// runs as soon as it holds max-batch rows or its oldest request has waited max-delay. Requests
+// Dynamic batcher for one model name: requests queue in arrival order. Two policies:
+//  - adaptive (work-conserving, the default): a worker that is free takes what is queued at once,
+//    up to max-batch rows; requests wait for company only while every worker is computing, so a
+//    lone request at light load costs one forward, and under load batches grow by themselves
+//    (what arrives during one forward is the next batch). TF Serving's batch scheduler and
+//    Triton with no queue delay behave this way.
+//  - fixed: a batch runs as soon as it holds max-batch rows or its oldest request has waited
+//    max-delay (Triton's max_queue_delay_microseconds), even when a worker is idle.
+// Requests
 // remember the model version they were admitted for, so a hot swap never mixes versions in a
 // batch and requests admitted before the swap finish on the old version. Like Triton's
 // instance_group, several workers may each run a batch at once (one per model instance): while
@@ -25,18 +32,28 @@ using Clock = std::chrono::steady_clock;
 struct BatchResult {
     int status = 200;  // 200, or 500 when the model failed
     std::string error;
-    std::vector<float> output;  // rows × outputElems
-    double queueS = 0;          // enqueue -> batch start
-    double computeS = 0;        // the batch's forward
+    double queueS = 0;    // enqueue -> batch start
+    double computeS = 0;  // the batch's forward
     int64_t batchRows = 0;
+};
+
+/// Whoever waits for a request's answer (the HTTP session), told on the batcher thread. An
+/// interface rather than a std::function: nothing is allocated per request to say where the
+/// answer goes.
+class BatchClient {
+public:
+    virtual ~BatchClient() = default;
+    /// `output`: the request's rows of the batch's output, `count` floats, valid during the call
+    /// only (null when the batch failed).
+    virtual void batchDone(const BatchResult& result, const float* output, int64_t count) = 0;
 };
 
 struct PendingRequest {
     std::shared_ptr<LoadedModel> model;
-    std::vector<float> input;  // rows × inputElems
+    const float* input = nullptr;  // rows × inputElems, the client's, untouched until batchDone
     int64_t rows = 0;
     Clock::time_point enqueued;
-    std::function<void(BatchResult&&)> done;  // called on the batcher thread
+    std::shared_ptr<BatchClient> client;
 };
 
 struct BatcherStats {
@@ -47,7 +64,9 @@ struct BatcherStats {
 class Batcher {
 public:
     /// `instances` workers; a model run by it must have been loaded with at least as many.
-    Batcher(int64_t maxBatch, double maxDelayMs, int64_t maxQueueRows, BatcherStats stats, int instances = 1);
+    enum class Policy { Adaptive, Fixed };
+    Batcher(int64_t maxBatch, double maxDelayMs, int64_t maxQueueRows, BatcherStats stats, int instances = 1,
+            Policy policy = Policy::Adaptive);
     ~Batcher();  // stop()
     /// false (and `done` is not called) when the queue is full.
     bool submit(PendingRequest&& r);
@@ -62,6 +81,7 @@ private:
     const int64_t m_maxBatch;
     const std::chrono::nanoseconds m_maxDelay;
     const int64_t m_maxQueueRows;
+    const Policy m_policy;
     BatcherStats m_stats;
     mutable std::mutex m_mutex;
     std::condition_variable m_cv;

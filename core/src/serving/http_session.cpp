@@ -6,9 +6,12 @@
 #include <prometheus/text_serializer.h>
 
 #include <algorithm>
+#include <array>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/write.hpp>
 #include <cctype>
+#include <charconv>
 #include <chrono>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -34,11 +37,79 @@ std::string jsonOk(const nlohmann::json& j) {
 
 }  // namespace
 
-Session::Session(tcp::socket&& socket, InferenceServer::Impl* server)
-    : m_stream(std::move(socket)), m_timer(m_stream.get_executor()), m_server(server) {}
+void RequestData::clear() {
+    method = http::verb::unknown;
+    version = 0;
+    keepAlive = false;
+    target.clear();
+    body.clear();
+    // A large body (up to --max-body) is not kept for the rest of the connection's life.
+    if (body.capacity() > (size_t(1) << 20)) std::string().swap(body);
+    authorization.clear();
+    inferHeaderLength.clear();
+    hasAuthorization = hasInferHeaderLength = false;
+}
+
+void RequestReader::on_request_impl(http::verb method, beast::string_view, beast::string_view target,
+                                    int version, beast::error_code&) {
+    m_data.method = method;
+    m_data.target.assign(target.data(), target.size());
+    m_data.version = static_cast<unsigned>(version);
+}
+
+void RequestReader::on_field_impl(http::field name, beast::string_view nameText, beast::string_view value,
+                                  beast::error_code&) {
+    if (name == http::field::authorization && !m_data.hasAuthorization) {
+        m_data.authorization.assign(value.data(), value.size());
+        m_data.hasAuthorization = true;
+    } else if (name == http::field::unknown && !m_data.hasInferHeaderLength &&
+               beast::iequals(nameText, kInferHeaderLength)) {
+        m_data.inferHeaderLength.assign(value.data(), value.size());
+        m_data.hasInferHeaderLength = true;
+    }
+}
+
+void RequestReader::on_header_impl(beast::error_code&) { m_data.keepAlive = keep_alive(); }
+
+void RequestReader::on_body_init_impl(const boost::optional<std::uint64_t>& length, beast::error_code&) {
+    if (length) m_data.body.reserve(static_cast<size_t>(*length));  // within body_limit, checked before
+}
+
+size_t RequestReader::on_body_impl(beast::string_view body, beast::error_code&) {
+    m_data.body.append(body.data(), body.size());
+    return body.size();
+}
+
+size_t RequestReader::on_chunk_body_impl(std::uint64_t, beast::string_view body, beast::error_code&) {
+    m_data.body.append(body.data(), body.size());
+    return body.size();
+}
+
+Session::Session(SessionSocket&& socket, InferenceServer::Impl* server)
+    : m_socket(std::move(socket)), m_timer(m_socket.get_executor()), m_server(server) {}
 
 void Session::run() {
-    net::dispatch(m_stream.get_executor(), [self = shared_from_this()] { self->read(); });
+    net::dispatch(m_socket.get_executor(), [self = shared_from_this()] { self->read(); });
+}
+
+void Session::extendDeadline() {
+    m_deadline =
+        Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(m_server->options.idleTimeoutS * 1000));
+    if (!m_timerArmed) armTimer();
+}
+
+void Session::armTimer() {
+    m_timerArmed = true;
+    m_timer.expires_at(m_deadline);
+    m_timer.async_wait([self = shared_from_this()](beast::error_code ec) {
+        self->m_timerArmed = false;
+        if (ec || self->m_closed) return;
+        // Computing the answer is not the client's delay: wait for the write's deadline.
+        if (self->m_busy || Clock::now() < self->m_deadline) return self->armTimer();
+        self->m_timedOut = true;
+        beast::error_code ignored;
+        self->m_socket.cancel(ignored);
+    });
 }
 
 const RouteTable<Session>& Session::routes() {
@@ -72,28 +143,19 @@ const RouteTable<Session>& Session::routes() {
 
 void Session::read() {
     if (m_server->stopping) return close();
-    m_parser.emplace();
+    m_request.clear();
+    m_parser.emplace(m_request);
     m_parser->body_limit(static_cast<uint64_t>(m_server->options.maxBodyBytes));
     m_parser->header_limit(16 * 1024);
     // The whole request must arrive within the idle timeout: a client that stalls mid-request
-    // (or trickles bytes) gets 408 instead of holding a connection forever. Our own timer
-    // rather than the stream's timeout, which would close the socket before we could answer.
-    m_stream.expires_never();
+    // (or trickles bytes) gets 408 instead of holding a connection forever.
     m_timedOut = false;
-    m_timer.expires_after(
-        std::chrono::milliseconds(static_cast<int64_t>(m_server->options.idleTimeoutS * 1000)));
-    m_timer.async_wait([self = shared_from_this()](beast::error_code ec) {
-        if (ec) return;  // cancelled: the request arrived in time
-        self->m_timedOut = true;
-        beast::error_code ignored;
-        self->m_stream.socket().cancel(ignored);
-    });
-    http::async_read(m_stream, m_buffer, *m_parser,
+    extendDeadline();
+    http::async_read(m_socket, m_buffer, *m_parser,
                      [self = shared_from_this()](beast::error_code ec, size_t) { self->onRead(ec); });
 }
 
 void Session::onRead(beast::error_code ec) {
-    m_timer.cancel();
     if (m_timedOut && ec) ec = beast::error::timeout;
     if (ec == http::error::end_of_stream || ec == net::error::eof || ec == net::error::connection_reset)
         return close();
@@ -110,21 +172,19 @@ void Session::onRead(beast::error_code ec) {
             false);
     if (ec == http::error::header_limit) return sendError(431, "request headers are too large", false);
     if (ec) return sendError(400, std::string("malformed HTTP request: ") + ec.message(), false);
-    m_request = m_parser->release();
     m_started = Clock::now();
+    m_busy = true;  // until respond()
     handle();
 }
 
 void Session::handle() {
-    std::string target(m_request.target());
-    if (auto q = target.find('?'); q != std::string::npos) target.resize(q);
-    const auto result = routes().dispatch(*this, m_request.method(), target);
-    m_slot.reset();
-    m_model.reset();
+    std::string_view target(m_request.target);
+    if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
+    const auto result = routes().dispatch(*this, m_request.method, target, m_segments);
     if (result.outcome == RouteOutcome::MethodNotAllowed)
-        sendError(405, "use " + methodList(result.allowed) + " for " + target);
+        sendError(405, "use " + methodList(result.allowed) + " for " + std::string(target));
     else if (result.outcome == RouteOutcome::NotFound)
-        sendError(404, "no such endpoint: " + target);
+        sendError(404, "no such endpoint: " + std::string(target));
 }
 
 bool Session::resolveModel(const RouteParams& p) {
@@ -159,8 +219,8 @@ bool Session::authorizeControl(const RouteParams&) {
     // compared by its SHA-256 in constant time, and never quoted in an answer or a log.
     std::string_view given;
     bool bearer = false;
-    if (const auto it = m_request.find(http::field::authorization); it != m_request.end()) {
-        given = std::string_view(it->value().data(), it->value().size());
+    if (m_request.hasAuthorization) {
+        given = m_request.authorization;
         constexpr std::string_view kScheme = "bearer ";
         bearer = given.size() > kScheme.size() &&
                  std::equal(kScheme.begin(), kScheme.end(), given.begin(),
@@ -170,14 +230,10 @@ bool Session::authorizeControl(const RouteParams&) {
         while (!given.empty() && (given.back() == ' ' || given.back() == '\t')) given.remove_suffix(1);
     }
     if (!bearer || given.empty()) {
-        Response res{http::status::unauthorized, m_request.version()};
-        res.set(http::field::server, "lathe");
-        res.set(http::field::content_type, "application/json");
-        res.set(http::field::www_authenticate, "Bearer realm=\"lathe control\"");
-        res.body() = errorBody(
-            "the control API (/v2/repository) needs this server's token: send `Authorization: Bearer "
-            "<token>`");
-        write(std::move(res));
+        sendError(401,
+                  "the control API (/v2/repository) needs this server's token: send `Authorization: Bearer "
+                  "<token>`",
+                  true, "WWW-Authenticate: Bearer realm=\"lathe control\"\r\n");
         return false;
     }
     const std::string digest = sha256Hex(given.data(), given.size());
@@ -234,7 +290,7 @@ void Session::loadFile(const std::string& name) {
     try {
         checkModelName(name);
         m.name = name;
-        const auto j = nlohmann::json::parse(m_request.body().empty() ? std::string("{}") : m_request.body());
+        const auto j = nlohmann::json::parse(m_request.body.empty() ? std::string("{}") : m_request.body);
         const auto params = j.value("parameters", nlohmann::json::object());
         // A path names any file this server's user can read: only the deployment that holds the
         // token may name one (on loopback, other local users could otherwise swap the model).
@@ -281,7 +337,7 @@ void Session::loadInBackground(std::function<ServedModel()> load) {
             status = 500;
             body = errorBody(std::string("load failed, the previous version keeps serving: ") + ex.what());
         }
-        net::post(self->m_stream.get_executor(),
+        net::post(self->m_socket.get_executor(),
                   [self, status, body = std::move(body)]() mutable { self->send(status, std::move(body)); });
     });
 }
@@ -294,56 +350,72 @@ void Session::serveModelReady(const RouteParams& p) {
     send(200, jsonOk({{"name", p.get("model")}, {"ready", true}}));
 }
 
-void Session::serveInfer(const RouteParams&) { infer(m_slot, m_model); }
+void Session::serveInfer(const RouteParams&) { infer(); }
 
-void Session::infer(const std::shared_ptr<ModelSlot>& slot, std::shared_ptr<LoadedModel> model) {
-    InferRequest req;
-    ProtocolError err;
-    const auto headerLength = m_request.find(kInferHeaderLength);
-    if (!parseInferRequest(m_request.body(), model->signature(), model->maxBatch(), req, err,
-                           headerLength == m_request.end()
-                               ? std::nullopt
-                               : std::optional<std::string_view>(std::string_view(
-                                     headerLength->value().data(), headerLength->value().size())))) {
-        m_server->metrics.count(model->name(), model->version(), err.status);
-        return sendError(err.status, err.message);
+const Metrics::PerVersion& Session::metricsOf(const LoadedModel& model) {
+    if (model.version() != m_metricsVersion || model.name() != m_metricsName) {
+        m_pv = m_server->metrics.of(model.name(), model.version());
+        m_ok = m_server->metrics.counter(model.name(), model.version(), 200);
+        m_metricsName = model.name();
+        m_metricsVersion = model.version();
     }
-    PendingRequest p;
-    p.model = model;
-    p.rows = req.rows;
-    p.input = std::move(req.data);
-    p.enqueued = Clock::now();
-    p.done = [self = shared_from_this(), model, id = std::move(req.id), rows = req.rows,
-              binary = req.binaryOutput](BatchResult&& r) {
-        // Back onto this connection's strand: the batcher thread must not touch the socket,
-        // and JSON encoding belongs on the I/O threads, not in the batch loop.
-        net::post(self->m_stream.get_executor(), [self, model, id, rows, binary, r = std::move(r)]() mutable {
-            self->answer(*model, id, rows, binary, r);
-        });
-    };
-    if (!slot->batcher->submit(std::move(p))) {
-        m_server->metrics.count(model->name(), model->version(), 503);
-        Response res{http::status::service_unavailable, m_request.version()};
-        res.set(http::field::retry_after, "1");
-        res.set(http::field::content_type, "application/json");
-        res.body() = errorBody("server overloaded: the request queue is full (--max-queue " +
-                               std::to_string(m_server->options.maxQueue) + " rows); retry later");
-        return write(std::move(res));
+    return m_pv;
+}
+
+void Session::countAnswer(const LoadedModel& model, int status) {
+    if (status == 200) {
+        metricsOf(model);
+        m_ok->Increment();
+    } else {
+        m_server->metrics.count(model.name(), model.version(), status);
     }
 }
 
-void Session::answer(const LoadedModel& model, const std::string& id, int64_t rows, bool binary,
-                     BatchResult& r) {
-    m_server->metrics.count(model.name(), model.version(), r.status);
-    if (r.status != 200) return sendError(r.status, r.error);
-    auto& pv = m_server->metrics.of(model.name(), model.version());
-    pv.queue->Observe(r.queueS);
-    auto out = inferResponse(model.name(), model.version(), id, model.signature().outputs[0], rows,
-                             r.output.data(), model.outputElems(), binary);
-    if (out.jsonLength < 0)
-        send(200, std::move(out.body));
-    else
-        send(200, std::move(out.body), "application/octet-stream", out.jsonLength);
+void Session::infer() {
+    const LoadedModel& model = *m_model;
+    ProtocolError err;
+    // Into the session's buffer: its capacity is kept from one request to the next.
+    if (!parseInferRequest(m_request.body, model.signature(), model.maxBatch(), m_infer, err,
+                           m_request.hasInferHeaderLength
+                               ? std::optional<std::string_view>(m_request.inferHeaderLength)
+                               : std::nullopt)) {
+        countAnswer(model, err.status);
+        return sendError(err.status, err.message);
+    }
+    PendingRequest p;
+    p.model = m_model;
+    p.rows = m_infer.rows;
+    p.input = m_infer.data.data();  // read by the batcher before batchDone; not touched here until then
+    p.enqueued = Clock::now();
+    p.client = shared_from_this();
+    if (!m_slot->batcher->submit(std::move(p))) {
+        countAnswer(model, 503);
+        return sendError(503,
+                         "server overloaded: the request queue is full (--max-queue " +
+                             std::to_string(m_server->options.maxQueue) + " rows); retry later",
+                         true, "Retry-After: 1\r\n");
+    }
+}
+
+void Session::batchDone(const BatchResult& result, const float* output, int64_t count) {
+    // On the batcher thread: copy this request's rows out of the batch (whose buffer the next
+    // batch reuses), then back onto this connection's strand: the batcher must not touch the
+    // socket, and JSON encoding belongs on the I/O threads, not in the batch loop.
+    m_result = result;
+    if (output) m_output.assign(output, output + count);
+    net::post(m_socket.get_executor(), [self = shared_from_this()] { self->answer(); });
+}
+
+void Session::answer() {
+    const LoadedModel& model = *m_model;
+    countAnswer(model, m_result.status);
+    if (m_result.status != 200) return sendError(m_result.status, m_result.error);
+    const auto& pv = metricsOf(model);
+    pv.queue->Observe(m_result.queueS);
+    const int64_t jsonLength =
+        inferResponseInto(m_body, model.name(), model.version(), m_infer.id, model.signature().outputs[0],
+                          m_infer.rows, m_output.data(), model.outputElems(), m_infer.binaryOutput);
+    respond(200, jsonLength < 0 ? "application/json" : "application/octet-stream", jsonLength, {}, true);
     pv.latency->Observe(std::chrono::duration<double>(Clock::now() - m_started).count());
 }
 
@@ -353,7 +425,7 @@ void Session::loadModel(const std::string& name) {
     try {
         checkModelName(name);
         ref.name = name;
-        const auto j = nlohmann::json::parse(m_request.body().empty() ? std::string("{}") : m_request.body());
+        const auto j = nlohmann::json::parse(m_request.body.empty() ? std::string("{}") : m_request.body);
         const auto params = j.value("parameters", nlohmann::json::object());
         if (params.contains("version")) {
             const auto& v = params["version"];
@@ -376,40 +448,70 @@ void Session::loadModel(const std::string& name) {
 }
 
 void Session::send(int status, std::string body, const char* type, int64_t jsonLength) {
-    Response res{static_cast<http::status>(status), m_request.version()};
-    res.set(http::field::server, "lathe");
-    res.set(http::field::content_type, type);
-    if (jsonLength >= 0) res.set(kInferHeaderLength, std::to_string(jsonLength));
-    res.body() = std::move(body);
-    write(std::move(res));
+    m_body = std::move(body);
+    respond(status, type, jsonLength, {}, true);
 }
 
-void Session::sendError(int status, const std::string& message, bool keepAlive) {
-    Response res{static_cast<http::status>(status), m_request.version() ? m_request.version() : 11};
-    res.set(http::field::server, "lathe");
-    res.set(http::field::content_type, "application/json");
-    res.body() = errorBody(message);
-    if (!keepAlive) res.keep_alive(false);
-    write(std::move(res), keepAlive);
+void Session::sendError(int status, const std::string& message, bool keepAlive,
+                        std::string_view extraHeaders) {
+    m_body = errorBody(message);
+    respond(status, "application/json", -1, extraHeaders, keepAlive);
 }
 
-void Session::write(Response&& res, bool keepAlive) {
-    res.keep_alive(keepAlive && m_request.keep_alive() && !m_server->stopping);
-    res.prepare_payload();
-    auto sp = std::make_shared<Response>(std::move(res));
-    m_stream.expires_after(
-        std::chrono::milliseconds(static_cast<int64_t>(m_server->options.idleTimeoutS * 1000)));
-    http::async_write(m_stream, *sp, [self = shared_from_this(), sp](beast::error_code ec, size_t) {
-        if (ec || !sp->keep_alive()) return self->close();
-        self->m_request = {};
+void Session::respond(int status, const char* type, int64_t jsonLength, std::string_view extraHeaders,
+                      bool keepAlive) {
+    // The answer to this request is on its way: nothing else of it is needed, and an idle
+    // connection must not keep an old model version alive.
+    m_busy = false;
+    m_slot.reset();
+    m_model.reset();
+    const unsigned version = m_request.version ? m_request.version : 11;
+    keepAlive = keepAlive && m_request.keepAlive && !m_server->stopping;
+    // The status line and headers Beast would write, formatted into a buffer that keeps its
+    // capacity: "HTTP/1.1 200 OK", Server, Content-Type, Content-Length, and Connection where
+    // the version's default is not what happens.
+    const auto reason = http::obsolete_reason(static_cast<http::status>(status));
+    m_head.assign(version == 10 ? "HTTP/1.0 " : "HTTP/1.1 ");
+    char num[24];
+    auto put = [&](int64_t v) {
+        const auto [end, ec] = std::to_chars(num, num + sizeof num, v);
+        m_head.append(num, end);
+    };
+    put(status);
+    m_head += ' ';
+    m_head.append(reason.data(), reason.size());
+    m_head += "\r\nServer: lathe\r\nContent-Type: ";
+    m_head += type;
+    m_head += "\r\nContent-Length: ";
+    put(static_cast<int64_t>(m_body.size()));
+    m_head += "\r\n";
+    if (jsonLength >= 0) {
+        m_head += kInferHeaderLength;
+        m_head += ": ";
+        put(jsonLength);
+        m_head += "\r\n";
+    }
+    m_head.append(extraHeaders.data(), extraHeaders.size());
+    if (version == 10 && keepAlive) m_head += "Connection: keep-alive\r\n";
+    if (version != 10 && !keepAlive) m_head += "Connection: close\r\n";
+    m_head += "\r\n";
+    // A client that stops reading gets the idle timeout to take the answer.
+    extendDeadline();
+    const std::array<net::const_buffer, 2> buffers{net::buffer(m_head), net::buffer(m_body)};
+    net::async_write(m_socket, buffers, [self = shared_from_this(), keepAlive](beast::error_code ec, size_t) {
+        if (ec || !keepAlive) return self->close();
         self->read();
     });
 }
 
 void Session::close() {
+    m_closed = true;
+    m_slot.reset();
+    m_model.reset();
     beast::error_code ec;
-    m_stream.socket().shutdown(tcp::socket::shutdown_send, ec);
-    m_stream.socket().close(ec);
+    m_socket.shutdown(tcp::socket::shutdown_send, ec);
+    m_socket.close(ec);
+    m_timer.cancel();
 }
 
 }  // namespace lathe::core::serving

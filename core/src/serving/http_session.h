@@ -2,8 +2,20 @@
 // One HTTP/1.1 connection of the inference server: reads requests (with the body, header and
 // time limits), routes them through the route table (routes.h) to the KServe v2 handlers, and
 // writes the answers, keep-alive, all on the connection's strand.
+//
+// The request path is the server's cost per request, so it allocates nothing once a connection
+// is warm: the request's floats, the answer's bytes and the route's path segments live in
+// buffers of the session that keep their capacity; answers are written as two buffers (a header
+// formatted here, the body) instead of a Beast message; one timer per connection, re-armed only
+// when it fires, enforces the idle and request timeouts (arming and cancelling one around every
+// request cost two timer-queue updates each); metric children are looked up once per model
+// version, not per request; the batcher tells the session through BatchClient, not a
+// std::function.
+#include <boost/asio/basic_stream_socket.hpp>
+#include <boost/asio/basic_waitable_timer.hpp>
+#include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <cstdint>
@@ -11,26 +23,72 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "batcher.h"
+#include "infer_protocol.h"
 #include "lathe/core/server.h"
 #include "routes.h"
+#include "server_metrics.h"
 
 namespace lathe::core::serving {
 
 struct ModelSlot;
 
-class Session : public std::enable_shared_from_this<Session> {
+/// A connection's executor and socket: concrete types, so no handler goes through Asio's
+/// type-erased any_io_executor (its copies and queries showed up at ~5% of a saturated server).
+using SessionStrand = boost::asio::strand<boost::asio::io_context::executor_type>;
+using SessionSocket = boost::asio::basic_stream_socket<boost::asio::ip::tcp, SessionStrand>;
+
+/// What the server keeps of a request: strings that keep their capacity from one request to the
+/// next on a connection.
+struct RequestData {
+    boost::beast::http::verb method = boost::beast::http::verb::unknown;
+    unsigned version = 0;  // 10 or 11; 0 before a request line was read
+    bool keepAlive = false;
+    std::string target, body;
+    std::string authorization, inferHeaderLength;  // the fields' values
+    bool hasAuthorization = false, hasInferHeaderLength = false;
+    void clear();
+};
+
+/// Beast's HTTP parser (limits, chunked bodies, keep-alive rules) filling a RequestData instead
+/// of a request message, whose fields and body would be allocated afresh for every request.
+class RequestReader : public boost::beast::http::basic_parser<true> {
+public:
+    explicit RequestReader(RequestData& data) : m_data(data) {}
+
+private:
+    void on_request_impl(boost::beast::http::verb method, boost::beast::string_view methodText,
+                         boost::beast::string_view target, int version,
+                         boost::beast::error_code& ec) override;
+    void on_response_impl(int, boost::beast::string_view, int, boost::beast::error_code&) override {}
+    void on_field_impl(boost::beast::http::field name, boost::beast::string_view nameText,
+                       boost::beast::string_view value, boost::beast::error_code& ec) override;
+    void on_header_impl(boost::beast::error_code& ec) override;
+    void on_body_init_impl(const boost::optional<std::uint64_t>& length,
+                           boost::beast::error_code& ec) override;
+    size_t on_body_impl(boost::beast::string_view body, boost::beast::error_code& ec) override;
+    void on_chunk_header_impl(std::uint64_t, boost::beast::string_view, boost::beast::error_code&) override {}
+    size_t on_chunk_body_impl(std::uint64_t, boost::beast::string_view body,
+                              boost::beast::error_code& ec) override;
+    void on_finish_impl(boost::beast::error_code&) override {}
+
+    RequestData& m_data;
+};
+
+class Session : public BatchClient, public std::enable_shared_from_this<Session> {
 public:
     /// `server` outlives every session: its I/O threads are joined in stop().
-    Session(boost::asio::ip::tcp::socket&& socket, InferenceServer::Impl* server);
+    Session(SessionSocket&& socket, InferenceServer::Impl* server);
 
     void run();
 
-private:
-    using Request = boost::beast::http::request<boost::beast::http::string_body>;
-    using Response = boost::beast::http::response<boost::beast::http::string_body>;
+    /// BatchClient: on the batcher thread; the answer is written on this connection's strand.
+    void batchDone(const BatchResult& result, const float* output, int64_t count) override;
 
+private:
     /// The endpoints, built once (add one here; routes.h says how).
     static const RouteTable<Session>& routes();
 
@@ -52,31 +110,61 @@ private:
     void serveModelReady(const RouteParams& p);
     void serveInfer(const RouteParams& p);
 
-    void infer(const std::shared_ptr<ModelSlot>& slot, std::shared_ptr<LoadedModel> model);
-    void answer(const LoadedModel& model, const std::string& id, int64_t rows, bool binary, BatchResult& r);
+    void infer();
+    void answer();
     void loadModel(const std::string& name);
     void loadFile(const std::string& name);
     void loadInBackground(std::function<ServedModel()> load);
 
-    // `jsonLength` >= 0: a binary tensor data body, whose JSON part is that long.
+    // Answers. `extraHeaders`: whole "Name: value\r\n" lines. `jsonLength` >= 0: a binary tensor
+    // data body whose JSON part is that long. The body is written from m_body.
     void send(int status, std::string body, const char* type = "application/json", int64_t jsonLength = -1);
-    void sendError(int status, const std::string& message, bool keepAlive = true);
-    void write(Response&& res, bool keepAlive = true);
+    void sendError(int status, const std::string& message, bool keepAlive = true,
+                   std::string_view extraHeaders = {});
+    void respond(int status, const char* type, int64_t jsonLength, std::string_view extraHeaders,
+                 bool keepAlive);
     void close();
 
-    boost::beast::tcp_stream m_stream;
-    boost::asio::steady_timer m_timer;
+    // The connection's one timer: `m_deadline` moves on with every request; the timer, when it
+    // fires, either finds the deadline passed (and cancels the socket) or waits again for it.
+    void extendDeadline();
+    void armTimer();
+
+    /// The metric children of this model version, looked up once per version on this connection.
+    const Metrics::PerVersion& metricsOf(const LoadedModel& model);
+    void countAnswer(const LoadedModel& model, int status);
+
+    SessionSocket m_socket;
+    boost::asio::basic_waitable_timer<Clock, boost::asio::wait_traits<Clock>, SessionStrand> m_timer;
+    Clock::time_point m_deadline;
+    bool m_timerArmed = false;
+    bool m_busy = false;  // a request is being answered (computed, loaded): no timeout meanwhile
     bool m_timedOut = false;
+    bool m_closed = false;
     boost::beast::flat_buffer m_buffer;
-    std::optional<boost::beast::http::request_parser<boost::beast::http::string_body>> m_parser;
-    Request m_request;
+    std::optional<RequestReader> m_parser;
+    RequestData m_request;
     Clock::time_point m_started;
     InferenceServer::Impl* m_server;  // outlives every session: its I/O threads are joined in stop()
     // The model a /v2/models/{model}/... request names, resolved once by resolveModel() so the
-    // version check and the answer see the same version across a hot swap; released when
-    // handle() returns, so an idle connection does not keep an old version alive.
+    // version check and the answer see the same version across a hot swap; released when the
+    // answer is written, so an idle connection does not keep an old version alive.
     std::shared_ptr<ModelSlot> m_slot;
     std::shared_ptr<LoadedModel> m_model;
+    std::vector<std::string> m_segments;  // the path's, reused by the route table
+
+    // The request in flight to the batcher (one at a time per connection) and its answer.
+    InferRequest m_infer;
+    BatchResult m_result;
+    std::vector<float> m_output;
+    // What is being written: the status line and headers, and the body.
+    std::string m_head, m_body;
+
+    // Metric children of the model version last answered on this connection.
+    std::string m_metricsName;
+    int64_t m_metricsVersion = -1;
+    Metrics::PerVersion m_pv{};
+    prometheus::Counter* m_ok = nullptr;
 };
 
 }  // namespace lathe::core::serving

@@ -69,8 +69,13 @@ bool parseInferRequest(std::string_view body, const ModelSignature& signature, i
     if (signature.inputs.size() != 1) return fail(500, "the model does not have exactly one input");
     const TensorSpec& spec = signature.inputs[0];
     thread_local od::parser parser;  // keeps its buffers between requests
-    out = InferRequest{};
-    std::vector<int64_t> dims;
+    // Reset, keeping the buffers' capacity: a session parses every request into the same one.
+    out.id.clear();
+    out.rows = 0;
+    out.data.clear();
+    out.binaryOutput = false;
+    thread_local std::vector<int64_t> dims;
+    dims.clear();
     bool haveName = false, haveType = false, haveShape = false, haveData = false;
     size_t inputCount = 0;
     // The binary tensor data extension: JSON first, then the tensors' bytes.
@@ -294,34 +299,47 @@ bool parseInferRequest(std::string_view body, const ModelSignature& signature, i
     return true;
 }
 
-InferResponse inferResponse(const std::string& model, int64_t version, const std::string& id,
-                            const TensorSpec& output, int64_t rows, const float* data, int64_t perRow,
-                            bool binary) {
+int64_t inferResponseInto(std::string& out, const std::string& model, int64_t version, const std::string& id,
+                          const TensorSpec& output, int64_t rows, const float* data, int64_t perRow,
+                          bool binary) {
     // Written by hand: dumping a json tree of thousands of floats would cost more than the model.
     const int64_t n = rows * perRow;
-    InferResponse res;
-    std::string& out = res.body;
+    out.clear();
     out.reserve(static_cast<size_t>(n) * (binary ? 4 : 12) + 200);
+    char buf[32];
+    auto number = [&](int64_t v) {
+        const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+        out.append(buf, end);
+    };
     out += "{\"model_name\":";
     appendJsonString(out, model);
-    out += ",\"model_version\":\"" + std::to_string(version) + "\"";
+    out += ",\"model_version\":\"";
+    number(version);
+    out += '"';
     if (!id.empty()) {
         out += ",\"id\":";
         appendJsonString(out, id);
     }
     out += ",\"outputs\":[{\"name\":";
     appendJsonString(out, output.name);
-    out += ",\"datatype\":\"" + output.datatype + "\",\"shape\":[" + std::to_string(rows);
-    for (size_t i = 1; i < output.shape.size(); ++i) out += "," + std::to_string(output.shape[i]);
+    out += ",\"datatype\":\"";
+    out += output.datatype;
+    out += "\",\"shape\":[";
+    number(rows);
+    for (size_t i = 1; i < output.shape.size(); ++i) {
+        out += ',';
+        number(output.shape[i]);
+    }
     if (binary) {
         // NaN and infinities survive here, unlike in JSON.
-        out += "],\"parameters\":{\"binary_data_size\":" + std::to_string(n * sizeof(float)) + "}}]}";
-        res.jsonLength = static_cast<int64_t>(out.size());
+        out += "],\"parameters\":{\"binary_data_size\":";
+        number(static_cast<int64_t>(n * sizeof(float)));
+        out += "}}]}";
+        const auto jsonLength = static_cast<int64_t>(out.size());
         out.append(reinterpret_cast<const char*>(data), static_cast<size_t>(n) * sizeof(float));
-        return res;
+        return jsonLength;
     }
     out += "],\"data\":[";
-    char buf[32];
     for (int64_t i = 0; i < n; ++i) {
         if (i) out += ',';
         const float v = data[i];
@@ -333,6 +351,14 @@ InferResponse inferResponse(const std::string& model, int64_t version, const std
         out.append(buf, ec == std::errc() ? end : buf);
     }
     out += "]}]}";
+    return -1;
+}
+
+InferResponse inferResponse(const std::string& model, int64_t version, const std::string& id,
+                            const TensorSpec& output, int64_t rows, const float* data, int64_t perRow,
+                            bool binary) {
+    InferResponse res;
+    res.jsonLength = inferResponseInto(res.body, model, version, id, output, rows, data, perRow, binary);
     return res;
 }
 

@@ -50,6 +50,12 @@ InferResponse inferResponse(const std::string& model, int64_t version, const std
                             const TensorSpec& output, int64_t rows, const float* data, int64_t perRow,
                             bool binary = false);
 
+/// inferResponse written into `out` (replacing what it held, keeping its capacity); returns
+/// the JSON part's length with `binary`, else -1.
+int64_t inferResponseInto(std::string& out, const std::string& model, int64_t version, const std::string& id,
+                          const TensorSpec& output, int64_t rows, const float* data, int64_t perRow,
+                          bool binary = false);
+
 /// {"error": message}
 std::string errorBody(const std::string& message);
 

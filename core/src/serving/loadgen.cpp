@@ -1,18 +1,23 @@
-// The open-loop load generator behind `lathectl load`: keep-alive Boost.Beast connections on
-// one io_context, each taking the next slot of a fixed schedule (start + i/rate) when it is free.
-// Latency runs from the slot's intended send time, not from when a connection got round to
-// sending it, so a server that falls behind shows its backlog (wrk2's coordinated-omission
-// correction) instead of slowing the client down to its own pace.
+// The load generator behind `lathectl load`: keep-alive Boost.Beast connections on one
+// io_context. Open loop: each connection takes the next slot of a fixed schedule (start + i/rate)
+// when it is free; latency runs from the slot's intended send time, not from when a connection
+// got round to sending it, so a server that falls behind shows its backlog (wrk2's
+// coordinated-omission correction) instead of slowing the client down to its own pace. Closed
+// loop (wrk's model): each connection sends again as soon as it has its answer.
 #include "lathe/core/loadgen.h"
 
 #include <pthread.h>
 #include <algorithm>
+#include <array>
+#include <boost/asio/basic_stream_socket.hpp>
+#include <boost/asio/basic_waitable_timer.hpp>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <cctype>
@@ -21,11 +26,13 @@
 #include <cmath>
 #include <condition_variable>
 #include <ctime>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "lathe/core/error.h"
@@ -182,14 +189,46 @@ std::string randomBody(const InputSpec& in, int64_t rows, bool binary, int64_t& 
 
 // ---- the run ---------------------------------------------------------------------------
 
+// The answer's status line and whether the connection stays open; the body is counted and
+// dropped. A Beast parser with no field storage: the generator must cost the server's client
+// as little CPU as wrk does, and response_parser<string_body> allocates every field and body.
+class StatusParser : public http::basic_parser<false> {
+public:
+    int status = 0;
+
+private:
+    void on_request_impl(http::verb, beast::string_view, beast::string_view, int,
+                         beast::error_code&) override {}
+    void on_response_impl(int code, beast::string_view, int, beast::error_code&) override { status = code; }
+    void on_field_impl(http::field, beast::string_view, beast::string_view, beast::error_code&) override {}
+    void on_header_impl(beast::error_code&) override {}
+    void on_body_init_impl(const boost::optional<std::uint64_t>&, beast::error_code&) override {}
+    size_t on_body_impl(beast::string_view body, beast::error_code&) override { return body.size(); }
+    void on_chunk_header_impl(std::uint64_t, beast::string_view, beast::error_code&) override {}
+    size_t on_chunk_body_impl(std::uint64_t, beast::string_view body, beast::error_code&) override {
+        return body.size();
+    }
+    void on_finish_impl(beast::error_code&) override {}
+};
+
+using Strand = asio::strand<asio::io_context::executor_type>;
+using Socket = asio::basic_stream_socket<tcp, Strand>;
+using Timer = asio::basic_waitable_timer<Clock, asio::wait_traits<Clock>, Strand>;
+
+int64_t nowNs() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+constexpr int64_t kNoDeadline = std::numeric_limits<int64_t>::max();
+
 struct Shared {
     LoadOptions options;
     Target target;
     tcp::resolver::results_type endpoints;
-    Request request;  // written concurrently by every connection: serialising only reads it
+    std::string request;  // the whole request, serialised once: every connection sends these bytes
     Clock::duration timeout{};
     Clock::time_point start, end;
-    double interval = 0;  // seconds between intended sends
+    double interval = 0;  // seconds between intended sends (open loop)
+    bool closedLoop = false;
     std::atomic<int64_t> nextSlot{0};
     std::atomic<bool> stopping{false};  // take no new slot
     std::atomic<bool> aborting{false};  // give up on requests in flight
@@ -198,15 +237,17 @@ struct Shared {
     std::condition_variable finished;
     int active = 0;  // connections still running
     LoadReport report;
+    std::array<int64_t, 600> byCode{};  // answers by HTTP status, folded into report.byStatus at the end
     double sumMs = 0;
 
-    void sent() {
-        std::lock_guard<std::mutex> lk(mutex);
-        ++report.sent;
-    }
+    std::atomic<int64_t> sentCount{0};
+    void sent() { sentCount.fetch_add(1, std::memory_order_relaxed); }
     void answered(int status, double latencyMs) {
         std::lock_guard<std::mutex> lk(mutex);
-        ++report.byStatus[std::to_string(status)];
+        if (status >= 100 && status < 600)
+            ++byCode[static_cast<size_t>(status)];
+        else
+            ++report.byStatus[std::to_string(status)];
         if (status >= 200 && status < 300) {
             ++report.ok;
             report.latenciesMs.push_back(latencyMs);
@@ -227,20 +268,25 @@ struct Shared {
     }
 };
 
+// One keep-alive connection. No per-operation timers: the request's deadline is an atomic the
+// watchdog (runLoad's thread, every 50 ms) compares with the clock, cancelling the socket of a
+// request that ran past it; arming and cancelling a timer around every read and write cost
+// the generator more CPU per request than the server's HTTP parsing.
 class Connection : public std::enable_shared_from_this<Connection> {
 public:
     Connection(asio::io_context& ioc, Shared& shared)
-        : m_strand(asio::make_strand(ioc)), m_stream(m_strand), m_timer(m_strand), m_s(shared) {}
+        : m_strand(asio::make_strand(ioc)), m_socket(m_strand), m_timer(m_strand), m_s(shared) {}
 
     // Connects ahead of the first slot so the first requests do not pay for the handshake;
     // a failure here is not a request failure: the first request will try again and count it.
     void start() {
         asio::dispatch(m_strand, [self = shared_from_this()] {
-            self->m_stream.expires_after(self->m_s.timeout);
-            self->m_stream.async_connect(self->m_s.endpoints,
-                                         [self](beast::error_code ec, const tcp::endpoint&) {
-                                             self->onConnected(ec, /*warmup=*/true);
-                                         });
+            self->arm(Clock::now() + self->m_s.timeout);
+            asio::async_connect(self->m_socket, self->m_s.endpoints,
+                                [self](beast::error_code ec, const tcp::endpoint&) {
+                                    self->disarm();
+                                    self->onConnected(ec, /*warmup=*/true);
+                                });
         });
     }
 
@@ -249,20 +295,47 @@ public:
     void interrupt() {
         asio::post(m_strand, [self = shared_from_this()] {
             self->m_timer.cancel();
-            if (self->m_s.aborting && self->m_inFlight) self->m_stream.cancel();
+            if (self->m_s.aborting && self->m_inFlight) {
+                beast::error_code ignored;
+                self->m_socket.cancel(ignored);
+            }
+        });
+    }
+
+    // The watchdog: a request past its deadline is cancelled (its handler then counts a timeout).
+    void checkDeadline(int64_t now) {
+        if (now < m_deadlineNs.load(std::memory_order_relaxed)) return;
+        asio::post(m_strand, [self = shared_from_this()] {
+            if (nowNs() < self->m_deadlineNs.load(std::memory_order_relaxed)) return;  // answered meanwhile
+            self->m_deadlineNs.store(kNoDeadline, std::memory_order_relaxed);
+            self->m_timedOut = true;
+            beast::error_code ignored;
+            self->m_socket.cancel(ignored);
         });
     }
 
 private:
+    void arm(Clock::time_point deadline) {
+        m_timedOut = false;
+        m_deadlineNs.store(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch()).count(),
+            std::memory_order_relaxed);
+    }
+    void disarm() { m_deadlineNs.store(kNoDeadline, std::memory_order_relaxed); }
+
     void next() {
         m_inFlight = false;
         const auto now = Clock::now();
         if (m_s.stopping || now >= m_s.end) return finish();
+        m_retried = false;
+        if (m_s.closedLoop) {
+            m_intended = now;
+            return send();
+        }
         const int64_t i = m_s.nextSlot.fetch_add(1);
         m_intended = m_s.start + std::chrono::duration_cast<Clock::duration>(
                                      std::chrono::duration<double>(i * m_s.interval));
         if (m_intended >= m_s.end) return finish();
-        m_retried = false;
         if (m_intended <= now) return send();
         m_timer.expires_at(m_intended);
         m_timer.async_wait([self = shared_from_this()](beast::error_code ec) {
@@ -276,50 +349,52 @@ private:
         m_inFlight = true;
         // The timeout runs from the actual send: it bounds how long the server may take, while
         // the latency (from the intended time) also shows how long the request had to wait.
-        m_deadline = Clock::now() + m_s.timeout;
+        arm(Clock::now() + m_s.timeout);
         if (!m_connected) return connect();
         write();
     }
 
     void connect() {
         m_buffer.clear();
-        m_stream.expires_at(m_deadline);
-        m_stream.async_connect(m_s.endpoints,
-                               [self = shared_from_this()](beast::error_code ec, const tcp::endpoint&) {
-                                   self->onConnected(ec, false);
-                               });
+        asio::async_connect(m_socket, m_s.endpoints,
+                            [self = shared_from_this()](beast::error_code ec, const tcp::endpoint&) {
+                                self->onConnected(ec, false);
+                            });
     }
 
     void onConnected(beast::error_code ec, bool warmup) {
         if (warmup) {
             m_connected = !ec;
-            if (!ec) m_stream.socket().set_option(tcp::no_delay(true), ec);
+            if (!ec) m_socket.set_option(tcp::no_delay(true), ec);
             // Every connection begins at the common start time.
             m_timer.expires_at(m_s.start);
             m_timer.async_wait([self = shared_from_this()](beast::error_code) { self->next(); });
             return;
         }
-        if (ec)
-            return failed(ec == beast::error::timeout ? "timeout" : m_s.aborting ? "cancelled" : "connect");
+        if (ec) {
+            disarm();
+            closeSocket();
+            return failed(m_timedOut ? "timeout" : m_s.aborting ? "cancelled" : "connect");
+        }
         m_connected = true;
         m_reused = false;
-        m_stream.socket().set_option(tcp::no_delay(true), ec);
+        m_socket.set_option(tcp::no_delay(true), ec);
         write();
     }
 
     void write() {
-        m_stream.expires_at(m_deadline);
-        http::async_write(m_stream, m_s.request, [self = shared_from_this()](beast::error_code ec, size_t) {
-            if (ec) return self->transportError(ec);
-            self->read();
-        });
+        asio::async_write(m_socket, asio::buffer(m_s.request),
+                          [self = shared_from_this()](beast::error_code ec, size_t) {
+                              if (ec) return self->transportError(ec);
+                              self->read();
+                          });
     }
 
     void read() {
         m_parser.emplace();
         m_parser->body_limit(kMaxResponseBytes);
-        m_stream.expires_at(m_deadline);
-        http::async_read(m_stream, m_buffer, *m_parser,
+        m_parser->eager(true);
+        http::async_read(m_socket, m_buffer, *m_parser,
                          [self = shared_from_this()](beast::error_code ec, size_t) {
                              if (ec) return self->transportError(ec);
                              self->onResponse();
@@ -328,11 +403,10 @@ private:
 
     void onResponse() {
         const auto done = Clock::now();
-        const auto& res = m_parser->get();
-        m_s.answered(static_cast<int>(res.result_int()),
-                     std::chrono::duration<double, std::milli>(done - m_intended).count());
+        disarm();
+        m_s.answered(m_parser->status, std::chrono::duration<double, std::milli>(done - m_intended).count());
         m_reused = true;
-        if (!res.keep_alive()) closeSocket();
+        if (!m_parser->keep_alive()) closeSocket();
         next();
     }
 
@@ -346,10 +420,11 @@ private:
         const bool gotSome = m_parser && m_parser->got_some();
         closeSocket();
         if (m_s.aborting) return failed("cancelled");
-        if (ec == beast::error::timeout) return failed("timeout");
+        if (m_timedOut) return failed("timeout");
         // A kept-alive connection the server closed while idle fails on its next use before any
         // byte of an answer: that says nothing about the server, so once more on a fresh one.
-        if (isClosed(ec) && m_reused && !m_retried && !gotSome && Clock::now() < m_deadline) {
+        const bool inTime = nowNs() < m_deadlineNs.load(std::memory_order_relaxed);
+        if (isClosed(ec) && m_reused && !m_retried && !gotSome && inTime) {
             m_retried = true;
             return connect();
         }
@@ -357,6 +432,7 @@ private:
     }
 
     void failed(const char* kind) {
+        disarm();
         closeSocket();
         m_s.failed(kind);
         if (m_s.aborting) {
@@ -368,8 +444,8 @@ private:
 
     void closeSocket() {
         beast::error_code ignored;
-        m_stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
-        m_stream.socket().close(ignored);
+        m_socket.shutdown(tcp::socket::shutdown_both, ignored);
+        m_socket.close(ignored);
         m_connected = false;
         m_reused = false;
         m_buffer.clear();
@@ -378,17 +454,20 @@ private:
     void finish() {
         if (m_finished) return;
         m_finished = true;
+        disarm();
         closeSocket();
         m_s.connectionDone();
     }
 
-    asio::strand<asio::io_context::executor_type> m_strand;
-    beast::tcp_stream m_stream;
-    asio::steady_timer m_timer;
+    Strand m_strand;
+    Socket m_socket;
+    Timer m_timer;
     Shared& m_s;
     beast::flat_buffer m_buffer;
-    std::optional<http::response_parser<http::string_body>> m_parser;
-    Clock::time_point m_intended, m_deadline;
+    std::optional<StatusParser> m_parser;
+    Clock::time_point m_intended;
+    std::atomic<int64_t> m_deadlineNs{kNoDeadline};
+    bool m_timedOut = false;
     bool m_connected = false;
     bool m_reused = false;   // at least one answer came back on this connection
     bool m_retried = false;  // the current request was already resent once
@@ -409,7 +488,10 @@ LoadReport summarise(Shared& s, Clock::time_point now, bool keepLatencies) {
     {
         std::lock_guard<std::mutex> lk(s.mutex);
         r = s.report;
+        r.sent = s.sentCount.load();
         sumMs = s.sumMs;
+        for (size_t code = 0; code < s.byCode.size(); ++code)
+            if (s.byCode[code]) r.byStatus[std::to_string(code)] += s.byCode[code];
     }
     r.elapsedS = std::max(1e-9, std::chrono::duration<double>(now - s.start).count());
     r.qps = static_cast<double>(r.ok) / r.elapsedS;
@@ -434,7 +516,10 @@ LoadReport summarise(Shared& s, Clock::time_point now, bool keepLatencies) {
 void checkOptions(const LoadOptions& o) {
     if (o.model.empty())
         throw ConfigError("--model is required: the name the server serves (GET /v2/models)");
-    if (!(o.rate > 0) || !std::isfinite(o.rate)) throw ConfigError("--rate must be > 0 requests per second");
+    if (o.connections < 0 || o.connections > 10000)
+        throw ConfigError("--connections must be between 1 and 10000");
+    if (o.connections == 0 && (!(o.rate > 0) || !std::isfinite(o.rate)))
+        throw ConfigError("--rate must be > 0 requests per second");
     if (!(o.durationS > 0) || !std::isfinite(o.durationS))
         throw ConfigError("--duration must be > 0 seconds");
     if (o.users < 1 || o.users > 10000) throw ConfigError("--users must be between 1 and 10000");
@@ -500,25 +585,32 @@ LoadReport runLoad(const LoadOptions& options, const std::atomic<bool>* stop, co
         body = randomBody(inputFromMetadata(s.target, options.model, meta.body), options.rowsPerRequest,
                           options.binary, jsonLength);
 
-    s.request = Request{http::verb::post, path + "/infer", 11};
-    s.request.set(http::field::host, s.target.hostHeader);
-    s.request.set(http::field::user_agent, "lathectl-load");
+    Request request{http::verb::post, path + "/infer", 11};
+    request.set(http::field::host, s.target.hostHeader);
+    request.set(http::field::user_agent, "lathectl-load");
     if (jsonLength >= 0) {
-        s.request.set(http::field::content_type, "application/octet-stream");
-        s.request.set("Inference-Header-Content-Length", std::to_string(jsonLength));
+        request.set(http::field::content_type, "application/octet-stream");
+        request.set("Inference-Header-Content-Length", std::to_string(jsonLength));
     } else {
-        s.request.set(http::field::content_type, "application/json");
+        request.set(http::field::content_type, "application/json");
     }
-    s.request.body() = std::move(body);
-    s.request.prepare_payload();
+    request.body() = std::move(body);
+    request.prepare_payload();
+    {
+        std::ostringstream bytes;
+        bytes << request;
+        s.request = bytes.str();
+    }
 
     asio::io_context ioc;
     std::vector<std::shared_ptr<Connection>> connections;
-    for (int i = 0; i < options.users; ++i) connections.push_back(std::make_shared<Connection>(ioc, s));
-    s.active = options.users;
-    s.interval = 1.0 / options.rate;
+    s.closedLoop = options.connections > 0;
+    const int users = s.closedLoop ? options.connections : options.users;
+    for (int i = 0; i < users; ++i) connections.push_back(std::make_shared<Connection>(ioc, s));
+    s.active = users;
+    s.interval = s.closedLoop ? 0 : 1.0 / options.rate;
     // A short lead lets every connection finish its handshake before the first slot.
-    s.start = Clock::now() + std::chrono::milliseconds(50 + options.users / 4);
+    s.start = Clock::now() + std::chrono::milliseconds(50 + users / 4);
     s.end = s.start +
             std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.durationS));
     for (auto& c : connections) c->start();
@@ -542,6 +634,8 @@ LoadReport runLoad(const LoadOptions& options, const std::atomic<bool>* stop, co
         if (s.finished.wait_for(lk, std::chrono::milliseconds(50), [&] { return s.active == 0; })) break;
         lk.unlock();
         const auto now = Clock::now();
+        const int64_t ns = nowNs();
+        for (auto& c : connections) c->checkDeadline(ns);
         if (stop && stop->load() && !s.stopping) {
             s.stopping = true;
             abortAt = now + std::min<Clock::duration>(s.timeout, std::chrono::seconds(2));
@@ -570,10 +664,11 @@ LoadReport runLoad(const LoadOptions& options, const std::atomic<bool>* stop, co
     for (auto& t : threads) t.join();
     connections.clear();
     // Slots whose time came before the end that no connection was free to send.
-    const int64_t scheduled = static_cast<int64_t>(std::ceil(options.durationS * options.rate - 1e-9));
+    const int64_t scheduled =
+        s.closedLoop ? 0 : static_cast<int64_t>(std::ceil(options.durationS * options.rate - 1e-9));
     auto report = summarise(s, done, true);
     report.clientCpuS = static_cast<double>(clientCpuNs.load()) * 1e-9;
-    if (!s.stopping) report.unsent = std::max<int64_t>(0, scheduled - report.sent);
+    if (!s.stopping && !s.closedLoop) report.unsent = std::max<int64_t>(0, scheduled - report.sent);
     return report;
 }
 

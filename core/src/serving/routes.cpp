@@ -5,15 +5,24 @@
 
 namespace lathe::core::serving {
 
-std::vector<std::string> splitPath(std::string_view target) {
+void splitPathInto(std::string_view target, std::vector<std::string>& seg) {
     if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
-    std::vector<std::string> seg;
+    size_t n = 0;
     for (size_t pos = 1; pos <= target.size();) {
         auto next = target.find('/', pos);
         if (next == std::string_view::npos) next = target.size();
-        if (next > pos) seg.emplace_back(target.substr(pos, next - pos));
+        if (next > pos) {
+            if (n == seg.size()) seg.emplace_back();
+            seg[n++].assign(target.substr(pos, next - pos));
+        }
         pos = next + 1;
     }
+    seg.resize(n);
+}
+
+std::vector<std::string> splitPath(std::string_view target) {
+    std::vector<std::string> seg;
+    splitPathInto(target, seg);
     return seg;
 }
 

@@ -36,6 +36,8 @@ namespace lathe::core::serving {
 /// A request target's path segments: the query string dropped, the first character (the leading
 /// '/') skipped, empty segments dropped.
 std::vector<std::string> splitPath(std::string_view target);
+/// splitPath into `segments`, reusing its strings' storage (no allocation once warm).
+void splitPathInto(std::string_view target, std::vector<std::string>& segments);
 
 /// The methods as a 405 names them: "GET", "GET or POST".
 std::string methodList(const std::vector<boost::beast::http::verb>& methods);
@@ -97,8 +99,14 @@ public:
 
     /// `target`: the request target (a query string is ignored).
     RouteResult dispatch(Context& context, boost::beast::http::verb method, std::string_view target) const {
-        const auto segments = splitPath(target);
-        RouteParams params;
+        std::vector<std::string> segments;
+        return dispatch(context, method, target, segments);
+    }
+    /// With the caller's scratch vector for the path's segments (a connection keeps one).
+    RouteResult dispatch(Context& context, boost::beast::http::verb method, std::string_view target,
+                         std::vector<std::string>& segments) const {
+        splitPathInto(target, segments);
+        thread_local RouteParams params;
         for (const auto& g : m_guards) {
             params.clear();
             if (g.pattern.match(segments, params, true) && !g.guard(context, params))

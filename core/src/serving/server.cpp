@@ -53,11 +53,12 @@ void InferenceServer::Impl::load(const ServedModel& m, const std::string& sha) {
                 pv.batch->Observe(static_cast<double>(rows));
                 pv.compute->Observe(computeS);
             };
-            stats.onQueueDepth = [this, name](int64_t rows) {
-                metrics.depth.Add({{"model", name}}).Set(static_cast<double>(rows));
-            };
-            entry->batcher = std::make_unique<Batcher>(options.maxBatch, options.maxDelayMs, options.maxQueue,
-                                                       std::move(stats), options.instances);
+            // Set on every submit: the gauge is looked up once here, not per request.
+            prometheus::Gauge* depth = &metrics.depth.Add({{"model", name}});
+            stats.onQueueDepth = [depth](int64_t rows) { depth->Set(static_cast<double>(rows)); };
+            entry->batcher = std::make_unique<Batcher>(
+                options.maxBatch, options.maxDelayMs, options.maxQueue, std::move(stats), options.instances,
+                options.batching == "fixed" ? Batcher::Policy::Fixed : Batcher::Policy::Adaptive);
         }
         s = entry;
     }
@@ -72,12 +73,14 @@ void InferenceServer::Impl::load(const ServedModel& m, const std::string& sha) {
 }
 
 void InferenceServer::Impl::accept() {
-    acceptor->async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
-        if (stopping || !acceptor->is_open()) return;
-        if (!ec) std::make_shared<serving::Session>(std::move(socket), this)->run();
-        // EMFILE and the like: keep accepting; the failed connection is simply not served.
-        accept();
-    });
+    acceptor->async_accept(net::make_strand(ioc),
+                           [this](beast::error_code ec, serving::SessionSocket socket) {
+                               if (stopping || !acceptor->is_open()) return;
+                               if (!ec) std::make_shared<serving::Session>(std::move(socket), this)->run();
+                               // EMFILE and the like: keep accepting; the failed connection is simply not
+                               // served.
+                               accept();
+                           });
 }
 
 void InferenceServer::Impl::stop() {
@@ -113,6 +116,8 @@ void InferenceServer::Impl::stop() {
 InferenceServer::InferenceServer(ServeOptions options) : d(std::make_unique<Impl>()) {
     if (options.maxBatch < 1) throw ConfigError("--max-batch must be at least 1");
     if (options.maxDelayMs < 0) throw ConfigError("--max-delay-ms must be 0 or more");
+    if (options.batching != "adaptive" && options.batching != "fixed")
+        throw ConfigError("--batching '" + options.batching + "': use adaptive or fixed");
     if (options.maxQueue < options.maxBatch) throw ConfigError("--max-queue must be at least --max-batch");
     if (options.ioThreads < 1) throw ConfigError("--threads must be at least 1");
     if (options.instances < 1 || options.instances > 64)

@@ -27,17 +27,17 @@ Metrics::PerVersion& Metrics::of(const std::string& model, int64_t version) {
     return perVersion.emplace(std::make_pair(model, version), p).first->second;
 }
 
+prometheus::Counter* Metrics::counter(const std::string& model, int64_t version, int code) {
+    std::lock_guard<std::mutex> lk(mutex);
+    auto& slot = counters[{model, version, code}];
+    if (!slot)
+        slot = &requests.Add(
+            {{"model", model}, {"version", std::to_string(version)}, {"code", std::to_string(code)}});
+    return slot;
+}
+
 void Metrics::count(const std::string& model, int64_t version, int code) {
-    prometheus::Counter* c;
-    {
-        std::lock_guard<std::mutex> lk(mutex);
-        auto& slot = counters[{model, version, code}];
-        if (!slot)
-            slot = &requests.Add(
-                {{"model", model}, {"version", std::to_string(version)}, {"code", std::to_string(code)}});
-        c = slot;
-    }
-    c->Increment();
+    counter(model, version, code)->Increment();
 }
 
 void Metrics::setServed(const std::string& model, int64_t oldVersion, int64_t newVersion) {

@@ -78,6 +78,9 @@ struct Metrics {
 
     PerVersion& of(const std::string& model, int64_t version);
     void count(const std::string& model, int64_t version, int code);
+    /// The requests counter of one (model, version, code), created on first use; for callers that
+    /// keep it (a session answering many requests of one version).
+    prometheus::Counter* counter(const std::string& model, int64_t version, int code);
     void setServed(const std::string& model, int64_t oldVersion, int64_t newVersion);
     // Process figures are read when scraped.
     void refreshProcess();

@@ -1,8 +1,11 @@
 #pragma once
-// An open-loop HTTP load generator for KServe v2 servers (`lathectl load`). Requests are
-// scheduled at fixed intended send times (rate R); latency is measured from the intended send
-// time, so a server that falls behind shows its queueing instead of hiding it (the "coordinated
-// omission" correction of wrk2).
+// An HTTP load generator for KServe v2 servers (`lathectl load`), in two modes:
+//  - open loop (`rate`): requests are scheduled at fixed intended send times; latency is measured
+//    from the intended send time, so a server that falls behind shows its queueing instead of
+//    hiding it (the "coordinated omission" correction of wrk2);
+//  - closed loop (`connections` > 0, like wrk): each connection sends its next request as soon as
+//    the last one is answered, which finds the server's saturated throughput; latency is from
+//    the actual send.
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -15,9 +18,10 @@ namespace lathe::core {
 struct LoadOptions {
     std::string url = "http://127.0.0.1:8500";  // server base URL
     std::string model;                          // /v2/models/MODEL/infer
-    double rate = 100;                          // requests per second (intended)
+    double rate = 100;                          // requests per second (intended), open loop
     double durationS = 10;
-    int users = 8;         // concurrent connections (keep-alive)
+    int users = 8;         // concurrent connections (keep-alive), open loop
+    int connections = 0;   // > 0: closed loop on this many connections (rate and users unused)
     double timeoutS = 10;  // per request
     int64_t rowsPerRequest = 1;
     std::string body;     // request body; empty = random FP32 input built from GET /v2/models/MODEL

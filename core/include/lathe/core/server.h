@@ -14,11 +14,15 @@ namespace lathe::core {
 
 struct ServeOptions {
     std::string host = "127.0.0.1";
-    uint16_t port = 8500;         // 0 = any free port (see InferenceServer::port())
-    int64_t maxBatch = 32;        // rows per batch
-    double maxDelayMs = 10;       // the oldest request waits at most this long for a fuller batch
-    int64_t maxQueue = 1024;      // rows waiting; beyond it requests get 503 + Retry-After
-    int ioThreads = 2;            // HTTP threads (connections are multiplexed on them)
+    uint16_t port = 8500;               // 0 = any free port (see InferenceServer::port())
+    int64_t maxBatch = 32;              // rows per batch
+    double maxDelayMs = 10;             // the oldest request waits at most this long for a fuller batch
+    std::string batching = "adaptive";  // adaptive: a free instance takes what is queued at once, so
+                                        // requests wait for company only while every instance is busy
+                                        // (work-conserving); fixed: a batch waits until it is full or
+                                        // its oldest request has waited maxDelayMs (Triton's delay)
+    int64_t maxQueue = 1024;            // rows waiting; beyond it requests get 503 + Retry-After
+    int ioThreads = 2;                  // HTTP threads (connections are multiplexed on them)
     int computeThreads = 0;       // LibTorch and OpenBLAS threads per instance; 0 = the cores left by the I/O
                                   // threads (at least 1), shared out among the instances
     int instances = 1;            // batches run at once, each on its own worker and batch buffer (Triton's
