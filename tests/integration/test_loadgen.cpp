@@ -261,6 +261,25 @@ TEST_CASE("at a modest rate every request to the real server is answered 200", "
     }
 }
 
+TEST_CASE("a kept-alive connection the server closed while idle is retried once, not counted as an error",
+          "[loadgen][serving]") {
+    const auto& ws = workspace();
+    ServeOptions so;
+    so.idleTimeoutS = 0.15;  // the server drops a connection idle this long
+    auto server = ws.serve(so);
+    LoadOptions o;
+    o.url = localUrl(server->port());
+    o.model = "digits";
+    o.rate = 4;  // 250 ms apart: every connection has been dropped by its next request
+    o.users = 1;
+    o.durationS = 1.5;
+    const auto r = runLoad(o);
+    checkConsistent(r);
+    CHECK(r.sent >= 5);
+    CHECK(r.errors == 0);
+    CHECK(r.byStatus == std::map<std::string, int64_t>{{"200", r.ok}});
+}
+
 TEST_CASE("closed loop: each connection sends again as soon as it is answered, like wrk",
           "[loadgen][serving]") {
     const auto& ws = workspace();

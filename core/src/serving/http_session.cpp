@@ -103,9 +103,11 @@ void Session::armTimer() {
     m_timer.expires_at(m_deadline);
     m_timer.async_wait([self = shared_from_this()](beast::error_code ec) {
         self->m_timerArmed = false;
-        if (ec || self->m_closed) return;
-        // Computing the answer is not the client's delay: wait for the write's deadline.
-        if (self->m_busy || Clock::now() < self->m_deadline) return self->armTimer();
+        // Computing the answer is not the client's delay: left unarmed, the timer is armed
+        // again by respond() for the write's deadline (re-arming at a deadline already passed
+        // would spin).
+        if (ec || self->m_closed || self->m_busy) return;
+        if (Clock::now() < self->m_deadline) return self->armTimer();
         self->m_timedOut = true;
         beast::error_code ignored;
         self->m_socket.cancel(ignored);
@@ -407,7 +409,8 @@ void Session::batchDone(const BatchResult& result, const float* output, int64_t 
 }
 
 void Session::answer() {
-    const LoadedModel& model = *m_model;
+    const auto keep = m_model;  // respond() releases m_model
+    const LoadedModel& model = *keep;
     countAnswer(model, m_result.status);
     if (m_result.status != 200) return sendError(m_result.status, m_result.error);
     const auto& pv = metricsOf(model);
@@ -500,8 +503,18 @@ void Session::respond(int status, const char* type, int64_t jsonLength, std::str
     const std::array<net::const_buffer, 2> buffers{net::buffer(m_head), net::buffer(m_body)};
     net::async_write(m_socket, buffers, [self = shared_from_this(), keepAlive](beast::error_code ec, size_t) {
         if (ec || !keepAlive) return self->close();
+        self->trimBuffers();
         self->read();
     });
+}
+
+void Session::trimBuffers() {
+    // A connection keeps its buffers' capacity between requests, but not that of one huge
+    // request (up to --max-body) for the rest of its life.
+    constexpr size_t kKeep = size_t(1) << 20;
+    if (m_body.capacity() > kKeep) std::string().swap(m_body);
+    if (m_infer.data.capacity() * sizeof(float) > kKeep) std::vector<float>().swap(m_infer.data);
+    if (m_output.capacity() * sizeof(float) > kKeep) std::vector<float>().swap(m_output);
 }
 
 void Session::close() {

@@ -124,6 +124,7 @@ private:
     void respond(int status, const char* type, int64_t jsonLength, std::string_view extraHeaders,
                  bool keepAlive);
     void close();
+    void trimBuffers();
 
     // The connection's one timer: `m_deadline` moves on with every request; the timer, when it
     // fires, either finds the deadline passed (and cancels the socket) or waits again for it.

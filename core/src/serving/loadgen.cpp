@@ -282,9 +282,12 @@ public:
     void start() {
         asio::dispatch(m_strand, [self = shared_from_this()] {
             self->arm(Clock::now() + self->m_s.timeout);
+            self->m_connecting = true;
             asio::async_connect(self->m_socket, self->m_s.endpoints,
                                 [self](beast::error_code ec, const tcp::endpoint&) {
+                                    self->m_connecting = false;
                                     self->disarm();
+                                    if (!ec && self->m_timedOut) ec = asio::error::timed_out;
                                     self->onConnected(ec, /*warmup=*/true);
                                 });
         });
@@ -295,10 +298,7 @@ public:
     void interrupt() {
         asio::post(m_strand, [self = shared_from_this()] {
             self->m_timer.cancel();
-            if (self->m_s.aborting && self->m_inFlight) {
-                beast::error_code ignored;
-                self->m_socket.cancel(ignored);
-            }
+            if (self->m_s.aborting && (self->m_inFlight || self->m_connecting)) self->stopIo();
         });
     }
 
@@ -309,12 +309,21 @@ public:
             if (nowNs() < self->m_deadlineNs.load(std::memory_order_relaxed)) return;  // answered meanwhile
             self->m_deadlineNs.store(kNoDeadline, std::memory_order_relaxed);
             self->m_timedOut = true;
-            beast::error_code ignored;
-            self->m_socket.cancel(ignored);
+            self->stopIo();
         });
     }
 
 private:
+    // Ends the operation in progress. A range connect moves on to the next endpoint when only
+    // cancelled, so while connecting the socket is closed instead.
+    void stopIo() {
+        beast::error_code ignored;
+        if (m_connecting)
+            m_socket.close(ignored);
+        else
+            m_socket.cancel(ignored);
+    }
+
     void arm(Clock::time_point deadline) {
         m_timedOut = false;
         m_deadlineNs.store(
@@ -356,8 +365,13 @@ private:
 
     void connect() {
         m_buffer.clear();
+        m_connecting = true;
         asio::async_connect(m_socket, m_s.endpoints,
                             [self = shared_from_this()](beast::error_code ec, const tcp::endpoint&) {
+                                self->m_connecting = false;
+                                // Stopped (timeout, abort) just as it connected: not a request to send.
+                                if (!ec && (self->m_timedOut || self->m_s.aborting))
+                                    ec = asio::error::operation_aborted;
                                 self->onConnected(ec, false);
                             });
     }
@@ -418,13 +432,14 @@ private:
 
     void transportError(const beast::error_code& ec) {
         const bool gotSome = m_parser && m_parser->got_some();
+        const bool reused = m_reused;  // closeSocket() clears it
         closeSocket();
         if (m_s.aborting) return failed("cancelled");
         if (m_timedOut) return failed("timeout");
         // A kept-alive connection the server closed while idle fails on its next use before any
         // byte of an answer: that says nothing about the server, so once more on a fresh one.
         const bool inTime = nowNs() < m_deadlineNs.load(std::memory_order_relaxed);
-        if (isClosed(ec) && m_reused && !m_retried && !gotSome && inTime) {
+        if (isClosed(ec) && reused && !m_retried && !gotSome && inTime) {
             m_retried = true;
             return connect();
         }
@@ -468,6 +483,7 @@ private:
     Clock::time_point m_intended;
     std::atomic<int64_t> m_deadlineNs{kNoDeadline};
     bool m_timedOut = false;
+    bool m_connecting = false;
     bool m_connected = false;
     bool m_reused = false;   // at least one answer came back on this connection
     bool m_retried = false;  // the current request was already resent once
