@@ -175,7 +175,6 @@ void registerLoad(CLI::App& app, int& exitCode) {
                                   "closed loop, like wrk: N connections, each sending its next request as "
                                   "soon as the last is answered (the server's saturated throughput)")
                       ->check(CLI::Range(1, 10000));
-    rate->excludes(conns);
     auto* mode = cmd->add_option_group("mode");
     mode->add_option(rate);
     mode->add_option(conns);

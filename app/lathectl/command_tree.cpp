@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -27,11 +28,21 @@ bool looksLikeNumber(const std::string& w) {
 bool isFlagWord(const std::string& w) { return w.size() > 1 && w[0] == '-' && !looksLikeNumber(w); }
 
 std::vector<const CLI::App*> subcommandsOf(const CLI::App* app) {
-    return app->get_subcommands([](const CLI::App*) { return true; });
+    return app->get_subcommands(
+        [](const CLI::App* s) { return !s->get_name().empty(); });  // not option groups
 }
 
 std::vector<const CLI::Option*> optionsOf(const CLI::App* app) {
-    return app->get_options([](const CLI::Option*) { return true; });
+    auto out = app->get_options([](const CLI::Option*) { return true; });
+    // An option group (lathectl load's `--rate | --connections`) is a nameless subcommand whose
+    // options CLI11 lists only for groups named "+...": they are the command's all the same.
+    for (const CLI::App* sub :
+         app->get_subcommands([](const CLI::App* s) { return s->get_name().empty(); })) {
+        const auto more = optionsOf(sub);
+        for (const CLI::Option* opt : more)
+            if (std::find(out.begin(), out.end(), opt) == out.end()) out.push_back(opt);
+    }
+    return out;
 }
 
 const CLI::App* findSubcommand(const CLI::App* app, const std::string& word) {

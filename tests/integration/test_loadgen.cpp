@@ -560,8 +560,15 @@ TEST_CASE("lathectl load prints a report, records it, and exits by outcome", "[l
     CHECK(c.at("users") == 2);
     CHECK(c.at("rate").is_null());
     CHECK(c.at("ok").get<int>() > 20);
-    CHECK(runShell(lathectl + " --model digits --duration 1").exitCode == 2);  // neither mode
-    CHECK(runShell(lathectl + " --model digits --rate 5 --connections 2 --duration 1").exitCode == 2);
+    const auto neither = runShell(lathectl + " --model digits --duration 1");
+    CHECK(neither.exitCode == 2);
+    CHECK_THAT(neither.err, Catch::Contains("Exactly 1 option from [--rate,--connections] is required"));
+    // Both: the same rule, not "unknown option '--rate'" (the options live in an option group).
+    const auto both = runShell(lathectl + " --model digits --rate 5 --connections 2 --duration 1");
+    CHECK(both.exitCode == 2);
+    CHECK_THAT(both.err,
+               Catch::Contains("Exactly 1 option from [--rate,--connections] is required and 2 were given"));
+    CHECK_THAT(both.err, !Catch::Contains("unknown option"));
     CHECK(runShell(lathectl + " --model digits --rate 0 --duration 1").exitCode == 2);
     CHECK(runShell(lathectl + " --model digits --rate 10").exitCode == 2);
     CHECK(runShell(lathectl + " --model 'bad name' --rate 10 --duration 1").exitCode == 2);

@@ -74,7 +74,8 @@ void Batcher::loop(int instance) {
             // Rows that could join the oldest request's batch: same model version, in order.
             auto ready = [&] {
                 int64_t rows = 0;
-                for (const auto& r : m_queue) {
+                for (size_t i = 0; i < m_queue.size(); ++i) {
+                    const auto& r = m_queue[i];
                     if (r.model != m_queue.front().model) return true;  // a version boundary closes the batch
                     rows += r.rows;
                     if (rows >= m_maxBatch) return true;

@@ -1,4 +1,4 @@
-// The inference server's HTTP session: Boost.Beast on the connection's strand, with the KServe v2
+// The inference server's HTTP session: Boost.Beast on the connection's event loop, with the KServe v2
 // endpoints in one route table (routes()) and their handlers.
 #include "http_session.h"
 
@@ -72,7 +72,8 @@ void RequestReader::on_field_impl(http::field name, beast::string_view nameText,
 void RequestReader::on_header_impl(beast::error_code&) { m_data.keepAlive = keep_alive(); }
 
 void RequestReader::on_body_init_impl(const boost::optional<std::uint64_t>& length, beast::error_code&) {
-    if (length) m_data.body.reserve(static_cast<size_t>(*length));  // within body_limit, checked before
+    // Within body_limit, checked before; with simdjson's padding, so the JSON is parsed in place.
+    if (length) m_data.body.reserve(static_cast<size_t>(*length) + kJsonPadding);
 }
 
 size_t RequestReader::on_body_impl(beast::string_view body, beast::error_code&) {
@@ -89,7 +90,12 @@ Session::Session(SessionSocket&& socket, InferenceServer::Impl* server)
     : m_socket(std::move(socket)), m_timer(m_socket.get_executor()), m_server(server) {}
 
 void Session::run() {
-    net::dispatch(m_socket.get_executor(), [self = shared_from_this()] { self->read(); });
+    // Beast reads max(512, free capacity) bytes at a time: with the 512 bytes a new flat_buffer
+    // starts with, a 700-byte inference request took two recv calls, every time (the buffer
+    // never grew, as each read left it empty). One page takes a typical request in one.
+    m_buffer.reserve(4096);
+    net::dispatch(m_socket.get_executor(),
+                  withMemory(m_memory, [self = shared_from_this()] { self->read(); }));
 }
 
 void Session::extendDeadline() {
@@ -101,7 +107,7 @@ void Session::extendDeadline() {
 void Session::armTimer() {
     m_timerArmed = true;
     m_timer.expires_at(m_deadline);
-    m_timer.async_wait([self = shared_from_this()](beast::error_code ec) {
+    m_timer.async_wait(withMemory(m_memory, [self = shared_from_this()](beast::error_code ec) {
         self->m_timerArmed = false;
         // Computing the answer is not the client's delay: left unarmed, the timer is armed
         // again by respond() for the write's deadline (re-arming at a deadline already passed
@@ -111,7 +117,7 @@ void Session::armTimer() {
         self->m_timedOut = true;
         beast::error_code ignored;
         self->m_socket.cancel(ignored);
-    });
+    }));
 }
 
 const RouteTable<Session>& Session::routes() {
@@ -154,7 +160,9 @@ void Session::read() {
     m_timedOut = false;
     extendDeadline();
     http::async_read(m_socket, m_buffer, *m_parser,
-                     [self = shared_from_this()](beast::error_code ec, size_t) { self->onRead(ec); });
+                     withMemory(m_memory, [self = shared_from_this()](beast::error_code ec, size_t) {
+                         self->onRead(ec);
+                     }));
 }
 
 void Session::onRead(beast::error_code ec) {
@@ -319,7 +327,7 @@ void Session::loadFile(const std::string& name) {
     });
 }
 
-// Loading takes seconds: on its own thread, answered on this connection's strand when done.
+// Loading takes seconds: on its own thread, answered on this connection's event loop when done.
 // `load` returns what it loaded; its errors answer 404 (no such version), 400 (refused) or 500.
 void Session::loadInBackground(std::function<ServedModel()> load) {
     std::lock_guard<std::mutex> lk(m_server->loadersMutex);
@@ -380,7 +388,8 @@ void Session::infer() {
     if (!parseInferRequest(m_request.body, model.signature(), model.maxBatch(), m_infer, err,
                            m_request.hasInferHeaderLength
                                ? std::optional<std::string_view>(m_request.inferHeaderLength)
-                               : std::nullopt)) {
+                               : std::nullopt,
+                           m_request.body.capacity())) {
         countAnswer(model, err.status);
         return sendError(err.status, err.message);
     }
@@ -401,11 +410,11 @@ void Session::infer() {
 
 void Session::batchDone(const BatchResult& result, const float* output, int64_t count) {
     // On the batcher thread: copy this request's rows out of the batch (whose buffer the next
-    // batch reuses), then back onto this connection's strand: the batcher must not touch the
+    // batch reuses), then back onto this connection's event loop: the batcher must not touch the
     // socket, and JSON encoding belongs on the I/O threads, not in the batch loop.
     m_result = result;
     if (output) m_output.assign(output, output + count);
-    net::post(m_socket.get_executor(), [self = shared_from_this()] { self->answer(); });
+    net::post(m_socket.get_executor(), withMemory(m_memory, [self = shared_from_this()] { self->answer(); }));
 }
 
 void Session::answer() {
@@ -501,11 +510,13 @@ void Session::respond(int status, const char* type, int64_t jsonLength, std::str
     // A client that stops reading gets the idle timeout to take the answer.
     extendDeadline();
     const std::array<net::const_buffer, 2> buffers{net::buffer(m_head), net::buffer(m_body)};
-    net::async_write(m_socket, buffers, [self = shared_from_this(), keepAlive](beast::error_code ec, size_t) {
-        if (ec || !keepAlive) return self->close();
-        self->trimBuffers();
-        self->read();
-    });
+    net::async_write(
+        m_socket, buffers,
+        withMemory(m_memory, [self = shared_from_this(), keepAlive](beast::error_code ec, size_t) {
+            if (ec || !keepAlive) return self->close();
+            self->trimBuffers();
+            self->read();
+        }));
 }
 
 void Session::trimBuffers() {
@@ -515,6 +526,10 @@ void Session::trimBuffers() {
     if (m_body.capacity() > kKeep) std::string().swap(m_body);
     if (m_infer.data.capacity() * sizeof(float) > kKeep) std::vector<float>().swap(m_infer.data);
     if (m_output.capacity() * sizeof(float) > kKeep) std::vector<float>().swap(m_output);
+    if (m_buffer.capacity() > 64 * 1024 && m_buffer.size() == 0) {
+        m_buffer.shrink_to_fit();
+        m_buffer.reserve(4096);
+    }
 }
 
 void Session::close() {

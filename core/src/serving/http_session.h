@@ -1,7 +1,7 @@
 #pragma once
 // One HTTP/1.1 connection of the inference server: reads requests (with the body, header and
 // time limits), routes them through the route table (routes.h) to the KServe v2 handlers, and
-// writes the answers, keep-alive, all on the connection's strand.
+// writes the answers, keep-alive, all on the connection's event loop (one thread).
 //
 // The request path is the server's cost per request, so it allocates nothing once a connection
 // is warm: the request's floats, the answer's bytes and the route's path segments live in
@@ -10,12 +10,11 @@
 // when it fires, enforces the idle and request timeouts (arming and cancelling one around every
 // request cost two timer-queue updates each); metric children are looked up once per model
 // version, not per request; the batcher tells the session through BatchClient, not a
-// std::function.
+// std::function; Asio's operation objects live in the session's HandlerMemory.
 #include <boost/asio/basic_stream_socket.hpp>
 #include <boost/asio/basic_waitable_timer.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <cstdint>
@@ -27,6 +26,7 @@
 #include <vector>
 
 #include "batcher.h"
+#include "handler_memory.h"
 #include "infer_protocol.h"
 #include "lathe/core/server.h"
 #include "routes.h"
@@ -38,8 +38,10 @@ struct ModelSlot;
 
 /// A connection's executor and socket: concrete types, so no handler goes through Asio's
 /// type-erased any_io_executor (its copies and queries showed up at ~5% of a saturated server).
-using SessionStrand = boost::asio::strand<boost::asio::io_context::executor_type>;
-using SessionSocket = boost::asio::basic_stream_socket<boost::asio::ip::tcp, SessionStrand>;
+/// The executor is its event loop's: one thread runs each loop, so a connection's handlers never
+/// run concurrently without a strand (server_impl.h).
+using SessionExecutor = boost::asio::io_context::executor_type;
+using SessionSocket = boost::asio::basic_stream_socket<boost::asio::ip::tcp, SessionExecutor>;
 
 /// What the server keeps of a request: strings that keep their capacity from one request to the
 /// next on a connection.
@@ -85,7 +87,7 @@ public:
 
     void run();
 
-    /// BatchClient: on the batcher thread; the answer is written on this connection's strand.
+    /// BatchClient: on the batcher thread; the answer is written on this connection's event loop.
     void batchDone(const BatchResult& result, const float* output, int64_t count) override;
 
 private:
@@ -135,8 +137,9 @@ private:
     const Metrics::PerVersion& metricsOf(const LoadedModel& model);
     void countAnswer(const LoadedModel& model, int status);
 
+    HandlerMemory m_memory;  // for Asio's operations on this connection: first, so it is freed last
     SessionSocket m_socket;
-    boost::asio::basic_waitable_timer<Clock, boost::asio::wait_traits<Clock>, SessionStrand> m_timer;
+    boost::asio::basic_waitable_timer<Clock, boost::asio::wait_traits<Clock>, SessionExecutor> m_timer;
     Clock::time_point m_deadline;
     bool m_timerArmed = false;
     bool m_busy = false;  // a request is being answered (computed, loaded): no timeout meanwhile

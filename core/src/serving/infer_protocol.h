@@ -33,10 +33,17 @@ inline constexpr const char* kInferHeaderLength = "Inference-Header-Content-Leng
 /// clients send by default), the input's bytes after the JSON part of the body.
 /// `headerLength` is the raw Inference-Header-Content-Length value when the request has that
 /// header (the JSON part's length in bytes), nullopt when it has none (the body is all JSON).
+/// `readable`: how many bytes from body.data() may be read (allocated, of any value). When that
+/// leaves simdjson's padding (kJsonPadding) past the JSON, the JSON is parsed where it lies;
+/// otherwise it is first copied into a padded buffer of the calling thread (kept between calls).
 /// Returns false and fills `error` when the request is bad.
 bool parseInferRequest(std::string_view body, const ModelSignature& signature, int64_t maxRows,
                        InferRequest& out, ProtocolError& error,
-                       std::optional<std::string_view> headerLength = std::nullopt);
+                       std::optional<std::string_view> headerLength = std::nullopt, size_t readable = 0);
+
+/// The bytes simdjson may read past the end of a JSON text (SIMDJSON_PADDING): a body buffer
+/// with this much spare capacity is parsed without a copy.
+inline constexpr size_t kJsonPadding = 64;
 
 struct InferResponse {
     std::string body;

@@ -1,14 +1,13 @@
-// The inference server: Boost.Beast sessions on a few I/O threads (a strand per connection, no
-// thread per connection), the dynamic batcher per model, hot swap, and Prometheus metrics through
-// prometheus-cpp. Torch is reached only through LoadedModel. This file starts, loads and stops;
-// the pieces are beside it: server_impl.h (the shared state), http_session.cpp (a connection and
-// its endpoints), routes.cpp (the route table), server_metrics.cpp and gpu_probe.cpp (/metrics).
+// The inference server: Boost.Beast sessions on a few I/O threads (an event loop each, a
+// connection on one of them, no thread per connection), the dynamic batcher per model, hot swap, and
+// Prometheus metrics through prometheus-cpp. Torch is reached only through LoadedModel. This file starts,
+// loads and stops; the pieces are beside it: server_impl.h (the shared state), http_session.cpp (a connection
+// and its endpoints), routes.cpp (the route table), server_metrics.cpp and gpu_probe.cpp (/metrics).
 #include <pthread.h>
 
 #include <algorithm>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
-#include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
 #include <chrono>
 #include <cstdio>
@@ -73,14 +72,14 @@ void InferenceServer::Impl::load(const ServedModel& m, const std::string& sha) {
 }
 
 void InferenceServer::Impl::accept() {
-    acceptor->async_accept(net::make_strand(ioc),
-                           [this](beast::error_code ec, serving::SessionSocket socket) {
-                               if (stopping || !acceptor->is_open()) return;
-                               if (!ec) std::make_shared<serving::Session>(std::move(socket), this)->run();
-                               // EMFILE and the like: keep accepting; the failed connection is simply not
-                               // served.
-                               accept();
-                           });
+    auto& loop = *loops[nextLoop++ % loops.size()];
+    acceptor->async_accept(loop.get_executor(), [this](beast::error_code ec, serving::SessionSocket socket) {
+        if (stopping || !acceptor->is_open()) return;
+        if (!ec) std::make_shared<serving::Session>(std::move(socket), this)->run();
+        // EMFILE and the like: keep accepting; the failed connection is simply not
+        // served.
+        accept();
+    });
 }
 
 void InferenceServer::Impl::stop() {
@@ -89,7 +88,7 @@ void InferenceServer::Impl::stop() {
     stopped = true;
     stopping = true;
     if (acceptor)
-        net::post(ioc, [this] {
+        net::post(*loops[0], [this] {
             beast::error_code ec;
             acceptor->close(ec);
         });
@@ -106,9 +105,9 @@ void InferenceServer::Impl::stop() {
             if (t.joinable()) t.join();
     }
     // A moment for the last answers to be written, then the I/O threads end.
-    work.reset();
+    work.clear();
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    ioc.stop();
+    for (auto& loop : loops) loop->stop();
     for (auto& t : threads)
         if (t.joinable()) t.join();
 }
@@ -179,7 +178,12 @@ uint16_t InferenceServer::start() {
         throw ConfigError("--host '" + d->options.host +
                           "' is not an IP address (use e.g. 127.0.0.1 or 0.0.0.0)");
     const tcp::endpoint ep{address, d->options.port};
-    d->acceptor.emplace(d->ioc);
+    for (int i = 0; i < d->options.ioThreads; ++i) {
+        // Concurrency hint 1: each loop is run by one thread (other threads only post to it).
+        d->loops.push_back(std::make_unique<net::io_context>(1));
+        d->work.push_back(net::make_work_guard(*d->loops.back()));
+    }
+    d->acceptor.emplace(*d->loops[0]);
     d->acceptor->open(ep.protocol(), ec);
     if (!ec) d->acceptor->set_option(net::socket_base::reuse_address(true), ec);
     if (!ec) d->acceptor->bind(ep, ec);
@@ -192,16 +196,15 @@ uint16_t InferenceServer::start() {
     d->acceptor->listen(net::socket_base::max_listen_connections, ec);
     if (ec) throw Error("cannot listen on port " + std::to_string(d->options.port) + ": " + ec.message());
     d->boundPort = d->acceptor->local_endpoint().port();
-    d->work.emplace(d->ioc.get_executor());
     d->accept();
     for (int i = 0; i < d->options.ioThreads; ++i)
-        d->threads.emplace_back([impl = d.get()] {
+        d->threads.emplace_back([loop = d->loops[static_cast<size_t>(i)].get()] {
             pthread_setname_np(pthread_self(), "lathe-http");
             // A handler that throws must cost one connection, not the server: Asio lets the
             // exception out of run(), so the thread logs it and goes back in.
             for (;;) {
                 try {
-                    impl->ioc.run();
+                    loop->run();
                     return;
                 } catch (const std::exception& ex) {
                     std::fprintf(stderr, "lathe serve: a request handler failed: %s\n", ex.what());
