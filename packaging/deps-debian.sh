@@ -20,6 +20,7 @@ core=(
   python3-torchvision python3-onnx           # real architectures (no weights) for the model-graph tests
   clang libclang-rt-14-dev                   # libFuzzer for the request-parser fuzz test
   clang-format                               # the style test (packaging/check-format.sh)
+  wrk nginx-light                            # bench_serving's client and its baseline server
 )
 gui=(
   qt6-base-dev libqcustomplot-dev libgl-dev fonts-dejavu-core

@@ -24,6 +24,7 @@
 #include "lathe/core/deploy.h"
 #include "lathe/core/loadgen.h"
 #include "run_process.h"
+#include "serving/model_runner.h"
 #include "serving_fixture.h"
 #include "skip.h"
 
@@ -477,6 +478,12 @@ TEST_CASE("concurrent single-row requests are batched together", "[serving]") {
     CHECK(metricValue(m, "lathe_batch_size_sum{model=\"digits\",version=\"1\"}") == 12);
     CHECK(batches >= 1);
     CHECK(batches <= 4);  // one row per batch would be 12
+    // The forward's CPU on the worker's thread: some, and no more than the forward's wall time
+    // (both cover the same code; CPU time excludes waiting for a core).
+    const double cpu = metricDouble(m, "lathe_compute_cpu_seconds_total{model=\"digits\",version=\"1\"}");
+    const double wall = metricDouble(m, "lathe_compute_duration_seconds_sum{model=\"digits\",version=\"1\"}");
+    CHECK(cpu > 0);
+    CHECK(cpu <= wall * 1.05 + 1e-4);
 }
 
 TEST_CASE("adaptive batching runs a lone request at once, fixed holds it for the delay", "[serving]") {
@@ -1389,5 +1396,57 @@ TEST_CASE(
         const auto logText = test::readFile(log);
         CHECK(logText.find("needs the bearer token") != std::string::npos);
         CHECK(logText.find(token) == std::string::npos);
+    }
+}
+
+TEST_CASE("batch padding goes only to a clearly faster size, never a smaller one", "[serving]") {
+    std::string note;
+    // Times by batch size (index 0 unused): 3 rows cost more than 4; 5-7 rows about as much as 8.
+    const std::vector<double> ms{0, 1.0, 1.2, 3.0, 1.5, 1.6, 1.7, 2.0, 1.8};
+    const auto runRows = core::serving::choosePadding(ms, note);
+    REQUIRE(runRows.size() == 9);
+    CHECK(runRows[1] == 1);
+    CHECK(runRows[2] == 2);
+    CHECK(runRows[3] == 4);  // 1.5 ms < 0.85 x 3.0 ms
+    CHECK(runRows[4] == 4);
+    CHECK(runRows[5] == 5);  // 8 rows (1.8) are not 15% faster than 5 (1.6)
+    CHECK(runRows[6] == 6);
+    CHECK(runRows[7] == 7);  // 1.8 vs 2.0: 10%, not enough
+    CHECK(runRows[8] == 8);
+    CHECK_THAT(note, Catch::Contains("3 rows -> 4"));
+    // Nothing to gain: no table, and nothing said.
+    note.clear();
+    CHECK(core::serving::choosePadding({0, 1, 2, 3, 4}, note).empty());
+    CHECK(note.empty());
+    CHECK(core::serving::choosePadding({0, 1}, note).empty());
+}
+
+TEST_CASE("a served model answers every row alike whatever the batch size, padded or not", "[serving]") {
+    test::ServingWorkspace ws(1);
+    constexpr int64_t kMax = 16;
+    const auto model =
+        core::serving::LoadedModel::load({"digits", 1, ws.version().path}, kMax, "cpu", {}, 1, "auto");
+    // What load chose ("pads batches to sizes that run faster: ..." when padding pays here).
+    INFO(model->optimization());
+    const int64_t in = model->inputElems(), out = model->outputElems();
+    auto fillRow = [&](float* row, int64_t r) {
+        for (int64_t i = 0; i < in; ++i)
+            row[i] = static_cast<float>(std::sin(0.37 * double(r * in + i)) * 0.5 + 0.5);
+    };
+    std::vector<float> single(static_cast<size_t>(kMax * out));
+    for (int64_t r = 0; r < kMax; ++r) {
+        fillRow(model->inputBuffer(0), r);
+        model->run(0, 1, single.data() + r * out);
+    }
+    for (int64_t b = 1; b <= kMax; ++b) {
+        for (int64_t r = 0; r < b; ++r) fillRow(model->inputBuffer(0) + r * in, r);
+        std::vector<float> got(static_cast<size_t>(b * out), std::nanf(""));
+        model->run(0, b, got.data());
+        double worst = 0;
+        for (int64_t i = 0; i < b * out; ++i)
+            worst = std::max(worst, std::abs(double(got[size_t(i)]) - double(single[size_t(i)])) /
+                                        (1.0 + std::abs(double(single[size_t(i)]))));
+        INFO("batch of " << b << " rows");
+        CHECK(worst <= 1e-5);
     }
 }

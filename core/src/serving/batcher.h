@@ -32,8 +32,9 @@ using Clock = std::chrono::steady_clock;
 struct BatchResult {
     int status = 200;  // 200, or 500 when the model failed
     std::string error;
-    double queueS = 0;    // enqueue -> batch start
-    double computeS = 0;  // the batch's forward
+    double queueS = 0;       // enqueue -> batch start
+    double computeS = 0;     // the batch's forward
+    double computeCpuS = 0;  // its CPU time on the worker's thread
     int64_t batchRows = 0;
 };
 
@@ -57,7 +58,7 @@ struct PendingRequest {
 };
 
 struct BatcherStats {
-    std::function<void(const LoadedModel&, int64_t rows, double computeS)> onBatch;
+    std::function<void(const LoadedModel&, int64_t rows, double computeS, double cpuS)> onBatch;
     std::function<void(int64_t queuedRows)> onQueueDepth;
 };
 

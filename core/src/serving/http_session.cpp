@@ -184,6 +184,11 @@ void Session::onRead(beast::error_code ec) {
     if (ec) return sendError(400, std::string("malformed HTTP request: ") + ec.message(), false);
     m_started = Clock::now();
     m_busy = true;  // until respond()
+    // A client whose requests outgrow the read buffer (a 1024-float JSON row is 10 KB) gets one
+    // that takes the next such request in one recv instead of one per 4 KiB, up to 64 KiB.
+    const size_t size = m_request.body.size() + m_request.target.size() + 256;
+    if (size > m_buffer.capacity() && m_buffer.capacity() < 64 * 1024)
+        m_buffer.reserve(std::min<size_t>(64 * 1024, size + size / 4));
     handle();
 }
 

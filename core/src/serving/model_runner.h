@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "lathe/core/registry.h"
 #include "lathe/core/server.h"
@@ -60,5 +61,11 @@ protected:
     int m_instances = 0;
     std::string m_optimization;
 };
+
+/// Which batch sizes to pad, from the forward's time at every size (`ms[b]` for b rows, index 0
+/// unused): a batch of b rows runs as the size p >= b with the least time, when that is at
+/// least 15% less than b's own. Returns runRows[b] (empty when no size gains) and describes the
+/// choice in `note`. In the torch-backed library; the server times the sizes at load.
+std::vector<int64_t> choosePadding(const std::vector<double>& ms, std::string& note);
 
 }  // namespace lathe::core::serving

@@ -47,10 +47,11 @@ void InferenceServer::Impl::load(const ServedModel& m, const std::string& sha) {
             entry = std::make_shared<ModelSlot>();
             const std::string name = m.name;
             serving::BatcherStats stats;
-            stats.onBatch = [this](const LoadedModel& model, int64_t rows, double computeS) {
+            stats.onBatch = [this](const LoadedModel& model, int64_t rows, double computeS, double cpuS) {
                 auto& pv = metrics.of(model.name(), model.version());
                 pv.batch->Observe(static_cast<double>(rows));
                 pv.compute->Observe(computeS);
+                pv.computeCpu->Increment(cpuS);
             };
             // Set on every submit: the gauge is looked up once here, not per request.
             prometheus::Gauge* depth = &metrics.depth.Add({{"model", name}});

@@ -23,7 +23,7 @@ Metrics::PerVersion& Metrics::of(const std::string& model, int64_t version) {
     if (it != perVersion.end()) return it->second;
     const prometheus::Labels l{{"model", model}, {"version", std::to_string(version)}};
     PerVersion p{&latency.Add(l, kLatencyBuckets), &queue.Add(l, kLatencyBuckets),
-                 &compute.Add(l, kLatencyBuckets), &batch.Add(l, kBatchBuckets)};
+                 &compute.Add(l, kLatencyBuckets), &batch.Add(l, kBatchBuckets), &computeCpu.Add(l)};
     return perVersion.emplace(std::make_pair(model, version), p).first->second;
 }
 

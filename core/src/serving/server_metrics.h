@@ -36,6 +36,13 @@ struct Metrics {
                                                              .Name("lathe_compute_duration_seconds")
                                                              .Help("Forward time per batch")
                                                              .Register(registry);
+    prometheus::Family<prometheus::Counter>& computeCpu =
+        prometheus::BuildCounter()
+            .Name("lathe_compute_cpu_seconds_total")
+            .Help(
+                "CPU time of the batch worker's thread in forward (LibTorch's other intra-op threads not "
+                "included); below the forward's wall time when the worker waits for a core")
+            .Register(registry);
     prometheus::Family<prometheus::Histogram>& batch = prometheus::BuildHistogram()
                                                            .Name("lathe_batch_size")
                                                            .Help("Rows per executed batch")
@@ -70,6 +77,7 @@ struct Metrics {
         prometheus::Histogram* queue;
         prometheus::Histogram* compute;
         prometheus::Histogram* batch;
+        prometheus::Counter* computeCpu;
     };
     std::mutex mutex;
     std::map<std::pair<std::string, int64_t>, PerVersion> perVersion;
