@@ -46,13 +46,6 @@ public:
         ::operator delete(p);
     }
 
-    /// Slots in use now (for tests: none once a connection is idle and its timer has fired).
-    size_t inUse() const {
-        size_t n = 0;
-        for (const auto& s : m_slots) n += s.used.load(std::memory_order_relaxed) ? 1 : 0;
-        return n;
-    }
-
 private:
     struct Slot {
         alignas(std::max_align_t) unsigned char bytes[kSlotBytes];
