@@ -9,10 +9,12 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <random>
 #include <thread>
 
 #include "cli_common.h"
@@ -218,6 +220,32 @@ void registerWorker(CLI::App& app, int& exitCode) {
                 len = sizeof *v6;
             } else {
                 throw UsageError("--address must be an IPv4 or IPv6 address (got '" + *address + "')");
+            }
+            // Below the kernel's ephemeral range when it can: a port bound to 0 comes from that
+            // range, where any outgoing connection on the host may take it between this probe and
+            // rank 0's bind (seen in CI: "Address already in use" on a port probed a moment before).
+            int low = 32768, high = 60999;
+            if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+                if (std::fscanf(f, "%d %d", &low, &high) != 2) low = 32768;
+                std::fclose(f);
+            }
+            if (low > 20000 + 1000) {
+                std::random_device rd;
+                std::mt19937 gen(rd());
+                std::uniform_int_distribution<int> pick(20000, low - 1);
+                for (int attempt = 0; attempt < 64; ++attempt) {
+                    const auto candidate = static_cast<uint16_t>(pick(gen));
+                    (ss.ss_family == AF_INET ? v4->sin_port : v6->sin6_port) = htons(candidate);
+                    const int probe = ::socket(ss.ss_family, SOCK_STREAM, 0);
+                    const bool ok = probe >= 0 && ::bind(probe, reinterpret_cast<sockaddr*>(&ss), len) == 0;
+                    if (probe >= 0) ::close(probe);
+                    if (ok) {
+                        std::printf("%d\n", candidate);
+                        exitCode = kOk;
+                        return;
+                    }
+                }
+                (ss.ss_family == AF_INET ? v4->sin_port : v6->sin6_port) = 0;
             }
             const int fd = ::socket(ss.ss_family, SOCK_STREAM, 0);
             if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0 ||
