@@ -250,7 +250,24 @@ TEST_CASE(
 
     // The local watcher scraped the remote server into the workspace: one per server, however
     // many deploys there were.
+    // The hot swap and the rollback each started one more, which found the first holding the
+    // watch and left (their log lines say so): wait for both to have left, then count.
     const std::string watcherPattern = "[l]athectl watch .*--instance " + instance;
+    const std::string watchLog = (fs::path(core::Store::filesDirFor(ws.db())) / "deployments" /
+                                  ("digits-watch-" + instance.substr(0, 8) + ".log"))
+                                     .string();
+    const auto occurrences = [](const std::string& text, const std::string& what) {
+        size_t n = 0;
+        for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+        return n;
+    };
+    CHECK(waitUntil(
+        [&] {
+            return fs::exists(watchLog) &&
+                   occurrences(lathe::remote::test::readFile(watchLog), "digits is watched already") >= 2;
+        },
+        30));
+    CHECK(waitUntil([&] { return pidsMatching(watcherPattern).size() == 1; }, 10));
     CHECK(pidsMatching(watcherPattern).size() == 1);
     CHECK(waitUntil([&] { return registry.servingMetrics("digits", "qps").size() >= 3; }, 10));
     double peak = 0;
