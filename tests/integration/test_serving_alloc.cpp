@@ -4,6 +4,7 @@
 // program of its own so that the replacement touches no other test. The batcher thread is not
 // counted: LibTorch allocates its tensors per batch, and these requests are one batch each.
 #include <sys/prctl.h>
+#include <algorithm>
 
 #include <atomic>
 #include <boost/asio/connect.hpp>
@@ -47,7 +48,7 @@ void* operator new(size_t n, const std::nothrow_t&) noexcept {
 void* operator new(size_t n, std::align_val_t a) {
     countAllocation();
     const size_t align = static_cast<size_t>(a);
-    if (void* p = std::aligned_alloc(align, (n + align - 1) / align * align)) return p;
+    if (void* p = std::aligned_alloc(align, (std::max<size_t>(n, 1) + align - 1) / align * align)) return p;
     throw std::bad_alloc();
 }
 void operator delete(void* p) noexcept { std::free(p); }

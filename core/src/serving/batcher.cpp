@@ -162,6 +162,7 @@ void Batcher::runBatch(int instance, std::vector<PendingRequest>& batch, std::ve
         r.client->batchDone(proto, proto.status == 200 ? output.data() + offset : nullptr, n);
         offset += n;
     }
+    for (auto& r : batch) r.client->batchFlush();
 }
 
 }  // namespace lathe::core::serving

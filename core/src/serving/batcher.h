@@ -47,6 +47,9 @@ public:
     /// `output`: the request's rows of the batch's output, `count` floats, valid during the call
     /// only (null when the batch failed).
     virtual void batchDone(const BatchResult& result, const float* output, int64_t count) = 0;
+    /// After every request of the batch was told batchDone: a client that gathers answers (the
+    /// server's per-loop AnswerQueue) sends them on now.
+    virtual void batchFlush() {}
 };
 
 struct PendingRequest {

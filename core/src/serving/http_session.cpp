@@ -86,8 +86,40 @@ size_t RequestReader::on_chunk_body_impl(std::uint64_t, beast::string_view body,
     return body.size();
 }
 
-Session::Session(SessionSocket&& socket, InferenceServer::Impl* server)
-    : m_socket(std::move(socket)), m_timer(m_socket.get_executor()), m_server(server) {}
+void AnswerQueue::push(std::shared_ptr<Session> session) {
+    std::lock_guard<std::mutex> lk(m_mutex);
+    m_pending.push_back(std::move(session));
+    if (!m_drainDue) {
+        m_drainDue = true;
+        m_postDue.store(true, std::memory_order_relaxed);
+    }
+}
+
+void AnswerQueue::flush() {
+    // The batch's first push to this loop set it, unless a drain already on its way will take
+    // the batch's answers too; several batch workers may flush at once, one posts.
+    if (m_postDue.load(std::memory_order_relaxed) && m_postDue.exchange(false, std::memory_order_acq_rel))
+        net::post(m_loop, withMemory(m_memory, [this] { drain(); }));
+}
+
+void AnswerQueue::drain() {
+    {
+        std::lock_guard<std::mutex> lk(m_mutex);
+        m_draining.swap(m_pending);
+        m_drainDue = false;  // what is pushed from now on needs a post of its own
+    }
+    for (auto& s : m_draining) s->answer();
+    m_draining.clear();  // the sessions are released here, on their loop
+}
+
+void AnswerQueue::release() {
+    std::lock_guard<std::mutex> lk(m_mutex);
+    m_pending.clear();
+    m_draining.clear();
+}
+
+Session::Session(SessionSocket&& socket, InferenceServer::Impl* server, AnswerQueue* answers)
+    : m_socket(std::move(socket)), m_timer(m_socket.get_executor()), m_server(server), m_answers(answers) {}
 
 void Session::run() {
     // Beast reads max(512, free capacity) bytes at a time: with the 512 bytes a new flat_buffer
@@ -419,8 +451,10 @@ void Session::batchDone(const BatchResult& result, const float* output, int64_t 
     // socket, and JSON encoding belongs on the I/O threads, not in the batch loop.
     m_result = result;
     if (output) m_output.assign(output, output + count);
-    net::post(m_socket.get_executor(), withMemory(m_memory, [self = shared_from_this()] { self->answer(); }));
+    m_answers->push(shared_from_this());
 }
+
+void Session::batchFlush() { m_answers->flush(); }
 
 void Session::answer() {
     const auto keep = m_model;  // respond() releases m_model

@@ -11,6 +11,7 @@
 // request cost two timer-queue updates each); metric children are looked up once per model
 // version, not per request; the batcher tells the session through BatchClient, not a
 // std::function; Asio's operation objects live in the session's HandlerMemory.
+#include <atomic>
 #include <boost/asio/basic_stream_socket.hpp>
 #include <boost/asio/basic_waitable_timer.hpp>
 #include <boost/asio/io_context.hpp>
@@ -20,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -80,15 +82,50 @@ private:
     RequestData& m_data;
 };
 
+class Session;
+
+/// The answers of finished batches on their way to one event loop. A batch of 32 answered by 32
+/// posts cost 32 locks of the loop's queue, each contended by the loop itself, and a wake-up
+/// whenever the loop had gone idle in between; here the batcher hands over a batch's answers for
+/// this loop under its own lock and posts once, and the loop answers them all in one handler.
+class AnswerQueue {
+public:
+    explicit AnswerQueue(boost::asio::io_context& loop) : m_loop(loop) {}
+    AnswerQueue(const AnswerQueue&) = delete;
+    AnswerQueue& operator=(const AnswerQueue&) = delete;
+
+    /// Batcher thread: `session` is answered on the loop after the next flush().
+    void push(std::shared_ptr<Session> session);
+    /// Batcher thread, after a batch's pushes: posts the loop's handler unless one is on its way.
+    void flush();
+    /// After the loop has stopped: lets go of the sessions never answered.
+    void release();
+
+private:
+    void drain();  // on the loop
+
+    boost::asio::io_context& m_loop;
+    std::mutex m_mutex;
+    std::vector<std::shared_ptr<Session>> m_pending;   // under m_mutex
+    std::vector<std::shared_ptr<Session>> m_draining;  // the loop's, keeps its capacity
+    bool m_drainDue = false;  // under m_mutex: a drain is posted or will be at the next flush
+    std::atomic<bool> m_postDue{false};
+    HandlerMemory m_memory;  // one drain is posted at a time
+};
+
 class Session : public BatchClient, public std::enable_shared_from_this<Session> {
 public:
-    /// `server` outlives every session: its I/O threads are joined in stop().
-    Session(SessionSocket&& socket, InferenceServer::Impl* server);
+    /// `server` outlives every session: its I/O threads are joined in stop(). `answers`: the
+    /// queue of the loop that runs this session, which outlives it too.
+    Session(SessionSocket&& socket, InferenceServer::Impl* server, AnswerQueue* answers);
 
     void run();
 
     /// BatchClient: on the batcher thread; the answer is written on this connection's event loop.
     void batchDone(const BatchResult& result, const float* output, int64_t count) override;
+    void batchFlush() override;
+    /// On the loop, from AnswerQueue: writes the answer batchDone left.
+    void answer();
 
 private:
     /// The endpoints, built once (add one here; routes.h says how).
@@ -113,7 +150,6 @@ private:
     void serveInfer(const RouteParams& p);
 
     void infer();
-    void answer();
     void loadModel(const std::string& name);
     void loadFile(const std::string& name);
     void loadInBackground(std::function<ServedModel()> load);
@@ -150,6 +186,7 @@ private:
     RequestData m_request;
     Clock::time_point m_started;
     InferenceServer::Impl* m_server;  // outlives every session: its I/O threads are joined in stop()
+    AnswerQueue* m_answers;
     // The model a /v2/models/{model}/... request names, resolved once by resolveModel() so the
     // version check and the answer see the same version across a hot swap; released when the
     // answer is written, so an idle connection does not keep an old version alive.

@@ -73,14 +73,15 @@ void InferenceServer::Impl::load(const ServedModel& m, const std::string& sha) {
 }
 
 void InferenceServer::Impl::accept() {
-    auto& loop = *loops[nextLoop++ % loops.size()];
-    acceptor->async_accept(loop.get_executor(), [this](beast::error_code ec, serving::SessionSocket socket) {
-        if (stopping || !acceptor->is_open()) return;
-        if (!ec) std::make_shared<serving::Session>(std::move(socket), this)->run();
-        // EMFILE and the like: keep accepting; the failed connection is simply not
-        // served.
-        accept();
-    });
+    const size_t at = nextLoop++ % loops.size();
+    acceptor->async_accept(
+        loops[at]->get_executor(), [this, at](beast::error_code ec, serving::SessionSocket socket) {
+            if (stopping || !acceptor->is_open()) return;
+            if (!ec) std::make_shared<serving::Session>(std::move(socket), this, answers[at].get())->run();
+            // EMFILE and the like: keep accepting; the failed connection is simply not
+            // served.
+            accept();
+        });
 }
 
 void InferenceServer::Impl::stop() {
@@ -111,6 +112,7 @@ void InferenceServer::Impl::stop() {
     for (auto& loop : loops) loop->stop();
     for (auto& t : threads)
         if (t.joinable()) t.join();
+    for (auto& a : answers) a->release();
 }
 
 InferenceServer::InferenceServer(ServeOptions options) : d(std::make_unique<Impl>()) {
@@ -173,6 +175,7 @@ void InferenceServer::load(const ServedModel& model, const std::string& sha256) 
 }
 
 uint16_t InferenceServer::start() {
+    if (!d->loops.empty()) throw Error("the inference server was started already: start it once");
     beast::error_code ec;
     const auto address = net::ip::make_address(d->options.host, ec);
     if (ec)
@@ -182,6 +185,7 @@ uint16_t InferenceServer::start() {
     for (int i = 0; i < d->options.ioThreads; ++i) {
         // Concurrency hint 1: each loop is run by one thread (other threads only post to it).
         d->loops.push_back(std::make_unique<net::io_context>(1));
+        d->answers.push_back(std::make_unique<serving::AnswerQueue>(*d->loops.back()));
         d->work.push_back(net::make_work_guard(*d->loops.back()));
     }
     d->acceptor.emplace(*d->loops[0]);

@@ -17,6 +17,7 @@
 
 #include "batcher.h"
 #include "gpu_probe.h"
+#include "http_session.h"
 #include "lathe/core/server.h"
 #include "server_metrics.h"
 
@@ -47,6 +48,10 @@ struct InferenceServer::Impl {
     // needs no strand, and a loop never wakes another. A shared io_context with a strand per
     // connection cost a mutex and often a futex wake-up per handler (~10% of a saturated
     // server's CPU). The acceptor is on loops[0].
+    // One per loop. Declared before `loops`, so destroyed after them: a loop destroyed with a
+    // drain still posted gives its memory back to the queue. stop() lets go of the sessions they
+    // still hold while the loops exist.
+    std::vector<std::unique_ptr<serving::AnswerQueue>> answers;
     std::vector<std::unique_ptr<boost::asio::io_context>> loops;
     size_t nextLoop = 0;  // on loops[0]'s thread only
     std::optional<boost::asio::ip::tcp::acceptor> acceptor;
