@@ -752,6 +752,172 @@ TEST_CASE("hot swap under load: zero failed requests, a failed load keeps the ol
     CHECK(versions.size() == 2);  // the damaged v3 never answered
 }
 
+namespace {
+
+// One request of the swap inputs as user `user` (X-User-Id, or the body's `user_id` parameter):
+// the version that answered, after checking that the answer is that version's and that the
+// header says the same; -1 when the request failed.
+int askAs(uint16_t port, const std::string& user, int r,
+          const std::map<std::string, std::vector<std::vector<double>>>& refs, bool inBody = false,
+          const std::string& target = "/v2/models/digits/infer") {
+    std::string body = swapInput(r);
+    test::HttpHeaders headers;
+    if (inBody) {
+        auto j = json::parse(body);
+        j["parameters"] = {{"user_id", user}};
+        body = j.dump();
+    } else if (!user.empty()) {
+        headers.push_back({"X-User-Id", user});
+    }
+    const auto a = httpRequest(port, "POST", target, body, 5, headers);
+    if (a.status != 200) return -1;
+    std::string why;
+    if (!answersAsLabelled(a.body, r, refs, 1e-4, why)) return -1;
+    const std::string v = json::parse(a.body)["model_version"].get<std::string>();
+    const auto h = a.headers.find("x-model-version");
+    if (h == a.headers.end() || h->second != v) return -1;
+    return std::stoi(v);
+}
+
+test::HttpAnswer rollout(uint16_t port, const std::string& body) {
+    return httpRequest(port, "POST", "/v2/repository/models/digits/rollout", body, 60);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a rollout serves two versions side by side: sticky per user, consistent as the weight rises, "
+    "abort and promote lose no request",
+    "[serving][rollout]") {
+    test::ServingWorkspace ws;
+    const auto v2 = registerOtherWeights(ws);
+    const auto refs = versionReferences(ws.version(), v2);
+    core::ServeOptions o;
+    o.maxDelayMs = 2;
+    const auto server = ws.serve(o);
+    const auto port = server->port();
+
+    // Bad requests change nothing.
+    struct Bad {
+        const char* body;
+        int status;
+        const char* says;
+    };
+    for (const Bad& b : std::vector<Bad>{
+             {R"({"candidate":{"version":1},"weight_bp":500})", 400, "version served now"},
+             {R"({"candidate":{"version":2},"weight_bp":20000})", 400, "0 to 10000"},
+             {R"({"candidate":{"version":2},"weight_bp":"5%"})", 400, "integer"},
+             {R"({"candidate":{"version":9},"weight_bp":500})", 404, "9"},
+             {R"({"candidate":{"version":2},"user_parameter":7})", 400, "user_parameter"},
+             {R"({"weight_bp":100})", 400, "no rollout"},
+             {R"({"end":"abort"})", 400, "no rollout"},
+             {R"({"end":"later"})", 400, "abort"},
+             {R"({})", 400, "say what to do"},
+             {R"([1])", 400, "object"},
+         }) {
+        INFO(b.body);
+        const auto a = rollout(port, b.body);
+        CHECK(a.status == b.status);
+        CHECK_THAT(a.body, Catch::Contains(b.says));
+    }
+    auto state = json::parse(httpGet(port, "/v2/repository/models/digits/rollout").body);
+    CHECK(state["baseline"] == 1);
+    CHECK(state["candidate"] == 0);
+
+    // Clients without a user id all along: every request answered, by the version it names.
+    std::atomic<bool> stop{false};
+    std::atomic<int> failed{0}, total{0};
+    std::mutex mutex;
+    std::map<int, int> randomVersions;
+    std::vector<std::thread> clients;
+    for (int t = 0; t < 3; ++t)
+        clients.emplace_back([&, t] {
+            for (int i = 0; !stop; ++i) {
+                const int v = askAs(port, "", (t + i) % kSwapInputs, refs);
+                ++total;
+                if (v < 0) ++failed;
+                std::lock_guard<std::mutex> lk(mutex);
+                ++randomVersions[v];
+            }
+        });
+
+    auto a = rollout(port, R"({"candidate":{"version":2},"weight_bp":2000,"user_parameter":"user_id"})");
+    REQUIRE(a.status == 200);
+    state = json::parse(a.body);
+    CHECK(state["baseline"] == 1);
+    CHECK(state["candidate"] == 2);
+    CHECK(state["weight_bp"] == 2000);
+
+    constexpr int kUsers = 300;
+    const auto user = [](int i) { return "user-" + std::to_string(i); };
+    std::vector<int> at20(kUsers);
+    int onCandidate = 0;
+    for (int i = 0; i < kUsers; ++i) {
+        at20[i] = askAs(port, user(i), i % kSwapInputs, refs);
+        REQUIRE(at20[i] > 0);
+        onCandidate += at20[i] == 2;
+    }
+    // About 20% (60 of 300, ±3 sigma ≈ 21).
+    CHECK(onCandidate > 38);
+    CHECK(onCandidate < 82);
+    // Sticky: asked again, by header or by the rollout's request parameter, the same version.
+    for (int i = 0; i < 60; ++i) {
+        CHECK(askAs(port, user(i), (i + 1) % kSwapInputs, refs) == at20[i]);
+        CHECK(askAs(port, user(i), (i + 2) % kSwapInputs, refs, true) == at20[i]);
+    }
+    // A version named in the path is reached directly, whatever the split.
+    CHECK(askAs(port, user(0), 0, refs, false, "/v2/models/digits/versions/2/infer") == 2);
+    CHECK(askAs(port, user(0), 0, refs, false, "/v2/models/digits/versions/1/infer") == 1);
+    a = httpRequest(port, "POST", "/v2/models/digits/versions/3/infer", swapInput(0));
+    CHECK(a.status == 404);
+    CHECK_THAT(a.body, Catch::Contains("in a rollout, 2"));
+
+    // 20% -> 50%: only baseline users move.
+    REQUIRE(rollout(port, R"({"weight_bp":5000})").status == 200);
+    int moved = 0, movedBack = 0;
+    for (int i = 0; i < kUsers; ++i) {
+        const int v = askAs(port, user(i), i % kSwapInputs, refs);
+        REQUIRE(v > 0);
+        movedBack += at20[i] == 2 && v == 1;
+        moved += at20[i] == 1 && v == 2;
+    }
+    CHECK(movedBack == 0);
+    CHECK(moved > 50);
+    const auto metrics = httpGet(port, "/metrics").body;
+    CHECK(metricValue(metrics, "lathe_rollout_weight_bp{model=\"digits\",version=\"2\"}") == 5000);
+    CHECK(metricValue(metrics, "lathe_routed_requests_total{by=\"user\",model=\"digits\",version=\"2\"}") >
+          0);
+    CHECK(metricValue(metrics, "lathe_routed_requests_total{by=\"user\",model=\"digits\",version=\"1\"}") >
+          0);
+    CHECK(metricValue(metrics, "lathe_routed_requests_total{by=\"random\",model=\"digits\",version=\"2\"}") >
+          0);
+    CHECK(metricValue(metrics, "lathe_requests_total{code=\"200\",model=\"digits\",version=\"2\"}") > 0);
+
+    // Abort: the current version serves everyone again.
+    a = rollout(port, R"({"end":"abort"})");
+    REQUIRE(a.status == 200);
+    CHECK(json::parse(a.body)["candidate"] == 0);
+    for (int i = 0; i < 40; ++i) CHECK(askAs(port, user(i), i % kSwapInputs, refs) == 1);
+
+    // Again, then promote: v2 is loaded as the current version and the rollout ends.
+    REQUIRE(rollout(port, R"({"candidate":{"version":2},"weight_bp":500})").status == 200);
+    a = rollout(port, R"({"end":"promote"})");
+    REQUIRE(a.status == 200);
+    state = json::parse(a.body);
+    CHECK(state["baseline"] == 2);
+    CHECK(state["candidate"] == 0);
+    CHECK(server->servedVersion("digits") == 2);
+    for (int i = 0; i < 40; ++i) CHECK(askAs(port, user(i), i % kSwapInputs, refs) == 2);
+    CHECK(httpRequest(port, "POST", "/v2/models/digits/versions/1/infer", swapInput(0)).status == 404);
+
+    stop = true;
+    for (auto& c : clients) c.join();
+    CHECK(failed == 0);
+    CHECK(total > 30);
+    CHECK(randomVersions[1] > 0);
+    CHECK(randomVersions[2] > 0);
+}
+
 TEST_CASE("lathectl deploy, rollback and undeploy under steady load lose no request", "[serving][cli]") {
     test::ServingWorkspace ws;
     const std::string db = " --db " + ws.db();

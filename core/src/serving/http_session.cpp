@@ -47,7 +47,8 @@ void RequestData::clear() {
     if (body.capacity() > (size_t(1) << 20)) std::string().swap(body);
     authorization.clear();
     inferHeaderLength.clear();
-    hasAuthorization = hasInferHeaderLength = false;
+    userId.clear();
+    hasAuthorization = hasInferHeaderLength = hasUserId = false;
 }
 
 void RequestReader::on_request_impl(http::verb method, beast::string_view, beast::string_view target,
@@ -66,6 +67,9 @@ void RequestReader::on_field_impl(http::field name, beast::string_view nameText,
                beast::iequals(nameText, kInferHeaderLength)) {
         m_data.inferHeaderLength.assign(value.data(), value.size());
         m_data.hasInferHeaderLength = true;
+    } else if (name == http::field::unknown && !m_data.hasUserId && beast::iequals(nameText, kUserIdHeader)) {
+        m_data.userId.assign(value.data(), value.size());
+        m_data.hasUserId = true;
     }
 }
 
@@ -170,6 +174,8 @@ const RouteTable<Session>& Session::routes() {
         t.add(http::verb::get, "/v2/health/ready", &Session::serveReady);
         t.add(http::verb::post, "/v2/repository/index", &Session::serveRepositoryIndex);
         t.add(http::verb::post, "/v2/repository/models/{model}/load", &Session::serveLoad);
+        t.add(http::verb::post, "/v2/repository/models/{model}/rollout", &Session::serveRollout);
+        t.add(http::verb::get, "/v2/repository/models/{model}/rollout", &Session::serveRolloutState);
         t.add(http::verb::get, "/v2/models/{model}", &Session::serveModelMetadata);
         t.add(http::verb::get, "/v2/models/{model}/versions/{version}", &Session::serveModelMetadata);
         t.add(http::verb::get, "/v2/models/{model}/ready", &Session::serveModelReady);
@@ -237,7 +243,15 @@ void Session::handle() {
 bool Session::resolveModel(const RouteParams& p) {
     const std::string& name = p.get("model");
     m_slot = m_server->slot(name);
-    m_model = m_slot ? m_slot->get() : nullptr;
+    m_pinned = Pinned::No;
+    if (m_slot) {
+        std::lock_guard<std::mutex> lk(m_slot->mutex);
+        m_model = m_slot->current;
+        if (m_slot->candidate)
+            m_candidate = m_slot->candidate;
+        else
+            m_candidate.reset();
+    }
     if (m_model) return true;
     sendError(404, "no model named '" + name + "' is served here");
     return false;
@@ -245,9 +259,20 @@ bool Session::resolveModel(const RouteParams& p) {
 
 bool Session::checkVersion(const RouteParams& p) {
     const std::string& version = p.get("version");
-    if (version == std::to_string(m_model->version())) return true;
-    sendError(404, "model '" + p.get("model") + "' version " + version + " is not served (serving version " +
-                       std::to_string(m_model->version()) + ")");
+    if (version == std::to_string(m_model->version())) {
+        m_pinned = Pinned::Current;
+        return true;
+    }
+    if (m_candidate && version == std::to_string(m_candidate->model->version())) {
+        m_model = m_candidate->model;
+        m_pinned = Pinned::Candidate;
+        return true;
+    }
+    sendError(
+        404, "model '" + p.get("model") + "' version " + version + " is not served (serving version " +
+                 std::to_string(m_model->version()) +
+                 (m_candidate ? " and, in a rollout, " + std::to_string(m_candidate->model->version()) : "") +
+                 ")");
     return false;
 }
 
@@ -367,13 +392,21 @@ void Session::loadFile(const std::string& name) {
 // Loading takes seconds: on its own thread, answered on this connection's event loop when done.
 // `load` returns what it loaded; its errors answer 404 (no such version), 400 (refused) or 500.
 void Session::loadInBackground(std::function<ServedModel()> load) {
+    runInBackground([load = std::move(load)] {
+        const ServedModel m = load();
+        return jsonOk({{"name", m.name}, {"version", std::to_string(m.version)}});
+    });
+}
+
+// Loading takes seconds: on its own thread, answered on this connection's event loop when done.
+// `work` returns the answer's body; its errors answer 404 (no such version), 400 (refused) or 500.
+void Session::runInBackground(std::function<std::string()> work) {
     std::lock_guard<std::mutex> lk(m_server->loadersMutex);
-    m_server->loaders.emplace_back([self = shared_from_this(), load = std::move(load)] {
+    m_server->loaders.emplace_back([self = shared_from_this(), work = std::move(work)] {
         int status = 200;
         std::string body;
         try {
-            const ServedModel m = load();
-            body = jsonOk({{"name", m.name}, {"version", std::to_string(m.version)}});
+            body = work();
         } catch (const NotFoundError& ex) {
             status = 404;
             body = errorBody(ex.what());
@@ -387,6 +420,123 @@ void Session::loadInBackground(std::function<ServedModel()> load) {
         net::post(self->m_socket.get_executor(),
                   [self, status, body = std::move(body)]() mutable { self->send(status, std::move(body)); });
     });
+}
+
+// The rollout of a model, as its state: the version served now, the candidate beside it (0:
+// none), the candidate's weight and the request parameter naming users.
+static std::string rolloutState(InferenceServer::Impl& server, const std::string& name) {
+    const auto slot = server.slot(name);
+    if (!slot) throw NotFoundError("no model named '" + name + "' is served here");
+    std::shared_ptr<LoadedModel> current;
+    std::shared_ptr<const Candidate> c;
+    {
+        std::lock_guard<std::mutex> lk(slot->mutex);
+        current = slot->current;
+        c = slot->candidate;
+    }
+    nlohmann::json j{{"name", name},
+                     {"baseline", current ? current->version() : 0},
+                     {"candidate", c ? c->source.version : 0},
+                     {"weight_bp", c ? c->split.candidateBp : 0},
+                     {"user_parameter", c ? c->split.userParameter : std::string()}};
+    return jsonOk(j);
+}
+
+void Session::serveRolloutState(const RouteParams& p) {
+    try {
+        send(200, rolloutState(*m_server, p.get("model")));
+    } catch (const NotFoundError& ex) {
+        sendError(404, ex.what());
+    }
+}
+
+// POST /v2/repository/models/{model}/rollout, behind the control token:
+//   {"candidate": {"version": V}, "weight_bp": N, "user_parameter": "user_id"}  start (or change)
+//     (a server started with --file names the candidate's "path" and "sha256" there too)
+//   {"weight_bp": N}                                                             reweigh
+//   {"end": "abort" | "promote"}                                                 end
+// Answers the rollout's state once done (loading a candidate takes seconds).
+void Session::serveRollout(const RouteParams& p) {
+    const std::string name = p.get("model");
+    std::function<std::string()> work;
+    try {
+        checkModelName(name);
+        const auto j = nlohmann::json::parse(m_request.body.empty() ? std::string("{}") : m_request.body);
+        if (!j.is_object()) throw ConfigError("the body must be a JSON object");
+        auto weightOf = [&]() -> int32_t {
+            const auto& w = j.at("weight_bp");
+            if (!w.is_number_integer()) throw ConfigError("`weight_bp` must be an integer from 0 to 10000");
+            const auto v = w.get<int64_t>();
+            if (v < 0 || v > serving::kBasisPoints)
+                throw ConfigError("`weight_bp` must be from 0 to 10000 (basis points), got " +
+                                  std::to_string(v));
+            return static_cast<int32_t>(v);
+        };
+        if (j.contains("end")) {
+            if (!j["end"].is_string()) throw ConfigError("`end` must be \"abort\" or \"promote\"");
+            const std::string how = j["end"].get<std::string>();
+            work = [server = m_server, name, how] {
+                server->endRollout(name, how);
+                return rolloutState(*server, name);
+            };
+        } else if (j.contains("candidate")) {
+            const auto& c = j["candidate"];
+            if (!c.is_object() || !c.contains("version") || !c["version"].is_number_integer())
+                throw ConfigError("`candidate` must be an object with the candidate's integer `version`");
+            ServedModel m;
+            m.name = name;
+            m.version = c["version"].get<int64_t>();
+            if (m.version <= 0) throw ConfigError("the candidate's `version` must be a positive number");
+            std::string sha;
+            const bool fromFile = m_server->options.workspace.empty();
+            if (fromFile) {
+                if (m_server->controlTokenSha256.empty())
+                    return sendError(403,
+                                     "this server was started with --file and without a control token: it "
+                                     "loads nothing else (start it with --token-file, as lathectl deploy "
+                                     "--host does)");
+                if (!c.contains("path") || !c["path"].is_string() || !c.contains("sha256") ||
+                    !c["sha256"].is_string() || c["sha256"].get<std::string>().size() != 64)
+                    throw ConfigError(
+                        "this server has no registry: the candidate names the artifact's \"path\" on this "
+                        "host "
+                        "and its \"sha256\" (64 hex digits)");
+                m.path = c["path"].get<std::string>();
+                sha = c["sha256"].get<std::string>();
+            }
+            serving::TrafficSplit split;
+            split.candidateBp = j.contains("weight_bp") ? weightOf() : 0;
+            if (j.contains("user_parameter")) {
+                if (!j["user_parameter"].is_string()) throw ConfigError("`user_parameter` must be a string");
+                split.userParameter = j["user_parameter"].get<std::string>();
+                if (split.userParameter.size() > 64)
+                    throw ConfigError("`user_parameter` must be a parameter's name (at most 64 characters)");
+            }
+            work = [server = m_server, m, sha, split]() mutable {
+                if (!server->options.workspace.empty()) {
+                    Registry registry(server->options.workspace);
+                    const auto v = registry.resolve({m.name, m.version, {}});
+                    m.path = v.path;
+                    sha = v.sha256;
+                }
+                server->startRollout(m, sha, split);
+                return rolloutState(*server, m.name);
+            };
+        } else if (j.contains("weight_bp")) {
+            const int32_t bp = weightOf();
+            work = [server = m_server, name, bp] {
+                server->setRolloutWeight(name, bp);
+                return rolloutState(*server, name);
+            };
+        } else {
+            throw ConfigError(
+                "say what to do: {\"candidate\": {\"version\": V}, \"weight_bp\": N} starts a rollout, "
+                "{\"weight_bp\": N} reweighs it, {\"end\": \"abort\"|\"promote\"} ends it");
+        }
+    } catch (const std::exception& ex) {
+        return sendError(400, std::string("bad rollout request: ") + ex.what());
+    }
+    runInBackground(std::move(work));
 }
 
 void Session::serveModelMetadata(const RouteParams& p) {
@@ -420,15 +570,35 @@ void Session::countAnswer(const LoadedModel& model, int status) {
 
 void Session::infer() {
     const LoadedModel& model = *m_model;
+    const bool split = m_candidate && m_pinned == Pinned::No;
     ProtocolError err;
-    // Into the session's buffer: its capacity is kept from one request to the next.
+    // Into the session's buffer: its capacity is kept from one request to the next. (A candidate
+    // takes the same tensors as the current version: the rollout checked it.)
     if (!parseInferRequest(m_request.body, model.signature(), model.maxBatch(), m_infer, err,
                            m_request.hasInferHeaderLength
                                ? std::optional<std::string_view>(m_request.inferHeaderLength)
                                : std::nullopt,
-                           m_request.body.capacity())) {
+                           m_request.body.capacity(),
+                           split ? std::string_view(m_candidate->split.userParameter) : std::string_view())) {
         countAnswer(model, err.status);
         return sendError(err.status, err.message);
+    }
+    Batcher* batcher = m_slot->batcher.get();
+    if (m_pinned == Pinned::Candidate) {
+        batcher = m_candidate->batcher.get();
+    } else if (split) {
+        // The rollout's parameter names the user when the request has it, else X-User-Id; a
+        // request with neither goes at random, counted apart.
+        const std::string_view user = !m_infer.userId.empty() ? std::string_view(m_infer.userId)
+                                      : m_request.hasUserId   ? std::string_view(m_request.userId)
+                                                              : std::string_view();
+        const bool candidateGets =
+            toCandidate(m_candidate->split, model.name(), user, user.empty() ? splitDraw() : 0);
+        m_candidate->routed[candidateGets][!user.empty()]->Increment();
+        if (candidateGets) {
+            m_model = m_candidate->model;
+            batcher = m_candidate->batcher.get();
+        }
     }
     PendingRequest p;
     p.model = m_model;
@@ -436,8 +606,8 @@ void Session::infer() {
     p.input = m_infer.data.data();  // read by the batcher before batchDone; not touched here until then
     p.enqueued = Clock::now();
     p.client = shared_from_this();
-    if (!m_slot->batcher->submit(std::move(p))) {
-        countAnswer(model, 503);
+    if (!batcher->submit(std::move(p))) {
+        countAnswer(*m_model, 503);
         return sendError(503,
                          "server overloaded: the request queue is full (--max-queue " +
                              std::to_string(m_server->options.maxQueue) + " rows); retry later",
@@ -466,7 +636,12 @@ void Session::answer() {
     const int64_t jsonLength =
         inferResponseInto(m_body, model.name(), model.version(), m_infer.id, model.signature().outputs[0],
                           m_infer.rows, m_output.data(), model.outputElems(), m_infer.binaryOutput);
-    respond(200, jsonLength < 0 ? "application/json" : "application/octet-stream", jsonLength, {}, true);
+    // Which version answered, also in the JSON's model_version: during a rollout the client
+    // cannot know otherwise (and a binary answer has no JSON field to look at first).
+    const int n = std::snprintf(m_versionHeader, sizeof m_versionHeader, "X-Model-Version: %lld\r\n",
+                                static_cast<long long>(model.version()));
+    respond(200, jsonLength < 0 ? "application/json" : "application/octet-stream", jsonLength,
+            std::string_view(m_versionHeader, static_cast<size_t>(std::max(0, n))), true);
     pv.latency->Observe(std::chrono::duration<double>(Clock::now() - m_started).count());
 }
 
@@ -516,6 +691,7 @@ void Session::respond(int status, const char* type, int64_t jsonLength, std::str
     m_busy = false;
     m_slot.reset();
     m_model.reset();
+    m_candidate.reset();
     const unsigned version = m_request.version ? m_request.version : 11;
     keepAlive = keepAlive && m_request.keepAlive && !m_server->stopping;
     // The status line and headers Beast would write, formatted into a buffer that keeps its
@@ -575,6 +751,7 @@ void Session::close() {
     m_closed = true;
     m_slot.reset();
     m_model.reset();
+    m_candidate.reset();
     beast::error_code ec;
     m_socket.shutdown(tcp::socket::shutdown_send, ec);
     m_socket.close(ec);

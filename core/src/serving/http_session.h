@@ -37,6 +37,7 @@
 namespace lathe::core::serving {
 
 struct ModelSlot;
+struct Candidate;
 
 /// A connection's executor and socket: concrete types, so no handler goes through Asio's
 /// type-erased any_io_executor (its copies and queries showed up at ~5% of a saturated server).
@@ -52,8 +53,8 @@ struct RequestData {
     unsigned version = 0;  // 10 or 11; 0 before a request line was read
     bool keepAlive = false;
     std::string target, body;
-    std::string authorization, inferHeaderLength;  // the fields' values
-    bool hasAuthorization = false, hasInferHeaderLength = false;
+    std::string authorization, inferHeaderLength, userId;  // the fields' values (X-User-Id)
+    bool hasAuthorization = false, hasInferHeaderLength = false, hasUserId = false;
     void clear();
 };
 
@@ -153,6 +154,9 @@ private:
     void loadModel(const std::string& name);
     void loadFile(const std::string& name);
     void loadInBackground(std::function<ServedModel()> load);
+    void runInBackground(std::function<std::string()> work);
+    void serveRollout(const RouteParams& p);
+    void serveRolloutState(const RouteParams& p);
 
     // Answers. `extraHeaders`: whole "Name: value\r\n" lines. `jsonLength` >= 0: a binary tensor
     // data body whose JSON part is that long. The body is written from m_body.
@@ -192,6 +196,11 @@ private:
     // answer is written, so an idle connection does not keep an old version alive.
     std::shared_ptr<ModelSlot> m_slot;
     std::shared_ptr<LoadedModel> m_model;
+    // During a rollout: the candidate as it was when the request was resolved (null otherwise),
+    // and whether the request's path named a version (then the split does not apply).
+    std::shared_ptr<const Candidate> m_candidate;
+    enum class Pinned { No, Current, Candidate } m_pinned = Pinned::No;
+    char m_versionHeader[48] = {};        // "X-Model-Version: N\r\n" of the answer
     std::vector<std::string> m_segments;  // the path's, reused by the route table
 
     // The request in flight to the batcher (one at a time per connection) and its answer.

@@ -87,7 +87,7 @@ void appendJsonString(std::string& out, const std::string& s) {
 // On Demand validates while it reads the numbers straight into the batch row, without a tree.
 bool parseInferRequest(std::string_view body, const ModelSignature& signature, int64_t maxRows,
                        InferRequest& out, ProtocolError& error, std::optional<std::string_view> headerLength,
-                       size_t readable) {
+                       size_t readable, std::string_view userParameter) {
     static_assert(kJsonPadding == simdjson::SIMDJSON_PADDING);
     auto fail = [&](int status, std::string msg) {
         error = {status, std::move(msg)};
@@ -101,6 +101,7 @@ bool parseInferRequest(std::string_view body, const ModelSignature& signature, i
     out.rows = 0;
     out.data.clear();
     out.binaryOutput = false;
+    out.userId.clear();
     thread_local std::vector<int64_t> dims;
     dims.clear();
     bool haveName = false, haveType = false, haveShape = false, haveData = false;
@@ -264,9 +265,29 @@ bool parseInferRequest(std::string_view body, const ModelSignature& signature, i
                 }
             } else if (key == "parameters") {
                 if (v.type() != od::json_type::object) throw Refusal{"`parameters` must be an object"};
-                for (auto pf : v.get_object())
-                    if (pf.unescaped_key() == std::string_view("binary_data_output"))
+                for (auto pf : v.get_object()) {
+                    const std::string_view pk = pf.unescaped_key();
+                    if (pk == std::string_view("binary_data_output")) {
                         allBinary = boolean(pf.value(), "binary_data_output");
+                    } else if (!userParameter.empty() && pk == userParameter) {
+                        od::value u = pf.value();
+                        if (u.type() == od::json_type::string) {
+                            const std::string_view id = u.get_string();
+                            out.userId.assign(id.data(), id.size());
+                        } else if (u.type() == od::json_type::number &&
+                                   u.get_number_type() != od::number_type::floating_point_number) {
+                            std::string_view t = u.raw_json_token();
+                            while (!t.empty() && (t.back() == ' ' || t.back() == '\t' || t.back() == '\n' ||
+                                                  t.back() == '\r'))
+                                t.remove_suffix(1);
+                            out.userId.assign(t.data(), t.size());
+                        } else {
+                            throw Refusal{
+                                "the request parameter `" + std::string(userParameter) +
+                                "` names the user for the rollout: it must be a string or an integer"};
+                        }
+                    }
+                }
             }
             // Other members are skipped unread, though still validated.
         }

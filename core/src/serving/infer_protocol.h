@@ -23,10 +23,13 @@ struct InferRequest {
     int64_t rows = 0;           // the batch dimension of the input
     std::vector<float> data;    // rows × prod(sample shape), row-major
     bool binaryOutput = false;  // the output goes back as binary tensor data (Triton's extension)
+    std::string userId;         // the request parameter a rollout names as the user's id, if any
 };
 
 /// The header of the binary tensor data extension: the length of the JSON part of the body.
 inline constexpr const char* kInferHeaderLength = "Inference-Header-Content-Length";
+/// The header that names the user during a rollout (the split is sticky per user).
+inline constexpr const char* kUserIdHeader = "X-User-Id";
 
 /// Parses and validates an infer request against the model's signature (one FP32 input).
 /// Accepts flat or nested `data`, or, with the binary tensor data extension (as Triton's
@@ -36,10 +39,13 @@ inline constexpr const char* kInferHeaderLength = "Inference-Header-Content-Leng
 /// `readable`: how many bytes from body.data() may be read (allocated, of any value). When that
 /// leaves simdjson's padding (kJsonPadding) past the JSON, the JSON is parsed where it lies;
 /// otherwise it is first copied into a padded buffer of the calling thread (kept between calls).
+/// `userParameter`: the name of a top-level request parameter holding the user's id (a string or
+/// an integer) during a rollout; read into out.userId. Empty: none is read.
 /// Returns false and fills `error` when the request is bad.
 bool parseInferRequest(std::string_view body, const ModelSignature& signature, int64_t maxRows,
                        InferRequest& out, ProtocolError& error,
-                       std::optional<std::string_view> headerLength = std::nullopt, size_t readable = 0);
+                       std::optional<std::string_view> headerLength = std::nullopt, size_t readable = 0,
+                       std::string_view userParameter = {});
 
 /// The bytes simdjson may read past the end of a JSON text (SIMDJSON_PADDING): a body buffer
 /// with this much spare capacity is parsed without a copy.

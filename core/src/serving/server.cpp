@@ -30,46 +30,202 @@ using serving::Batcher;
 using serving::LoadedModel;
 using serving::ModelSlot;
 
-void InferenceServer::Impl::load(const ServedModel& m, const std::string& sha) {
-    std::lock_guard<std::mutex> loadLock(loadMutex);
-    // Throws: the old one keeps serving.
+std::unique_ptr<Batcher> InferenceServer::Impl::makeBatcher(const std::string& name,
+                                                            const std::string& variant) {
+    serving::BatcherStats stats;
+    stats.onBatch = [this](const LoadedModel& model, int64_t rows, double computeS, double cpuS) {
+        auto& pv = metrics.of(model.name(), model.version());
+        pv.batch->Observe(static_cast<double>(rows));
+        pv.compute->Observe(computeS);
+        pv.computeCpu->Increment(cpuS);
+    };
+    // Set on every submit: the gauge is looked up once here, not per request.
+    prometheus::Gauge* depth = variant.empty() ? &metrics.depth.Add({{"model", name}})
+                                               : &metrics.depth.Add({{"model", name}, {"variant", variant}});
+    stats.onQueueDepth = [depth](int64_t rows) { depth->Set(static_cast<double>(rows)); };
+    return std::make_unique<Batcher>(
+        options.maxBatch, options.maxDelayMs, options.maxQueue, std::move(stats), options.instances,
+        options.batching == "fixed" ? Batcher::Policy::Fixed : Batcher::Policy::Adaptive);
+}
+
+std::shared_ptr<LoadedModel> InferenceServer::Impl::loadModel(const ServedModel& m, const std::string& sha) {
     auto fresh =
         LoadedModel::load(m, options.maxBatch, options.device, sha, options.instances, options.optimize);
     // In the server's log (a deployment's log file): which graph this version runs, and why.
     if (!fresh->optimization().empty())
         std::fprintf(stderr, "%s v%lld: %s\n", m.name.c_str(), static_cast<long long>(m.version),
                      fresh->optimization().c_str());
+    return fresh;
+}
+
+void InferenceServer::Impl::load(const ServedModel& m, const std::string& sha) {
+    std::lock_guard<std::mutex> loadLock(loadMutex);
+    // Throws: the old one keeps serving.
+    auto fresh = loadModel(m, sha);
     std::shared_ptr<ModelSlot> s;
     {
         std::unique_lock<std::shared_mutex> lk(modelsMutex);
         auto& entry = models[m.name];
         if (!entry) {
             entry = std::make_shared<ModelSlot>();
-            const std::string name = m.name;
-            serving::BatcherStats stats;
-            stats.onBatch = [this](const LoadedModel& model, int64_t rows, double computeS, double cpuS) {
-                auto& pv = metrics.of(model.name(), model.version());
-                pv.batch->Observe(static_cast<double>(rows));
-                pv.compute->Observe(computeS);
-                pv.computeCpu->Increment(cpuS);
-            };
-            // Set on every submit: the gauge is looked up once here, not per request.
-            prometheus::Gauge* depth = &metrics.depth.Add({{"model", name}});
-            stats.onQueueDepth = [depth](int64_t rows) { depth->Set(static_cast<double>(rows)); };
-            entry->batcher = std::make_unique<Batcher>(
-                options.maxBatch, options.maxDelayMs, options.maxQueue, std::move(stats), options.instances,
-                options.batching == "fixed" ? Batcher::Policy::Fixed : Batcher::Policy::Adaptive);
+            entry->batcher = makeBatcher(m.name, {});
         }
         s = entry;
     }
     int64_t oldVersion = -1;
+    std::shared_ptr<const serving::Candidate> promoted;
     {
         std::lock_guard<std::mutex> lk(s->mutex);
         if (s->current) oldVersion = s->current->version();
         s->current = std::move(fresh);  // requests already queued keep their own pointer to the old one
+        // The rollout's candidate now serving as the current version (promoted, or deployed by
+        // hand): the rollout is over.
+        if (s->candidate && s->candidate->source.version == m.version) promoted = std::move(s->candidate);
     }
     metrics.of(m.name, m.version);
     metrics.setServed(m.name, oldVersion == m.version ? -1 : oldVersion, m.version);
+    if (promoted) {
+        metrics.weight.Add({{"model", m.name}, {"version", std::to_string(m.version)}}).Set(0);
+        retire(promoted->batcher);
+    }
+}
+
+namespace {
+
+bool sameTensors(const std::vector<TensorSpec>& a, const std::vector<TensorSpec>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i)
+        if (a[i].name != b[i].name || a[i].datatype != b[i].datatype || a[i].shape != b[i].shape)
+            return false;
+    return true;
+}
+
+void checkWeight(int32_t bp) {
+    if (bp < 0 || bp > serving::kBasisPoints)
+        throw ConfigError("the candidate's weight must be 0 to 10000 basis points (0% to 100%), got " +
+                          std::to_string(bp));
+}
+
+}  // namespace
+
+void InferenceServer::Impl::startRollout(const ServedModel& m, const std::string& sha,
+                                         serving::TrafficSplit split) {
+    checkWeight(split.candidateBp);
+    std::lock_guard<std::mutex> loadLock(loadMutex);
+    const auto s = slot(m.name);
+    const auto current = s ? s->get() : nullptr;
+    if (!current)
+        throw NotFoundError("no model named '" + m.name +
+                            "' is served here: a rollout serves a candidate beside the version served now");
+    if (m.version == current->version())
+        throw ConfigError(m.name + " v" + std::to_string(m.version) +
+                          " is the version served now; a rollout's candidate must be another version");
+    std::shared_ptr<const serving::Candidate> old;
+    {
+        std::lock_guard<std::mutex> lk(s->mutex);
+        old = s->candidate;
+    }
+    auto next = std::make_shared<serving::Candidate>();
+    if (old && old->source.version == m.version) {
+        *next = *old;  // the same candidate: only the split changes
+    } else {
+        next->model = loadModel(m, sha);
+        if (!sameTensors(next->model->signature().inputs, current->signature().inputs) ||
+            !sameTensors(next->model->signature().outputs, current->signature().outputs))
+            throw ConfigError(m.name + " v" + std::to_string(m.version) +
+                              " takes or gives other tensors than v" + std::to_string(current->version()) +
+                              " (see GET /v2/models/" + m.name +
+                              "): an A/B test compares versions that answer the same requests");
+        next->batcher = makeBatcher(m.name, "candidate");
+        next->source = m;
+        next->sha256 = sha;
+        const std::string v = std::to_string(m.version);
+        for (int by = 0; by < 2; ++by) {
+            const char* how = by ? "user" : "random";
+            next->routed[1][by] = &metrics.routed.Add({{"model", m.name}, {"version", v}, {"by", how}});
+        }
+        metrics.of(m.name, m.version);
+    }
+    // The baseline's counters: the version served now (a hot swap since the last call may have
+    // changed it).
+    const std::string base = std::to_string(current->version());
+    for (int by = 0; by < 2; ++by)
+        next->routed[0][by] =
+            &metrics.routed.Add({{"model", m.name}, {"version", base}, {"by", by ? "user" : "random"}});
+    split.baseline = current->version();
+    split.candidate = m.version;
+    next->split = split;
+    {
+        std::lock_guard<std::mutex> lk(s->mutex);
+        s->candidate = next;
+    }
+    metrics.weight.Add({{"model", m.name}, {"version", std::to_string(m.version)}})
+        .Set(static_cast<double>(split.candidateBp));
+    metrics.info.Add({{"model", m.name}, {"version", std::to_string(m.version)}}).Set(1);
+    if (old && old->batcher != next->batcher) {
+        metrics.weight.Add({{"model", m.name}, {"version", std::to_string(old->source.version)}}).Set(0);
+        metrics.info.Add({{"model", m.name}, {"version", std::to_string(old->source.version)}}).Set(0);
+        retire(old->batcher);
+    }
+}
+
+void InferenceServer::Impl::setRolloutWeight(const std::string& model, int32_t bp) {
+    checkWeight(bp);
+    std::lock_guard<std::mutex> loadLock(loadMutex);
+    const auto s = slot(model);
+    std::shared_ptr<const serving::Candidate> c;
+    if (s) {
+        std::lock_guard<std::mutex> lk(s->mutex);
+        c = s->candidate;
+        if (c) {
+            auto next = std::make_shared<serving::Candidate>(*c);
+            next->split.candidateBp = bp;
+            s->candidate = next;
+        }
+    }
+    if (!c)
+        throw ConfigError("no rollout of '" + model + "' is in force: start one with a candidate version");
+    metrics.weight.Add({{"model", model}, {"version", std::to_string(c->source.version)}})
+        .Set(static_cast<double>(bp));
+}
+
+void InferenceServer::Impl::endRollout(const std::string& model, const std::string& how) {
+    if (how != "abort" && how != "promote")
+        throw ConfigError("a rollout ends by \"abort\" or \"promote\", not \"" + how.substr(0, 32) + "\"");
+    const auto s = slot(model);
+    std::shared_ptr<const serving::Candidate> c;
+    if (s) {
+        std::lock_guard<std::mutex> lk(s->mutex);
+        c = s->candidate;
+    }
+    if (!c) throw ConfigError("no rollout of '" + model + "' is in force");
+    // Promoted: loaded afresh as the current version (a hot swap), which ends the rollout; the
+    // candidate keeps its share until then.
+    if (how == "promote") return load(c->source, c->sha256);
+    std::lock_guard<std::mutex> loadLock(loadMutex);
+    {
+        std::lock_guard<std::mutex> lk(s->mutex);
+        if (s->candidate != c)
+            throw ConfigError("the rollout of '" + model + "' changed meanwhile; look again");
+        s->candidate.reset();
+    }
+    const std::string v = std::to_string(c->source.version);
+    metrics.weight.Add({{"model", model}, {"version", v}}).Set(0);
+    metrics.info.Add({{"model", model}, {"version", v}}).Set(0);
+    retire(c->batcher);
+}
+
+void InferenceServer::Impl::retire(std::shared_ptr<Batcher> batcher) {
+    // Off the caller's thread: requests routed to it just before the switch are still answered
+    // by it; once no session holds it (or the server stops), it drains and ends.
+    std::lock_guard<std::mutex> lk(retiringMutex);
+    retiring.emplace_back([this, b = std::move(batcher)]() mutable {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+        while (b.use_count() > 1 && !stopping && std::chrono::steady_clock::now() < deadline)
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        b->stop();
+        b.reset();
+    });
 }
 
 void InferenceServer::Impl::accept() {
@@ -100,10 +256,19 @@ void InferenceServer::Impl::stop() {
         std::shared_lock<std::shared_mutex> l(modelsMutex);
         for (auto& [n, s] : models) slots.push_back(s);
     }
-    for (auto& s : slots) s->batcher->stop();
+    for (auto& s : slots) {
+        s->batcher->stop();
+        std::lock_guard<std::mutex> l(s->mutex);
+        if (s->candidate) s->candidate->batcher->stop();
+    }
     {
         std::lock_guard<std::mutex> l(loadersMutex);
         for (auto& t : loaders)
+            if (t.joinable()) t.join();
+    }
+    {
+        std::lock_guard<std::mutex> l(retiringMutex);
+        for (auto& t : retiring)
             if (t.joinable()) t.join();
     }
     // A moment for the last answers to be written, then the I/O threads end.

@@ -19,16 +19,29 @@
 #include "gpu_probe.h"
 #include "http_session.h"
 #include "lathe/core/server.h"
+#include "router.h"
 #include "server_metrics.h"
 
 namespace lathe::core {
 namespace serving {
 
-/// One model name: the version served now and the batcher its requests queue in.
+/// A rollout's candidate, served beside a model's current version with a batcher of its own.
+struct Candidate {
+    std::shared_ptr<LoadedModel> model;
+    std::shared_ptr<Batcher> batcher;  // sessions hold it for the request they submit to it
+    ServedModel source;                // what to load again when it is promoted
+    std::string sha256;
+    TrafficSplit split;
+    prometheus::Counter* routed[2][2] = {};  // [to the candidate][by the user's id]
+};
+
+/// One model name: the version served now and the batcher its requests queue in; during a
+/// rollout, the candidate beside it.
 struct ModelSlot {
     mutable std::mutex mutex;
     std::shared_ptr<LoadedModel> current;
     std::unique_ptr<Batcher> batcher;
+    std::shared_ptr<const Candidate> candidate;  // replaced whole, never changed in place
     std::shared_ptr<LoadedModel> get() const {
         std::lock_guard<std::mutex> lk(mutex);
         return current;
@@ -67,6 +80,8 @@ struct InferenceServer::Impl {
     std::mutex loadMutex;  // one load at a time: a second waits rather than racing the first
     std::vector<std::thread> loaders;
     std::mutex loadersMutex;
+    std::vector<std::thread> retiring;  // candidates' batchers draining (retire())
+    std::mutex retiringMutex;
 
     serving::Metrics metrics;
     serving::GpuProbe gpu;
@@ -77,8 +92,22 @@ struct InferenceServer::Impl {
         return it == models.end() ? nullptr : it->second;
     }
 
+    std::unique_ptr<serving::Batcher> makeBatcher(const std::string& name, const std::string& variant);
+    std::shared_ptr<serving::LoadedModel> loadModel(const ServedModel& m, const std::string& sha);
     /// Loads `m` and switches it in; throws, and the old version keeps serving, when it fails.
     void load(const ServedModel& m, const std::string& sha);
+    /// A rollout of `m` beside the model's current version, at `split`'s weight: loads the
+    /// candidate unless it is the one already beside it (then only the split changes). Throws
+    /// ConfigError (nothing changed) for a candidate that is the current version or takes other
+    /// inputs.
+    void startRollout(const ServedModel& m, const std::string& sha, serving::TrafficSplit split);
+    /// A new weight for the rollout in force; ConfigError when there is none.
+    void setRolloutWeight(const std::string& model, int32_t bp);
+    /// Ends the rollout: "abort" (the current version serves all) or "promote" (the candidate is
+    /// loaded as the current version, as a hot swap, then the rollout ends).
+    void endRollout(const std::string& model, const std::string& how);
+    /// The candidate's batcher stops once no session holds it (its queued requests answered).
+    void retire(std::shared_ptr<serving::Batcher> batcher);
     void accept();
     void stop();
 };

@@ -55,6 +55,18 @@ struct Metrics {
                                                       .Name("lathe_model_info")
                                                       .Help("1 for the version now served under a model name")
                                                       .Register(registry);
+    prometheus::Family<prometheus::Counter>& routed =
+        prometheus::BuildCounter()
+            .Name("lathe_routed_requests_total")
+            .Help(
+                "Requests a rollout's split sent to a version: by=\"user\" by their user's id, "
+                "by=\"random\" without one")
+            .Register(registry);
+    prometheus::Family<prometheus::Gauge>& weight =
+        prometheus::BuildGauge()
+            .Name("lathe_rollout_weight_bp")
+            .Help("The share of a model's requests (basis points) its rollout sends to the candidate version")
+            .Register(registry);
     prometheus::Family<prometheus::Counter>& cpu = prometheus::BuildCounter()
                                                        .Name("process_cpu_seconds_total")
                                                        .Help("User and system CPU time of the server process")
