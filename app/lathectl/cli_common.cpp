@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "lathe/core/error.h"
+#include "lathe/core/registry.h"
 
 namespace lathe::cli {
 
@@ -146,6 +147,14 @@ std::vector<int64_t> parseShape(const std::string& text) {
         }
     }
     return out;
+}
+
+std::unique_ptr<core::Registry> openRegistry(const CommonOptions& c) {
+    try {
+        return std::make_unique<core::Registry>(core::Store::resolvePath(c.db));
+    } catch (const core::StoreError& ex) {
+        throw UsageError(ex.what());
+    }
 }
 
 }  // namespace lathe::cli

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "lathe/core/registry.h"
 #include "lathe/core/run_spec.h"
 #include "lathe/core/store.h"
 
@@ -35,6 +36,8 @@ void addCommonOptions(CLI::App* cmd, CommonOptions& opts, bool withJson = true);
 
 /// Opens the workspace named by --db / $LATHE_DB / the XDG default; StoreError becomes UsageError.
 std::unique_ptr<core::Store> openStore(const CommonOptions& opts);
+/// The same workspace's model registry; StoreError becomes UsageError.
+std::unique_ptr<core::Registry> openRegistry(const CommonOptions& opts);
 
 std::string formatTime(double unixSeconds);  // local "YYYY-MM-DD HH:MM:SS", "-" for 0
 std::string formatDuration(double seconds);  // "3.2 s", "4 min 05 s"
@@ -72,5 +75,6 @@ void registerModels(CLI::App& app, int& exitCode);
 void registerCompress(CLI::App& app, int& exitCode);
 void registerServe(CLI::App& app, int& exitCode);
 void registerGraph(CLI::App& app, int& exitCode);
+void registerRollout(CLI::App& app, int& exitCode);
 
 }  // namespace lathe::cli

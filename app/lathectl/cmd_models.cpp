@@ -41,14 +41,6 @@ std::string shapeText(const std::vector<int64_t>& s) {
     return t + "]";
 }
 
-std::unique_ptr<core::Registry> openRegistry(const CommonOptions& c) {
-    try {
-        return std::make_unique<core::Registry>(core::Store::resolvePath(c.db));
-    } catch (const core::StoreError& ex) {
-        throw UsageError(ex.what());
-    }
-}
-
 // A stored JSON column as JSON (null when empty or, for a damaged row, unreadable).
 nlohmann::json jsonOrNull(const std::string& text) {
     if (text.empty()) return nullptr;

@@ -69,14 +69,6 @@ struct WatchState {
     std::string alertRules;
 };
 
-std::unique_ptr<core::Registry> openRegistry(const CommonOptions& c) {
-    try {
-        return std::make_unique<core::Registry>(core::Store::resolvePath(c.db));
-    } catch (const core::StoreError& ex) {
-        throw UsageError(ex.what());
-    }
-}
-
 // The control token (ServeOptions::controlToken) of `lathectl serve`: from $LATHE_SERVER_TOKEN,
 // taken once and wiped from this process's environment (its bytes too, which
 // /proc/PID/environ would still show), so that nothing the server starts inherits it; or from
@@ -245,24 +237,6 @@ void printDeployment(const core::DeployResult& r, bool json) {
                 r.previousVersion ? (" (was v" + std::to_string(r.previousVersion) + ")").c_str() : "");
 }
 
-// Reaches the host of a deployment recorded as "ssh:NAME" through the workspace's inventory.
-core::ServerHostFor inventoryHosts(const std::string& db) {
-    return [db](const std::string& target) -> std::shared_ptr<core::ServerHost> {
-        if (target.rfind("ssh:", 0) != 0)
-            throw core::ConfigError("unknown deployment target '" + target + "'");
-        const std::string name = target.substr(4);
-        CommonOptions opts;
-        opts.db = db;
-        const auto rec = openStore(opts)->host(name);
-        if (!rec)
-            throw core::ConfigError("the deployment runs on host '" + name +
-                                    "', which is no longer in the workspace's hosts; add it again (lathectl "
-                                    "hosts add " +
-                                    name + " --address ...) to reach its server");
-        return remote::sshServerHost(name, specFor(*rec), rec->lathectl);
-    };
-}
-
 // --host: a host of the inventory (the server runs there), else the address a server on this
 // machine listens on.
 std::shared_ptr<core::ServerHost> inventoryHostNamed(const DeployState& st) {
@@ -378,6 +352,24 @@ void runDeployments(const CommonOptions& common, const std::string& model) {
 }
 
 }  // namespace
+
+// Reaches the host of a deployment recorded as "ssh:NAME" through the workspace's inventory.
+core::ServerHostFor inventoryHosts(const std::string& db) {
+    return [db](const std::string& target) -> std::shared_ptr<core::ServerHost> {
+        if (target.rfind("ssh:", 0) != 0)
+            throw core::ConfigError("unknown deployment target '" + target + "'");
+        const std::string name = target.substr(4);
+        CommonOptions opts;
+        opts.db = db;
+        const auto rec = openStore(opts)->host(name);
+        if (!rec)
+            throw core::ConfigError("the deployment runs on host '" + name +
+                                    "', which is no longer in the workspace's hosts; add it again (lathectl "
+                                    "hosts add " +
+                                    name + " --address ...) to reach its server");
+        return remote::sshServerHost(name, specFor(*rec), rec->lathectl);
+    };
+}
 
 void registerServe(CLI::App& app, int& exitCode) {
     auto st = std::make_shared<ServeState>();

@@ -342,6 +342,33 @@ TEST_CASE("interval figures from two scrapes, aggregated over versions of one mo
     CHECK(other.values.at("queue_depth") == 100);
 }
 
+TEST_CASE("while two versions answer, each one's figures are kept apart as variant/ keys",
+          "[monitor][rollout]") {
+    const auto st =
+        intervalStats("m", parsePrometheusText(kScrape1), parsePrometheusText(kScrape2), 2.0, 102);
+    REQUIRE(st.variants.size() == 2);
+    const auto& v1 = st.variants.at(1);
+    const auto& v2 = st.variants.at(2);
+    CHECK(v1.at("variant/requests") == 60);
+    CHECK(v1.at("variant/qps") == 30);
+    CHECK(v1.at("variant/error_rate") == Approx(10.0 / 60));
+    CHECK(v2.at("variant/requests") == 60);
+    CHECK(v2.at("variant/error_rate") == 0);  // a 400 is the client's error
+    CHECK(v2.at("variant/batch_mean") == 200);
+    CHECK(v2.at("variant/p50_ms") <= 10);  // 30 of 60 within 10 ms
+    CHECK(v2.at("variant/p99_ms") > 100);  // 6 of 60 above 100 ms
+    CHECK(v1.count("variant/weight_bp") == 0);
+
+    // A rollout at 25%: the candidate's weight rides along; one version alone has no variants.
+    std::string withWeight = kScrape2;
+    withWeight += "lathe_rollout_weight_bp{model=\"m\",version=\"2\"} 2500\n";
+    const auto r =
+        intervalStats("m", parsePrometheusText(kScrape1), parsePrometheusText(withWeight), 2.0, 102);
+    CHECK(r.variants.at(2).at("variant/weight_bp") == 2500);
+    CHECK(intervalStats("m", parsePrometheusText(kScrape1), parsePrometheusText(kScrape1), 2.0, 102)
+              .variants.empty());
+}
+
 TEST_CASE("a counter that went down means the server restarted: start over", "[monitor]") {
     const auto s2 = parsePrometheusText(kScrape2);
     // After a restart: v2 only, counters small again.

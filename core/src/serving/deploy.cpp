@@ -30,7 +30,9 @@
 #include <string_view>
 #include <thread>
 
+#include "deploy_internal.h"
 #include "lathe/core/events.h"
+#include "lathe/core/executable.h"
 #include "lathe/core/http_client.h"
 #include "lathe/core/monitor.h"
 #include "lathe/core/scraper.h"
@@ -755,6 +757,28 @@ void checkTimeout(const DeployOptions& o) {
 
 }  // namespace
 
+namespace deploy_detail {
+
+std::unique_ptr<FileLock> lockModel(const Registry& registry, const std::string& model) {
+    checkModelName(model);
+    return std::make_unique<FileLock>(
+        (fs::path(Store::filesDirFor(registry.workspacePath())) / "deployments" / (model + ".lock")).string(),
+        true);
+}
+std::map<std::string, std::string> controlHeaders(const std::string& token) {
+    return core::controlHeaders(token);
+}
+int64_t spawnDetached(const std::vector<std::string>& args, const std::string& logPath) {
+    return core::spawnDetached(args, logPath);
+}
+bool remoteTarget(const std::string& target) { return core::remoteTarget(target); }
+std::string placeOf(const std::string& target) { return core::placeOf(target); }
+int64_t servedVersion(const std::string& url, const std::string& model, double timeoutS) {
+    return core::servedVersion(url, model, timeoutS);
+}
+
+}  // namespace deploy_detail
+
 bool watchDeployment(Registry& registry, const std::string& model, const std::string& instance,
                      const AlertRules& rules, const std::atomic<bool>& stop) {
     checkModelName(model);
@@ -843,6 +867,30 @@ DeployResult rollback(Registry& registry, const std::string& model, const Deploy
     }
     throw ConfigError(model + " has no earlier version in its deployment history to roll back to (live: v" +
                       std::to_string(current) + ")");
+}
+
+std::string rollbackOnAlert(Registry& registry, const std::string& model, const std::string& alert,
+                            double withinS) {
+    const auto live = registry.liveDeployment(model);
+    if (!live) return {};
+    const double age = nowSeconds() - live->startedAt;
+    if (age > withinS) return {};  // not right after a deploy: the alert is only recorded
+    const std::string which = model + " v" + std::to_string(live->version);
+    if (live->action == "rollback")
+        return which + " is a rollback already; the alert (" + alert + ") does not roll back again";
+    if (registry.activeRollout(model)) return {};  // the rollout's controller judges the candidate
+    DeployOptions o;
+    o.actor = "auto";
+    o.reason = "alert " + std::to_string(static_cast<int>(age)) + " s after v" +
+               std::to_string(live->version) + " was deployed: " + alert;
+    o.serverProgram = executablePath();
+    try {
+        const auto r = rollback(registry, model, o);
+        return "automatic rollback of " + which + " to v" + std::to_string(r.deployment.version) + ": " +
+               alert;
+    } catch (const std::exception& ex) {
+        return "automatic rollback of " + which + " failed: " + ex.what();
+    }
 }
 
 void undeploy(Registry& registry, const std::string& model, const ServerHostFor& hostFor) {

@@ -97,6 +97,7 @@ public:
     }
 
     bool havePrev() const { return m_havePrev; }
+    const std::vector<const PromSample*>& samples() const { return m_cur; }
 
     /// Sum of a gauge over all series of `name`; false when there is none.
     bool gaugeSum(const std::string& name, double& sum, int* series = nullptr) const {
@@ -135,10 +136,14 @@ public:
     };
     /// Growth of each cumulative bucket of histogram `base`, summed over versions, by bound.
     std::map<double, Bucket> bucketDeltas(const std::string& base) const {
+        return bucketDeltas(base, [](const PromSample&) { return true; });
+    }
+    template <typename Keep>
+    std::map<double, Bucket> bucketDeltas(const std::string& base, Keep keep) const {
         std::map<double, Bucket> out;
         const std::string name = base + "_bucket";
         for (const PromSample* s : m_cur) {
-            if (s->name != name || !std::isfinite(s->value)) continue;
+            if (s->name != name || !keep(*s) || !std::isfinite(s->value)) continue;
             const auto le = s->labels.find("le");
             double bound = 0;
             if (le == s->labels.end() || !parseBound(le->second, bound)) continue;
@@ -176,6 +181,49 @@ void putQuantileMs(std::map<std::string, double>& values, const std::string& key
     for (const auto& [bound, b] : buckets) cumulative.emplace_back(bound, b.count);
     const double v = histogramQuantile(q, cumulative);
     if (std::isfinite(v)) values[key] = v * 1000.0;
+}
+
+// The version label of a series (0 when it has none or it does not parse).
+int64_t versionOf(const PromSample& s) {
+    const auto it = s.labels.find("version");
+    int64_t v = 0;
+    return it != s.labels.end() && parseInt(it->second, v) ? v : 0;
+}
+
+// Each version's own figures while several answer (a rollout): the dashboard's A/B view.
+void putVariants(IntervalStats& st, const Diff& diff, double dt) {
+    std::map<int64_t, double> weights;
+    for (const PromSample* s : diff.samples())
+        if (s->name == "lathe_rollout_weight_bp" && versionOf(*s) > 0 && std::isfinite(s->value))
+            weights[versionOf(*s)] = s->value;
+    std::map<int64_t, bool> versions;
+    for (const PromSample* s : diff.samples())
+        if (s->name == "lathe_requests_total" && versionOf(*s) > 0) versions[versionOf(*s)] = true;
+    bool rollout = false;
+    for (const auto& [v, w] : weights) rollout = rollout || w > 0;
+    if (versions.size() < 2 && !rollout) return;
+    for (const auto& [version, seen] : versions) {
+        auto mine = [version = version](const PromSample& s) { return versionOf(s) == version; };
+        auto& out = st.variants[version];
+        const double requests = std::max(0.0, diff.delta("lathe_requests_total", mine));
+        const double errors = diff.delta("lathe_requests_total", [&](const PromSample& s) {
+            const auto it = s.labels.find("code");
+            int64_t code = 0;
+            return mine(s) && it != s.labels.end() && parseInt(it->second, code) && code >= 500;
+        });
+        out["variant/requests"] = requests;
+        out["variant/qps"] = requests / dt;
+        if (requests > 0) out["variant/error_rate"] = std::clamp(errors / requests, 0.0, 1.0);
+        const auto latency = diff.bucketDeltas("lathe_request_duration_seconds", mine);
+        putQuantileMs(out, "variant/p50_ms", 0.50, latency);
+        putQuantileMs(out, "variant/p90_ms", 0.90, latency);
+        putQuantileMs(out, "variant/p99_ms", 0.99, latency);
+        const double batches = diff.delta("lathe_batch_size_count", mine);
+        if (batches > 0) out["variant/batch_mean"] = diff.delta("lathe_batch_size_sum", mine) / batches;
+        if (const auto w = weights.find(version); w != weights.end()) out["variant/weight_bp"] = w->second;
+        for (auto it = out.begin(); it != out.end();)
+            it = std::isfinite(it->second) ? std::next(it) : out.erase(it);
+    }
 }
 
 }  // namespace
@@ -228,6 +276,8 @@ IntervalStats intervalStats(const std::string& model, const std::vector<PromSamp
         below = std::max(below, b.count);
     }
 
+    putVariants(st, diff, dt);
+
     double cpuNow = 0;
     if (diff.gaugeSum("process_cpu_seconds_total", cpuNow))
         v["cpu_percent"] = std::max(0.0, diff.delta("process_cpu_seconds_total")) / dt * 100.0;
@@ -268,16 +318,25 @@ AlertRules alertRulesFromToml(const std::string& text) {
         {"error_rate_min_requests", nullptr, &r.errorRateMinRequests, 1, 1e9, "an integer >= 1"},
         {"gpu_idle_percent", &r.gpuIdlePercent, nullptr, 0, 100, "> 0 and <= 100"},
         {"gpu_idle_window_s", &r.gpuIdleWindowS, nullptr, 0, inf, "> 0"},
+        {"rollback_within_s", &r.rollbackWithinS, nullptr, 0, inf, "> 0"},
     };
     for (const auto& [k, node] : *tbl) {
         const std::string key(k.str());
         const std::string where = "alert rules line " + std::to_string(node.source().begin.line) + ": ";
+        if (key == "action") {
+            const auto a = node.value_exact<std::string>();
+            if (!a || (*a != "rollback" && *a != "none"))
+                throw ConfigError(where + "'action' must be \"rollback\" or \"none\"");
+            r.action = *a == "none" ? std::string() : *a;
+            continue;
+        }
         const Key* def = nullptr;
         for (const auto& d : keys)
             if (key == d.name) def = &d;
         if (!def) {
             std::string known;
             for (const auto& d : keys) known += (known.empty() ? "" : ", ") + std::string(d.name);
+            known += ", action";
             throw ConfigError(where + "unknown key '" + key + "' (known keys: " + known + ")");
         }
         double value = 0;

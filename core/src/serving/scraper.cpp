@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "lathe/core/deploy.h"
 #include "lathe/core/error.h"
 #include "lathe/core/events.h"
 #include "lathe/core/http_client.h"
@@ -90,6 +91,8 @@ void Scraper::Impl::run() {
         }
         try {
             registry.appendServingMetrics(model, stats.version, stats.t, stats.values);
+            for (const auto& [version, values] : stats.variants)
+                registry.appendServingMetrics(model, version, stats.t, values);
         } catch (const std::exception& ex) {
             // A busy or full workspace must not end monitoring; the next scrape tries again.
             std::fprintf(stderr, "lathe: storing serving metrics of %s failed: %s\n", model.c_str(),
@@ -100,6 +103,11 @@ void Scraper::Impl::run() {
             try {
                 if (e.fired) {
                     openAlerts[e.rule] = registry.fireAlert(model, e.rule, e.message, e.value, at);
+                    if (rules.action == "rollback" && (e.rule == "p99_latency" || e.rule == "error_rate")) {
+                        const std::string did =
+                            rollbackOnAlert(registry, model, e.message, rules.rollbackWithinS);
+                        if (!did.empty()) std::fprintf(stderr, "lathe: %s\n", did.c_str());
+                    }
                 } else if (const auto it = openAlerts.find(e.rule); it != openAlerts.end()) {
                     registry.resolveAlert(it->second, at);
                     openAlerts.erase(it);

@@ -161,10 +161,9 @@ void InferenceServer::Impl::startRollout(const ServedModel& m, const std::string
     }
     metrics.weight.Add({{"model", m.name}, {"version", std::to_string(m.version)}})
         .Set(static_cast<double>(split.candidateBp));
-    metrics.info.Add({{"model", m.name}, {"version", std::to_string(m.version)}}).Set(1);
+    // lathe_model_info stays the version served now: the candidate is told by its weight.
     if (old && old->batcher != next->batcher) {
         metrics.weight.Add({{"model", m.name}, {"version", std::to_string(old->source.version)}}).Set(0);
-        metrics.info.Add({{"model", m.name}, {"version", std::to_string(old->source.version)}}).Set(0);
         retire(old->batcher);
     }
 }
@@ -211,7 +210,6 @@ void InferenceServer::Impl::endRollout(const std::string& model, const std::stri
     }
     const std::string v = std::to_string(c->source.version);
     metrics.weight.Add({{"model", model}, {"version", v}}).Set(0);
-    metrics.info.Add({{"model", model}, {"version", v}}).Set(0);
     retire(c->batcher);
 }
 

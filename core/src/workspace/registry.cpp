@@ -577,4 +577,193 @@ std::vector<AlertRecord> Registry::alerts(const std::string& model, double since
     return out;
 }
 
+// ---- rollouts -------------------------------------------------------------------------------
+
+namespace {
+
+constexpr const char* kRolloutColumns =
+    "id, model, baseline, candidate, plan, state, step, weight_bp, bad_in_row, actor, started_at, "
+    "updated_at, "
+    "ended_at, end_reason";
+
+std::string rolloutPlanJson(const Rollout& r) {
+    json j{{"steps_bp", r.stepsBp},
+           {"interval_s", r.intervalS},
+           {"max_error_rate", r.maxErrorRate},
+           {"max_p99_ms", r.maxP99Ms},
+           {"min_requests", r.minRequests},
+           {"threshold", r.threshold},
+           {"user_parameter", r.userParameter}};
+    if (!r.candidatePath.empty()) {
+        j["candidate_path"] = r.candidatePath;
+        j["candidate_sha256"] = r.candidateSha256;
+    }
+    return j.dump();
+}
+
+Rollout readRollout(const Stmt& s) {
+    Rollout r;
+    r.id = s.i64(0);
+    r.model = s.text(1);
+    r.baseline = s.i64(2);
+    r.candidate = s.i64(3);
+    try {
+        const auto j = json::parse(s.text(4));
+        r.stepsBp = j.at("steps_bp").get<std::vector<int32_t>>();
+        r.intervalS = j.at("interval_s").get<double>();
+        r.maxErrorRate = j.at("max_error_rate").get<double>();
+        r.maxP99Ms = j.at("max_p99_ms").get<double>();
+        r.minRequests = j.at("min_requests").get<int64_t>();
+        r.threshold = j.at("threshold").get<int>();
+        r.userParameter = j.value("user_parameter", std::string());
+        r.candidatePath = j.value("candidate_path", std::string());
+        r.candidateSha256 = j.value("candidate_sha256", std::string());
+    } catch (const std::exception& ex) {
+        throw StoreError("rollout " + std::to_string(r.id) + " of " + r.model +
+                         " has a damaged plan: " + ex.what());
+    }
+    r.state = s.text(5);
+    r.step = static_cast<int>(s.i64(6));
+    r.weightBp = static_cast<int32_t>(s.i64(7));
+    r.badInRow = static_cast<int>(s.i64(8));
+    r.actor = s.text(9);
+    r.startedAt = s.f64(10);
+    r.updatedAt = s.f64(11);
+    r.endedAt = s.isNull(12) ? 0 : s.f64(12);
+    r.endReason = s.text(13);
+    return r;
+}
+
+}  // namespace
+
+int64_t Registry::createRollout(const Rollout& r) {
+    checkModelName(r.model);
+    std::lock_guard<std::mutex> lk(d->mutex);
+    const double now = nowSeconds();
+    return d->write([&] {
+        Stmt a(d->db, "SELECT candidate, state FROM rollouts WHERE model = ? AND ended_at IS NULL");
+        a.bind(1, r.model);
+        if (a.step())
+            throw ConfigError("a rollout of " + r.model + " (v" + std::to_string(a.i64(0)) + ", " +
+                              a.text(1) + ") is under way; abort it first (lathectl rollout abort " +
+                              r.model + ")");
+        Stmt s(d->db,
+               "INSERT INTO rollouts(model, baseline, candidate, plan, state, step, weight_bp, bad_in_row, "
+               "actor, "
+               "started_at, updated_at) VALUES(?,?,?,?,?,?,?,?,?,?,?)");
+        s.bind(1, r.model).bind(2, r.baseline).bind(3, r.candidate).bind(4, rolloutPlanJson(r));
+        s.bind(5, r.state).bind(6, int64_t{r.step}).bind(7, int64_t{r.weightBp}).bind(8, int64_t{r.badInRow});
+        s.bind(9, r.actor).bind(10, now).bind(11, now).run();
+        return static_cast<int64_t>(sqlite3_last_insert_rowid(d->db));
+    });
+}
+
+void Registry::deleteRollout(int64_t id) {
+    std::lock_guard<std::mutex> lk(d->mutex);
+    d->write([&] {
+        Stmt s(d->db, "DELETE FROM rollouts WHERE id = ?");
+        s.bind(1, id).run();
+    });
+}
+
+void Registry::updateRollout(const Rollout& r) {
+    std::lock_guard<std::mutex> lk(d->mutex);
+    d->write([&] {
+        Stmt s(d->db,
+               "UPDATE rollouts SET state = ?, step = ?, weight_bp = ?, bad_in_row = ?, updated_at = ?, "
+               "ended_at = ?, end_reason = ? WHERE id = ?");
+        s.bind(1, r.state).bind(2, int64_t{r.step}).bind(3, int64_t{r.weightBp}).bind(4, int64_t{r.badInRow});
+        s.bind(5, nowSeconds());
+        if (r.endedAt > 0)
+            s.bind(6, r.endedAt);
+        else
+            s.bindNull(6);
+        s.bind(7, r.endReason).bind(8, r.id).run();
+    });
+}
+
+std::optional<Rollout> Registry::activeRollout(const std::string& model) const {
+    std::lock_guard<std::mutex> lk(d->mutex);
+    Stmt s(d->db, (std::string("SELECT ") + kRolloutColumns +
+                   " FROM rollouts WHERE model = ? AND ended_at IS NULL ORDER BY id DESC LIMIT 1")
+                      .c_str());
+    s.bind(1, model);
+    if (!s.step()) return std::nullopt;
+    return readRollout(s);
+}
+
+std::optional<Rollout> Registry::rollout(int64_t id) const {
+    std::lock_guard<std::mutex> lk(d->mutex);
+    Stmt s(d->db, (std::string("SELECT ") + kRolloutColumns + " FROM rollouts WHERE id = ?").c_str());
+    s.bind(1, id);
+    if (!s.step()) return std::nullopt;
+    return readRollout(s);
+}
+
+std::vector<Rollout> Registry::rollouts(const std::string& model) const {
+    std::lock_guard<std::mutex> lk(d->mutex);
+    std::vector<Rollout> out;
+    Stmt s(d->db,
+           (std::string("SELECT ") + kRolloutColumns + " FROM rollouts WHERE model = ? ORDER BY id DESC")
+               .c_str());
+    s.bind(1, model);
+    while (s.step()) out.push_back(readRollout(s));
+    return out;
+}
+
+void Registry::addRolloutDecision(const RolloutDecision& dec) {
+    std::lock_guard<std::mutex> lk(d->mutex);
+    const double t = dec.t > 0 ? dec.t : nowSeconds();
+    d->write([&] {
+        if (dec.kind == "hold") {
+            Stmt last(
+                d->db,
+                "SELECT id, kind, step, weight_bp FROM rollout_decisions WHERE rollout_id = ? ORDER BY id "
+                "DESC LIMIT 1");
+            last.bind(1, dec.rolloutId);
+            if (last.step() && last.text(1) == "hold" && last.i64(2) == dec.step &&
+                last.i64(3) == dec.weightBp) {
+                const int64_t id = last.i64(0);
+                Stmt u(d->db,
+                       "UPDATE rollout_decisions SET t = ?, reason = ?, numbers = ?, repeats = repeats + 1 "
+                       "WHERE "
+                       "id = ?");
+                u.bind(1, t).bind(2, dec.reason).bind(3, dec.numbers).bind(4, id).run();
+                return;
+            }
+        }
+        Stmt s(
+            d->db,
+            "INSERT INTO rollout_decisions(rollout_id, t, first_t, kind, step, weight_bp, reason, numbers, "
+            "repeats, actor) VALUES(?,?,?,?,?,?,?,?,1,?)");
+        s.bind(1, dec.rolloutId).bind(2, t).bind(3, t).bind(4, dec.kind).bind(5, int64_t{dec.step});
+        s.bind(6, int64_t{dec.weightBp}).bind(7, dec.reason).bind(8, dec.numbers).bind(9, dec.actor).run();
+    });
+}
+
+std::vector<RolloutDecision> Registry::rolloutDecisions(int64_t rolloutId) const {
+    std::lock_guard<std::mutex> lk(d->mutex);
+    std::vector<RolloutDecision> out;
+    Stmt s(d->db,
+           "SELECT id, rollout_id, t, first_t, kind, step, weight_bp, reason, numbers, repeats, actor FROM "
+           "rollout_decisions WHERE rollout_id = ? ORDER BY id");
+    s.bind(1, rolloutId);
+    while (s.step()) {
+        RolloutDecision r;
+        r.id = s.i64(0);
+        r.rolloutId = s.i64(1);
+        r.t = s.f64(2);
+        r.firstT = s.f64(3);
+        r.kind = s.text(4);
+        r.step = static_cast<int>(s.i64(5));
+        r.weightBp = static_cast<int32_t>(s.i64(6));
+        r.reason = s.text(7);
+        r.numbers = s.text(8);
+        r.repeats = static_cast<int>(s.i64(9));
+        r.actor = s.text(10);
+        out.push_back(std::move(r));
+    }
+    return out;
+}
+
 }  // namespace lathe::core

@@ -203,6 +203,39 @@ ALTER TABLE model_versions ADD COLUMN parent_model TEXT NOT NULL DEFAULT '';
 ALTER TABLE model_versions ADD COLUMN derivation TEXT NOT NULL DEFAULT '';
 ALTER TABLE model_versions ADD COLUMN report TEXT NOT NULL DEFAULT '';
 )sql",
+    // 8 -> 9: progressive rollouts (`lathectl rollout`): the plan and where it stands, one
+    // running or paused rollout per model at most, and every decision with the numbers behind it.
+    R"sql(
+CREATE TABLE rollouts(
+  id INTEGER PRIMARY KEY,
+  model TEXT NOT NULL,
+  baseline INTEGER NOT NULL,
+  candidate INTEGER NOT NULL,
+  plan TEXT NOT NULL,
+  state TEXT NOT NULL,
+  step INTEGER NOT NULL DEFAULT 0,
+  weight_bp INTEGER NOT NULL DEFAULT 0,
+  bad_in_row INTEGER NOT NULL DEFAULT 0,
+  actor TEXT NOT NULL,
+  started_at REAL NOT NULL,
+  updated_at REAL NOT NULL,
+  ended_at REAL,
+  end_reason TEXT NOT NULL DEFAULT '');
+CREATE UNIQUE INDEX rollouts_one_active ON rollouts(model) WHERE ended_at IS NULL;
+CREATE TABLE rollout_decisions(
+  id INTEGER PRIMARY KEY,
+  rollout_id INTEGER NOT NULL REFERENCES rollouts(id) ON DELETE CASCADE,
+  t REAL NOT NULL,
+  first_t REAL NOT NULL,
+  kind TEXT NOT NULL,
+  step INTEGER NOT NULL,
+  weight_bp INTEGER NOT NULL,
+  reason TEXT NOT NULL,
+  numbers TEXT NOT NULL DEFAULT '{}',
+  repeats INTEGER NOT NULL DEFAULT 1,
+  actor TEXT NOT NULL);
+CREATE INDEX rollout_decisions_by_rollout ON rollout_decisions(rollout_id, id);
+)sql",
 };
 constexpr int kLatestSchema = static_cast<int>(sizeof(kMigrations) / sizeof(kMigrations[0]));
 static_assert(kLatestSchema == Store::kSchemaVersion, "add a migration when bumping the schema version");

@@ -97,6 +97,13 @@ Deployment forgetDeployment(Registry& registry, const std::string& model);
 /// has this instance. Throws ConfigError for a bad model name or instance id.
 bool watchDeployment(Registry& registry, const std::string& model, const std::string& instance,
                      const AlertRules& rules, const std::atomic<bool>& stop);
+/// What an alert rule with `action = "rollback"` does when its alert fires: rolls `model` back to
+/// the version before the live one (actor "auto", the alert as the reason) when the live
+/// deployment began less than `withinS` ago, is not a rollback itself (so it happens once and
+/// never flaps between two versions) and no rollout is under way (its controller judges then).
+/// Returns one line saying what happened or why nothing did; empty when the rule does not apply.
+std::string rollbackOnAlert(Registry& registry, const std::string& model, const std::string& alert,
+                            double withinS);
 /// Whether a deployment's server answers /v2/health/ready now.
 bool deploymentUp(const Deployment& d, double timeoutS = 1.0);
 

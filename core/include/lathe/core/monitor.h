@@ -22,6 +22,11 @@ struct IntervalStats {
     std::map<std::string, double> values;
     double requests = -1;  // answered in the interval (not stored); -1 = unknown
     double errors = 0;     // of which status >= 500
+    /// While more than one version of the model answers (a rollout), each one's own figures,
+    /// stored with that version under "variant/" keys: variant/qps, variant/requests,
+    /// variant/error_rate, variant/p50_ms, variant/p90_ms, variant/p99_ms, variant/batch_mean, and
+    /// variant/weight_bp (the share the rollout sends to a candidate).
+    std::map<int64_t, std::map<std::string, double>> variants;
 };
 
 /// Computes interval figures from two consecutive scrapes (`prev` may be empty: first scrape
@@ -38,6 +43,11 @@ struct AlertRules {
     int errorRateMinRequests = 20;   // ... this many requests (quiet intervals are pooled)
     double gpuIdlePercent = 20;      // GPU utilisation under 20% ...
     double gpuIdleWindowS = 600;     // ... for 10 minutes (only when a GPU reports)
+    /// What a firing p99_latency or error_rate alert does besides being recorded: "" nothing,
+    /// "rollback": roll the model back to the version before the live one, when the live one was
+    /// deployed less than rollbackWithinS ago and is not itself a rollback (once: no flapping).
+    std::string action;
+    double rollbackWithinS = 900;
 };
 /// Reads rules from TOML keys of the same names (snake_case: p99_threshold_ms, ...). Throws ConfigError.
 AlertRules alertRulesFromToml(const std::string& toml);

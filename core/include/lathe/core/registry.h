@@ -116,6 +116,53 @@ struct AlertRecord {
     double resolvedAt = 0;  // 0 = still firing
 };
 
+/// A progressive rollout of a candidate version beside a model's live one (`lathectl rollout`):
+/// its plan, and where it stands. Weights are basis points (1/100 of a percent).
+struct Rollout {
+    int64_t id = 0;
+    std::string model;
+    int64_t baseline = 0;   // the live version when it started
+    int64_t candidate = 0;  // the version rolled out
+    // ---- the plan (fixed at start) ----
+    std::vector<int32_t> stepsBp{500, 2500, 5000, 10000};
+    double intervalS = 600;      // how long each judged window lasts
+    double maxErrorRate = 0.01;  // share of requests answered >= 500 the candidate may have
+    double maxP99Ms = 0;         // P99 latency limit; 0: only "no slower than the baseline"
+    int64_t minRequests = 200;   // per variant and window before anything is judged
+    int threshold = 3;           // unhealthy windows in a row before the automatic rollback
+    std::string userParameter;   // request parameter naming the user (else X-User-Id)
+    std::string candidatePath;   // the candidate's artifact on the server's host (remote servers)
+    std::string candidateSha256;
+    // ---- where it stands ----
+    std::string state = "running";  // running | paused | promoted | rolled_back | aborted | ended
+    int step = 0;                   // index into stepsBp
+    int32_t weightBp = 0;           // the candidate's share now
+    int badInRow = 0;               // unhealthy windows in a row
+    std::string actor = "user";
+    double startedAt = 0, updatedAt = 0;
+    double endedAt = 0;  // 0 = running or paused
+    std::string endReason;
+    bool active() const { return endedAt == 0; }
+};
+
+/// One decision of a rollout: its start, each judged window (hold | healthy | unhealthy), each
+/// step (advance), its end (promote | rollback | abort | ended) and the user's pause and resume.
+/// `numbers` is JSON: the figures the verdict rests on. Consecutive holds at one step are kept as
+/// one row whose `repeats` counts them (a canary that gets no traffic does not flood the history).
+struct RolloutDecision {
+    int64_t id = 0;
+    int64_t rolloutId = 0;
+    double t = 0;       // the latest time it was made
+    double firstT = 0;  // the first (repeats > 1)
+    std::string kind;
+    int step = 0;
+    int32_t weightBp = 0;
+    std::string reason;
+    std::string numbers = "{}";
+    int repeats = 1;
+    std::string actor = "auto";
+};
+
 class Registry {
 public:
     /// Opens (and if needed migrates) the workspace at `workspacePath`; throws StoreError as Store does.
@@ -163,6 +210,23 @@ public:
     std::vector<Deployment> deployments(const std::string& model) const;  // newest (highest id) first
     std::vector<Deployment> allDeployments() const;                       // newest (highest id) first
     std::optional<Deployment> liveDeployment(const std::string& model) const;
+
+    // ---- rollouts ------------------------------------------------------------------------
+    /// Records a new rollout (r.id, times and the end are ignored) and returns its id. Throws
+    /// ConfigError when the model has a running or paused one already (checked in the same
+    /// transaction, so two starts cannot both succeed).
+    int64_t createRollout(const Rollout& r);
+    /// Removes a rollout that never took effect (its start failed), with its decisions.
+    void deleteRollout(int64_t id);
+    /// Writes where `r` stands: state, step, weight, bad windows, end (0: still active).
+    void updateRollout(const Rollout& r);
+    std::optional<Rollout> activeRollout(const std::string& model) const;
+    std::optional<Rollout> rollout(int64_t id) const;
+    std::vector<Rollout> rollouts(const std::string& model) const;  // newest first
+    /// Appends a decision; a hold right after a hold at the same step and weight updates that row
+    /// instead (t, reason, numbers, repeats + 1).
+    void addRolloutDecision(const RolloutDecision& d);
+    std::vector<RolloutDecision> rolloutDecisions(int64_t rolloutId) const;  // oldest first
 
     // ---- serving metrics and alerts ----------------------------------------------------
     void appendServingMetrics(const std::string& model, int64_t version, double t,
