@@ -43,6 +43,7 @@
 #include "lathe/widgets/loss_scale_view.h"
 #include "lathe/widgets/models_view.h"
 #include "lathe/widgets/profile_view.h"
+#include "lathe/widgets/rollout_view.h"
 #include "lathe/widgets/run_form.h"
 #include "lathe/widgets/run_list_model.h"
 #include "lathe/widgets/run_view.h"
@@ -277,6 +278,9 @@ void MainWindow::openRegistry() {
             return remote::sshServerHost(rec->name, remote::hostSpecFor(*rec), rec->lathectl);
         });
     connectDeploySession();
+    // Rollouts run their controller as a detached lathectl, reaching hosts as deployments do.
+    m_models->rolloutView()->setControllerProgram(QString::fromStdString(m_deploy->serverProgram()));
+    m_models->rolloutView()->setServerHosts(m_deploy->serverHosts());
     m_models->setRegistry(m_registry);
 }
 

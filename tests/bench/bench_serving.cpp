@@ -48,6 +48,7 @@
 #include "bench_args.h"
 #include "lathe/core/model_artifact.h"
 #include "lathe/core/server.h"
+#include "lathe/core/sha256.h"
 #include "serving/artifact_io.h"
 #include "serving_fixture.h"
 
@@ -301,6 +302,29 @@ std::string wrkScript(const lathe::test::TempDir& dir, const std::string& name, 
     }
     s << "local f = assert(io.open(\"" << bodyFile << "\", \"rb\"))\nwrk.body = f:read(\"*a\")\nf:close()\n";
     return script;
+}
+
+// The same requests, each naming a user of a million (X-User-Id), as an A/B split's clients do.
+std::string wrkUserScript(const lathe::test::TempDir& dir, const std::string& name, const Body& body) {
+    const auto script = wrkScript(dir, name, body);
+    std::ofstream(script, std::ios::app)
+        << "math.randomseed(7)\nrequest = function()\n  wrk.headers[\"X-User-Id\"] = \"user-\" .. "
+           "math.random(1, 1000000)\n  return wrk.format()\nend\n";
+    return script;
+}
+
+constexpr const char* kBenchToken = "bench-serving-control-token-0123456789";
+
+// The server with a rollout in force: the candidate is the same artifact as another version, so
+// the two sides cost the same and only the split differs.
+void startRollout(uint16_t port, const std::string& model, const std::string& path, int bp) {
+    const nlohmann::json body{
+        {"candidate", {{"version", 2}, {"path", path}, {"sha256", lathe::core::sha256File(path)}}},
+        {"weight_bp", bp}};
+    const auto a =
+        lathe::test::httpRequest(port, "POST", "/v2/repository/models/" + model + "/rollout", body.dump(), 60,
+                                 {{"Authorization", std::string("Bearer ") + kBenchToken}});
+    if (a.status != 200) throw std::runtime_error("the benchmark's rollout was refused: " + a.body);
 }
 
 double wrkMs(const std::string& v) {  // "875.00us", "1.20ms", "1.02s"
@@ -654,6 +678,7 @@ int main(int argc, char** argv) {
             binAnswer = b.body.size();
         }
         const auto jsonScript = wrkScript(dir, m.name + "-json", jsonBody);
+        const auto userScript = wrkUserScript(dir, m.name + "-users", jsonBody);
         const auto binScript = wrkScript(dir, m.name + "-bin", binBody);
 
         // LibTorch alone on the instance's threads: batch 32 (the throughput baseline and the
@@ -699,6 +724,24 @@ int main(int argc, char** argv) {
                 sat["single"].push_back(l);
                 broken |= l.errors > 0;
             }
+            // The rollout's router (issue 18): requests naming their users against the same server
+            // without a rollout, with one at 0% (every request through the router, every answer
+            // from the baseline: the router's own cost) and at 50% (two batchers sharing the
+            // traffic: smaller batches on each side as well).
+            for (const int bp : {-1, 0, 5000}) {
+                auto so = serveOptions(opt, kMaxBatch, "adaptive");
+                so.controlToken = kBenchToken;
+                InferenceServer server(so);
+                server.load({m.name, 1, m.path});
+                const auto port = server.start();
+                if (bp >= 0) startRollout(port, m.name, m.path, bp);
+                runWrk(tools, dir, port, "/v2/models/" + m.name + "/infer", userScript, 1);  // warm-up
+                const auto l = wrkLathe(tools, dir, port, m.name, userScript, satS);
+                const std::string what = bp < 0 ? "no rollout" : bp == 0 ? "rollout at 0%" : "rollout at 50%";
+                printLoad(m.name, "adaptive, JSON, user ids, " + what + suffix, l);
+                sat[bp < 0 ? "users/none" : bp == 0 ? "users/rollout0" : "users/rollout50"].push_back(l);
+                broken |= l.errors > 0;
+            }
             for (int bin = 0; bin < 2; ++bin) {
                 const size_t bytes = bin ? binAnswer : jsonAnswer;
                 Nginx nginx(tools, dir, bytes);
@@ -716,6 +759,9 @@ int main(int argc, char** argv) {
                          {"saturated_binary", loadJson(medianLoad(sat[policy + "/binary"]))}};
         r["max_batch_1"] = loadJson(medianLoad(sat["single"]));
         r["nginx"] = loadJson(medianLoad(sat["nginx/json"]));
+        r["router"] = {{"no_rollout", loadJson(medianLoad(sat["users/none"]))},
+                       {"rollout_0", loadJson(medianLoad(sat["users/rollout0"]))},
+                       {"rollout_50", loadJson(medianLoad(sat["users/rollout50"]))}};
         r["nginx_binary"] = loadJson(medianLoad(sat["nginx/binary"]));
 
         // Latency below saturation: open loop at 10% and 50% of each policy's saturated rate.
@@ -803,6 +849,26 @@ int main(int argc, char** argv) {
         std::printf("  %-8s dynamic batching: %.1fx max-batch 1's saturated rows/s\n", name.c_str(),
                     r["adaptive"]["saturated"]["rows_per_s"].get<double>() /
                         std::max(1e-9, r["max_batch_1"]["rows_per_s"].get<double>()));
+    }
+    std::printf("\nissue 18's target (this run): the router must not make the hot path slower\n");
+    for (const auto& r : results["models"]) {
+        const std::string name = r["model"];
+        const auto& ro = r["router"];
+        const double none = ro["no_rollout"]["server_cpu_us"], at0 = ro["rollout_0"]["server_cpu_us"],
+                     at50 = ro["rollout_50"]["server_cpu_us"];
+        const double pathNone = ro["no_rollout"]["request_path_us"],
+                     path0 = ro["rollout_0"]["request_path_us"], path50 = ro["rollout_50"]["request_path_us"];
+        std::printf(
+            "  %-8s server CPU per request with a rollout in force (router on every request, 0%%): %.1f us "
+            "vs "
+            "%.1f us without = %+.1f%% (target <= +5%%); besides the forward %.1f vs %.1f us\n",
+            name.c_str(), at0, none, 100 * (at0 / none - 1), path0, pathNone);
+        std::printf(
+            "  %-8s at a 50/50 split: %.1f us = %+.1f%% (two batchers: mean batch %.1f vs %.1f rows); "
+            "besides the "
+            "forward %.1f us = %+.1f%%\n",
+            name.c_str(), at50, 100 * (at50 / none - 1), ro["rollout_50"]["mean_batch"].get<double>(),
+            ro["no_rollout"]["mean_batch"].get<double>(), path50, 100 * (path50 / pathNone - 1));
     }
     std::printf(
         "  clients, digits: lathectl load --connections %d %.1f us of CPU per request, wrk -c%d %.1f us: "

@@ -12,6 +12,7 @@
 #include <QSet>
 #include <QSignalBlocker>
 #include <QSplitter>
+#include <QTabWidget>
 #include <QTimer>
 #include <QTreeView>
 #include <QVBoxLayout>
@@ -22,6 +23,7 @@
 
 #include "lathe/widgets/compress_report_view.h"
 #include "lathe/widgets/model_list_model.h"
+#include "lathe/widgets/rollout_view.h"
 #include "lathe/widgets/serving_dashboard.h"
 
 namespace lathe::widgets {
@@ -99,9 +101,16 @@ ModelsView::ModelsView(QWidget* parent) : QWidget(parent) {
     m_dashboard = new ServingDashboard(this);
     m_dashboard->setObjectName(QStringLiteral("servingDashboard"));
 
+    m_rollouts = new RolloutView(this);
+    m_rollouts->setObjectName(QStringLiteral("rolloutView"));
+    auto* tabs = new QTabWidget(this);
+    tabs->setObjectName(QStringLiteral("modelTabs"));
+    tabs->addTab(m_dashboard, tr("Serving"));
+    tabs->addTab(m_rollouts, tr("Rollout (A/B)"));
+
     auto* split = new QSplitter(Qt::Vertical, this);
     split->addWidget(top);
-    split->addWidget(m_dashboard);
+    split->addWidget(tabs);
     split->setStretchFactor(0, 1);
     split->setStretchFactor(1, 3);
     split->setSizes({240, 660});
@@ -147,7 +156,10 @@ ModelsView::~ModelsView() {
 
 void ModelsView::setRefreshInterval(int ms) { m_timer->setInterval(ms); }
 
-void ModelsView::setConfirmHook(ConfirmHook hook) { m_confirm = std::move(hook); }
+void ModelsView::setConfirmHook(ConfirmHook hook) {
+    m_rollouts->setConfirmHook(hook);
+    m_confirm = std::move(hook);
+}
 
 void ModelsView::setTargetHosts(const QStringList& names) {
     {
@@ -185,6 +197,7 @@ void ModelsView::setRegistry(std::shared_ptr<const core::Registry> registry) {
     m_model->setModels({});
     m_dashboardModel.clear();
     m_dashboard->clear();
+    m_rollouts->showModel(nullptr, {});
     setStatusText({});
     updateButtons();
     if (m_registry) refresh();
@@ -295,6 +308,7 @@ void ModelsView::onSelectionChanged() {
     if (model != m_dashboardModel) {
         m_dashboardModel = model;
         m_dashboard->showModel(m_registry, model);
+        m_rollouts->showModel(m_registry, model);
     }
     updateButtons();
 }

@@ -629,6 +629,8 @@ private:
     int64_t m_rolloutId = 0;
     std::string m_instance;
     std::optional<Snapshot> m_window;
+    double m_nextJudge = 0;   // when the window (or its extension) is judged next
+    double m_splitCheck = 0;  // when the server's split was last compared with the record
     int m_seenStep = -1;
     double m_tickS = 0.25;
 };
@@ -700,21 +702,29 @@ bool Controller::tick() {
         noteOnce("paused at " + stepText(*r));
         return true;
     }
-    if (!ensureSplit(*r, *live)) {
-        m_window.reset();
-        return true;
+    // The server's split against the record: at most once a second (and before a window starts).
+    if (!m_window || nowSeconds() - m_splitCheck >= 1.0) {
+        m_splitCheck = nowSeconds();
+        if (!ensureSplit(*r, *live)) {
+            m_window.reset();
+            return true;
+        }
     }
     if (!m_window) {
         m_window = scrape(*live);
-        if (m_window) noteOnce("judging " + stepText(*r) + ": window from now, " + fmt("%g s", r->intervalS));
+        if (m_window) {
+            m_nextJudge = m_window->t + r->intervalS;
+            noteOnce("judging " + stepText(*r) + ": window from now, " + fmt("%g s", r->intervalS));
+        }
         return true;
     }
-    if (nowSeconds() - m_window->t < r->intervalS) return true;
+    if (nowSeconds() < m_nextJudge) return true;
     const auto end = scrape(*live);
     if (!end) {
         noteOnce("scraping " + live->url + "/metrics failed: holding");
         return true;
     }
+    m_nextJudge = end->t + r->intervalS;  // a window that goes on is judged again an interval later
     judge(*r, *live, *end);
     return true;
 }

@@ -80,8 +80,23 @@ void InferenceServer::Impl::load(const ServedModel& m, const std::string& sha) {
         s->current = std::move(fresh);  // requests already queued keep their own pointer to the old one
         // The rollout's candidate now serving as the current version (promoted, or deployed by
         // hand): the rollout is over.
-        if (s->candidate && s->candidate->source.version == m.version) promoted = std::move(s->candidate);
+        if (s->candidate && s->candidate->source.version == m.version) {
+            promoted = std::move(s->candidate);
+        } else if (s->candidate && s->candidate->split.baseline != m.version) {
+            // A third version swapped in during a rollout: the split now compares with it, and
+            // its requests are counted under its own version.
+            auto next = std::make_shared<serving::Candidate>(*s->candidate);
+            next->split.baseline = m.version;
+            for (int by = 0; by < 2; ++by)
+                next->routed[0][by] = &metrics.routed.Add({{"model", m.name},
+                                                           {"version", std::to_string(m.version)},
+                                                           {"by", by ? "user" : "random"}});
+            s->candidate = std::move(next);
+        }
     }
+    if (promoted)
+        std::fprintf(stderr, "lathe serve: rollout of %s ended: v%lld promoted, it serves everything\n",
+                     m.name.c_str(), static_cast<long long>(m.version));
     metrics.of(m.name, m.version);
     metrics.setServed(m.name, oldVersion == m.version ? -1 : oldVersion, m.version);
     if (promoted) {
@@ -161,6 +176,10 @@ void InferenceServer::Impl::startRollout(const ServedModel& m, const std::string
     }
     metrics.weight.Add({{"model", m.name}, {"version", std::to_string(m.version)}})
         .Set(static_cast<double>(split.candidateBp));
+    std::fprintf(stderr, "lathe serve: rollout of %s: v%lld beside v%lld at %g%%%s\n", m.name.c_str(),
+                 static_cast<long long>(m.version), static_cast<long long>(current->version()),
+                 split.candidateBp / 100.0,
+                 split.userParameter.empty() ? "" : (", users by " + split.userParameter).c_str());
     // lathe_model_info stays the version served now: the candidate is told by its weight.
     if (old && old->batcher != next->batcher) {
         metrics.weight.Add({{"model", m.name}, {"version", std::to_string(old->source.version)}}).Set(0);
@@ -186,6 +205,8 @@ void InferenceServer::Impl::setRolloutWeight(const std::string& model, int32_t b
         throw ConfigError("no rollout of '" + model + "' is in force: start one with a candidate version");
     metrics.weight.Add({{"model", model}, {"version", std::to_string(c->source.version)}})
         .Set(static_cast<double>(bp));
+    std::fprintf(stderr, "lathe serve: rollout of %s: v%lld now at %g%% (was %g%%)\n", model.c_str(),
+                 static_cast<long long>(c->source.version), bp / 100.0, c->split.candidateBp / 100.0);
 }
 
 void InferenceServer::Impl::endRollout(const std::string& model, const std::string& how) {
@@ -210,6 +231,9 @@ void InferenceServer::Impl::endRollout(const std::string& model, const std::stri
     }
     const std::string v = std::to_string(c->source.version);
     metrics.weight.Add({{"model", model}, {"version", v}}).Set(0);
+    std::fprintf(stderr,
+                 "lathe serve: rollout of %s aborted: v%s out, the current version serves everything\n",
+                 model.c_str(), v.c_str());
     retire(c->batcher);
 }
 

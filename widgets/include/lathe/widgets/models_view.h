@@ -31,6 +31,7 @@ namespace lathe::widgets {
 
 class ModelListModel;
 struct ModelEntry;
+class RolloutView;
 class ServingDashboard;
 
 class ModelsView : public QWidget {
@@ -83,6 +84,9 @@ public:
     QPushButton* reportButton() const { return m_report; }
     QComboBox* targetBox() const { return m_target; }
     ServingDashboard* dashboard() const { return m_dashboard; }
+    /// The selected model's rollout (A/B dashboard, Start/Pause/Resume/Abort), a tab beside the
+    /// serving dashboard.
+    RolloutView* rolloutView() const { return m_rollouts; }
     bool isRefreshing() const { return m_refreshing; }
     int refreshCount() const { return m_refreshCount; }
 
@@ -127,6 +131,7 @@ private:
                            // shows its own
     QLabel* m_status = nullptr;
     ServingDashboard* m_dashboard = nullptr;
+    RolloutView* m_rollouts = nullptr;
     QTimer* m_timer = nullptr;
     ConfirmHook m_confirm;
     QString m_host = QStringLiteral("127.0.0.1");
