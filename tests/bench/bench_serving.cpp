@@ -16,6 +16,8 @@
 // only when something breaks (a failed request, a client that did not run), never on a ratio.
 // The saturated runs are repeated --reps times (default 3, 1 with --quick), every server once per
 // repetition, and their medians reported; so are the open-loop runs below saturation.
+// With --router it runs only the rollout router's comparison (issue 18): the same server without a
+// rollout, with one at 1 basis point and at 50%, rotated --reps times, clients naming their users.
 // With --compare-instances N it also runs max-batch 1 and 32 with 1 and with N instances,
 // saturated, alternated --compare-reps times (default 3), and prints the medians' ratios.
 #include <dlfcn.h>
@@ -601,6 +603,37 @@ void printLoad(const std::string& model, const std::string& what, const Load& l)
     std::fflush(stdout);
 }
 
+constexpr int kRouterWeights[3] = {-1, 1, 5000};  // -1: no rollout
+
+std::string routerKey(int bp) { return "router/" + std::to_string(bp); }
+std::string routerLabel(int bp) {
+    return bp < 0 ? "no rollout" : bp == 1 ? "rollout at 1 bp (router only)" : "rollout at 50%";
+}
+
+void printRouterTarget(const json& results) {
+    std::printf("\nissue 18's target (this run): the router must not make the hot path slower\n");
+    for (const auto& r : results["models"]) {
+        const std::string name = r["model"];
+        const auto& ro = r["router"];
+        const double none = ro["no_rollout"]["server_cpu_us"], at1 = ro["rollout_1bp"]["server_cpu_us"],
+                     at50 = ro["rollout_50"]["server_cpu_us"];
+        const double pathNone = ro["no_rollout"]["request_path_us"],
+                     path1 = ro["rollout_1bp"]["request_path_us"],
+                     path50 = ro["rollout_50"]["request_path_us"];
+        std::printf(
+            "  %-8s server CPU per request with a rollout in force (every request hashed, 1 bp): %.1f us vs "
+            "%.1f "
+            "us without = %+.1f%% (target <= +5%%); besides the forward %.1f vs %.1f us = %+.1f%%\n",
+            name.c_str(), at1, none, 100 * (at1 / none - 1), path1, pathNone, 100 * (path1 / pathNone - 1));
+        std::printf(
+            "  %-8s at a 50/50 split: %.1f us = %+.1f%% (two batchers: mean batch %.1f vs %.1f rows); "
+            "besides the "
+            "forward %.1f us = %+.1f%%\n",
+            name.c_str(), at50, 100 * (at50 / none - 1), ro["rollout_50"]["mean_batch"].get<double>(),
+            ro["no_rollout"]["mean_batch"].get<double>(), path50, 100 * (path50 / pathNone - 1));
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -608,6 +641,7 @@ int main(int argc, char** argv) {
     Options opt;
     int compareInstances = 0, compareReps = 3;
     int reps = quick ? 1 : 3;  // saturated runs per server, medians reported
+    bool routerOnly = false;   // --router: only the rollout router's comparison (issue 18)
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--io-threads" && i + 1 < argc) opt.ioThreads = std::atoi(argv[++i]);
@@ -616,6 +650,7 @@ int main(int argc, char** argv) {
         if (a == "--compare-instances" && i + 1 < argc) compareInstances = std::atoi(argv[++i]);
         if (a == "--compare-reps" && i + 1 < argc) compareReps = std::max(1, std::atoi(argv[++i]));
         if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
+        if (a == "--router") routerOnly = true;
     }
     Tools tools{
         findProgram("wrk"), findProgram("nginx"),
@@ -650,9 +685,56 @@ int main(int argc, char** argv) {
     std::printf("%-8s %-42s %9s %7s %7s %6s %6s %6s %8s %8s %7s\n", "", "", "", "", "", "", "", "", "us",
                 "us", "us");
 
+    // The router's cost: requests naming their users against the same server without a rollout,
+    // with one at 1 basis point (every request hashed through the router, nearly all answered by
+    // the baseline: the router's own cost, batching unchanged) and at 50% (two batchers sharing the
+    // traffic: smaller batches on each side as well).
+    const auto routerRun = [&](const Model& m, const std::string& script, int bp, const std::string& suffix) {
+        auto so = serveOptions(opt, kMaxBatch, "adaptive");
+        so.controlToken = kBenchToken;
+        InferenceServer server(so);
+        server.load({m.name, 1, m.path});
+        const auto port = server.start();
+        if (bp >= 0) startRollout(port, m.name, m.path, bp);
+        runWrk(tools, dir, port, "/v2/models/" + m.name + "/infer", script, 1);  // warm-up
+        const auto l = wrkLathe(tools, dir, port, m.name, script, satS);
+        printLoad(m.name, "adaptive, JSON, user ids, " + routerLabel(bp) + suffix, l);
+        return l;
+    };
+
     json results = json::object();
     results["models"] = json::array();
     bool broken = false;
+    if (routerOnly) {
+        // Only the router's comparison, alternated --reps times.
+        for (const auto& m : models) {
+            int64_t elems = 0;
+            Body body;
+            {
+                InferenceServer probe(serveOptions(opt, kMaxBatch, "adaptive"));
+                probe.load({m.name, 0, m.path});
+                body = requestBody(probe.start(), m.name, false, elems);
+            }
+            const auto script = wrkUserScript(dir, m.name + "-users", body);
+            std::map<std::string, std::vector<Load>> runs;
+            for (int rep = 0; rep < reps; ++rep)
+                for (int k = 0; k < 3; ++k) {
+                    const int bp = kRouterWeights[(k + rep) % 3];
+                    const auto l = routerRun(m, script, bp, " (" + std::to_string(rep + 1) + ")");
+                    runs[routerKey(bp)].push_back(l);
+                    broken |= l.errors > 0;
+                }
+            json r{{"model", m.name}};
+            r["router"] = {{"no_rollout", loadJson(medianLoad(runs[routerKey(-1)]))},
+                           {"rollout_1bp", loadJson(medianLoad(runs[routerKey(1)]))},
+                           {"rollout_50", loadJson(medianLoad(runs[routerKey(5000)]))}};
+            results["models"].push_back(r);
+        }
+        printRouterTarget(results);
+        results["reps"] = reps;
+        if (!out.empty()) std::ofstream(out + "/bench_serving_router.json") << results.dump(2) << "\n";
+        return broken ? 1 : 0;
+    }
     Load clientWrk, clientLathectl;
     for (const auto& m : models) {
         json r{{"model", m.name}};
@@ -724,22 +806,11 @@ int main(int argc, char** argv) {
                 sat["single"].push_back(l);
                 broken |= l.errors > 0;
             }
-            // The rollout's router (issue 18): requests naming their users against the same server
-            // without a rollout, with one at 0% (every request through the router, every answer
-            // from the baseline: the router's own cost) and at 50% (two batchers sharing the
-            // traffic: smaller batches on each side as well).
-            for (const int bp : {-1, 0, 5000}) {
-                auto so = serveOptions(opt, kMaxBatch, "adaptive");
-                so.controlToken = kBenchToken;
-                InferenceServer server(so);
-                server.load({m.name, 1, m.path});
-                const auto port = server.start();
-                if (bp >= 0) startRollout(port, m.name, m.path, bp);
-                runWrk(tools, dir, port, "/v2/models/" + m.name + "/infer", userScript, 1);  // warm-up
-                const auto l = wrkLathe(tools, dir, port, m.name, userScript, satS);
-                const std::string what = bp < 0 ? "no rollout" : bp == 0 ? "rollout at 0%" : "rollout at 50%";
-                printLoad(m.name, "adaptive, JSON, user ids, " + what + suffix, l);
-                sat[bp < 0 ? "users/none" : bp == 0 ? "users/rollout0" : "users/rollout50"].push_back(l);
+            // The rollout's router (issue 18), rotated so no server always runs first.
+            for (int k = 0; k < 3; ++k) {
+                const int bp = kRouterWeights[(k + rep) % 3];
+                const auto l = routerRun(m, userScript, bp, suffix);
+                sat[routerKey(bp)].push_back(l);
                 broken |= l.errors > 0;
             }
             for (int bin = 0; bin < 2; ++bin) {
@@ -759,9 +830,9 @@ int main(int argc, char** argv) {
                          {"saturated_binary", loadJson(medianLoad(sat[policy + "/binary"]))}};
         r["max_batch_1"] = loadJson(medianLoad(sat["single"]));
         r["nginx"] = loadJson(medianLoad(sat["nginx/json"]));
-        r["router"] = {{"no_rollout", loadJson(medianLoad(sat["users/none"]))},
-                       {"rollout_0", loadJson(medianLoad(sat["users/rollout0"]))},
-                       {"rollout_50", loadJson(medianLoad(sat["users/rollout50"]))}};
+        r["router"] = {{"no_rollout", loadJson(medianLoad(sat[routerKey(-1)]))},
+                       {"rollout_1bp", loadJson(medianLoad(sat[routerKey(1)]))},
+                       {"rollout_50", loadJson(medianLoad(sat[routerKey(5000)]))}};
         r["nginx_binary"] = loadJson(medianLoad(sat["nginx/binary"]));
 
         // Latency below saturation: open loop at 10% and 50% of each policy's saturated rate.
@@ -850,26 +921,7 @@ int main(int argc, char** argv) {
                     r["adaptive"]["saturated"]["rows_per_s"].get<double>() /
                         std::max(1e-9, r["max_batch_1"]["rows_per_s"].get<double>()));
     }
-    std::printf("\nissue 18's target (this run): the router must not make the hot path slower\n");
-    for (const auto& r : results["models"]) {
-        const std::string name = r["model"];
-        const auto& ro = r["router"];
-        const double none = ro["no_rollout"]["server_cpu_us"], at0 = ro["rollout_0"]["server_cpu_us"],
-                     at50 = ro["rollout_50"]["server_cpu_us"];
-        const double pathNone = ro["no_rollout"]["request_path_us"],
-                     path0 = ro["rollout_0"]["request_path_us"], path50 = ro["rollout_50"]["request_path_us"];
-        std::printf(
-            "  %-8s server CPU per request with a rollout in force (router on every request, 0%%): %.1f us "
-            "vs "
-            "%.1f us without = %+.1f%% (target <= +5%%); besides the forward %.1f vs %.1f us\n",
-            name.c_str(), at0, none, 100 * (at0 / none - 1), path0, pathNone);
-        std::printf(
-            "  %-8s at a 50/50 split: %.1f us = %+.1f%% (two batchers: mean batch %.1f vs %.1f rows); "
-            "besides the "
-            "forward %.1f us = %+.1f%%\n",
-            name.c_str(), at50, 100 * (at50 / none - 1), ro["rollout_50"]["mean_batch"].get<double>(),
-            ro["no_rollout"]["mean_batch"].get<double>(), path50, 100 * (path50 / pathNone - 1));
-    }
+    printRouterTarget(results);
     std::printf(
         "  clients, digits: lathectl load --connections %d %.1f us of CPU per request, wrk -c%d %.1f us: "
         "%.2fx "
