@@ -815,12 +815,18 @@ int main(int argc, char** argv) {
             }
             for (int bin = 0; bin < 2; ++bin) {
                 const size_t bytes = bin ? binAnswer : jsonAnswer;
-                Nginx nginx(tools, dir, bytes);
-                const auto l = wrkNginx(tools, dir, nginx, bin ? binScript : jsonScript, satS);
-                printLoad(
-                    m.name,
-                    "nginx, " + std::to_string(bytes) + "-byte answer, " + (bin ? "binary" : "JSON") + suffix,
-                    l);
+                const std::string label =
+                    "nginx, " + std::to_string(bytes) + "-byte answer, " + (bin ? "binary" : "JSON") + suffix;
+                Load l;
+                // nginx is the baseline, not what is measured: a run it failed (its connections
+                // dropped, once, on a machine busy with CI's other tests) is shown and run once
+                // more with a fresh nginx; a second failure still fails the benchmark.
+                for (int attempt = 0; attempt < 2; ++attempt) {
+                    Nginx nginx(tools, dir, bytes);
+                    l = wrkNginx(tools, dir, nginx, bin ? binScript : jsonScript, satS);
+                    printLoad(m.name, label + (attempt ? " (again)" : ""), l);
+                    if (l.errors == 0) break;
+                }
                 sat[bin ? "nginx/binary" : "nginx/json"].push_back(l);
                 broken |= l.errors > 0;
             }

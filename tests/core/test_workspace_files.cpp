@@ -129,7 +129,8 @@ TEST_CASE("files of the old shared layout are adopted into the workspace's own d
                       "'; DROP TABLE workspace; DROP TABLE hosts; DROP TABLE deployment_tokens; "
                       "ALTER TABLE model_versions DROP COLUMN parent_model; "
                       "ALTER TABLE model_versions DROP COLUMN derivation; "
-                      "ALTER TABLE model_versions DROP COLUMN report; PRAGMA user_version = 4;");
+                      "ALTER TABLE model_versions DROP COLUMN report; DROP TABLE rollout_decisions; "
+                      "DROP TABLE rollouts; PRAGMA user_version = 4;");
 
     SECTION("a file that is still the recorded one is linked in and the record repointed") {
         Store s(path);

@@ -308,7 +308,7 @@ TEST_CASE("a healthy candidate is promoted after its last step", "[rollout][serv
     undeploy(ws);
 }
 
-TEST_CASE("a candidate without traffic holds and says so; abort restores the baseline with no failed request",
+TEST_CASE("a candidate without traffic holds and says so, and an abort restores the baseline with no failed request",
           "[rollout][serving][cli]") {
     test::ServingWorkspace ws;
     const int64_t v2 = registerHealthy(ws);
