@@ -448,7 +448,8 @@ TEST_CASE("a schema-6 workspace is migrated to 7, keeps its deployments and gets
             "model_versions DROP COLUMN derivation; ALTER TABLE model_versions DROP COLUMN report; "
             "INSERT INTO deployments(model, version, target, url, pid, actor, "
             "action, started_at, instance) VALUES('digits', 1, 'local', 'http://127.0.0.1:8500', 42, 'user', "
-            "'deploy', 1.0, 'nonce'); DROP TABLE rollout_decisions; DROP TABLE rollouts; PRAGMA user_version = 6;");
+            "'deploy', 1.0, 'nonce'); DROP TABLE rollout_decisions; DROP TABLE rollouts; PRAGMA user_version "
+            "= 6;");
     {
         Store s(path);
         CHECK(s.schemaVersion() == Store::kSchemaVersion);

@@ -308,8 +308,10 @@ TEST_CASE("a healthy candidate is promoted after its last step", "[rollout][serv
     undeploy(ws);
 }
 
-TEST_CASE("a candidate without traffic holds and says so, and an abort restores the baseline with no failed request",
-          "[rollout][serving][cli]") {
+TEST_CASE(
+    "a candidate without traffic holds and says so, and an abort restores the baseline with no failed "
+    "request",
+    "[rollout][serving][cli]") {
     test::ServingWorkspace ws;
     const int64_t v2 = registerHealthy(ws);
     const auto dep = deployV1(ws);
