@@ -2,6 +2,7 @@
 
 #include <QCheckBox>
 #include <QPushButton>
+#include <QRegularExpression>
 #include <QSignalSpy>
 #include <QTabWidget>
 #include <QTemporaryDir>
@@ -133,7 +134,9 @@ TEST_CASE("End to end: a bf16 run with injected overflows and the profiler, seen
     CHECK(gv->heatMap());
     REQUIRE(gv->findNext(QStringLiteral("aten::addmm")));
     CHECK(gv->propertiesText().contains(QStringLiteral("time (profile)")));
-    CHECK(gv->propertiesText().contains(QStringLiteral("µs")));
+    // A measured time in its unit: µs, or ms when the machine is busy enough for the op to take
+    // a millisecond (the graph view switches at 1 ms).
+    CHECK(gv->propertiesText().contains(QRegularExpression(QStringLiteral("[0-9]+\\.[0-9]+ (µs|ms)"))));
     QTest::qWait(80);
     REQUIRE(window->grab().save(outputPath("gui_graph_tab_heat.png")));
 
