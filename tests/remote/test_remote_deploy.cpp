@@ -123,17 +123,7 @@ TEST_CASE(
     };
     REQUIRE(run("hosts add gpu-a --address gpu-a --lathectl " + lathectl).exitCode == 0);
     // v2: other weights, so that every answer tells which version computed it.
-    {
-        core::Store store(ws.db());
-        core::RunSpec spec;
-        spec.epochs = 1;
-        spec.seed = 11;
-        const auto rec = core::trainAndRecord(store, spec, {});
-        REQUIRE(rec.result.status == core::RunStatus::Completed);
-        store.flush();
-        core::Registry registry(ws.db());
-        REQUIRE(core::registerModel(registry, &store, "digits", rec.runId, "", {}).version == 2);
-    }
+    REQUIRE(ws.registerOtherWeights().version == 2);
     core::Registry registry(ws.db());
     const auto v1 = registry.resolve({"digits", 1, {}});
     const auto v2 = registry.resolve({"digits", 2, {}});

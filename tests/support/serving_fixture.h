@@ -52,6 +52,21 @@ public:
     const core::ModelVersion& version() const {
         return m_version;
     }  // digits v1: input [-1, 64], output [-1, 10]
+    /// The same MLP trained again for one epoch with another seed (other weights, as healthy as
+    /// v1), registered as the next version of "digits"; returns that version.
+    core::ModelVersion registerOtherWeights() const {
+        core::Store store(m_db);
+        core::RunSpec spec;
+        spec.epochs = 1;
+        spec.seed = 11;
+        const auto rec = core::trainAndRecord(store, spec, {});
+        if (rec.result.status != lathe::core::RunStatus::Completed)
+            throw std::runtime_error("serving fixture: training failed: " + rec.result.error);
+        store.flush();
+        core::Registry registry(m_db);
+        return core::registerModel(registry, &store, "digits", rec.runId, "", {});
+    }
+
     const TempDir& dir() const { return m_dir; }
     std::string file(const std::string& name) const { return m_dir.file(name); }
 
