@@ -513,7 +513,8 @@ void registerServe(CLI::App& app, int& exitCode) {
         }
         auto registry = openRegistry(watch->common);
         auto& stop = installStopHandler();
-        const bool watched = core::watchDeployment(*registry, watch->model, watch->instance, rules, stop);
+        const bool watched = core::watchDeployment(*registry, watch->model, watch->instance, rules, stop,
+                                                   inventoryHosts(watch->common.db));
         removeStopHandler();
         std::fprintf(stderr, watched ? "watch of %s ended\n" : "%s is watched already\n",
                      watch->model.c_str());

@@ -16,6 +16,7 @@
 #include "lathe/core/registry.h"
 #include "lathe/core/store.h"
 #include "run_process.h"
+#include "scripted_candidates.h"
 #include "serving_fixture.h"
 #include "skip.h"
 
@@ -57,55 +58,8 @@ Deployed deployV1(const test::ServingWorkspace& ws) {
     return d;
 }
 
-// A candidate written in Python around digits v1's own artifact (so it answers as v1 does and
-// has v1's signature, kept in the artifact's Lathe metadata), registered as the next version.
-// `forward` is the extra work (or failure) before v1's answer.
-int64_t registerPythonCandidate(const test::ServingWorkspace& ws, const std::string& name,
-                                const std::string& forward) {
-    const auto file = ws.file(name + ".pt");
-    const auto script = ws.file(name + ".py");
-    const auto v1 = core::Registry(ws.db()).resolve({"digits", 1, {}}).path;
-    std::ofstream(script) << "import torch\n"
-                             "extra = {'lathe_meta.json': ''}\n"
-                             "base = torch.jit.load('"
-                          << v1
-                          << "', _extra_files=extra)\n"
-                             "class M(torch.nn.Module):\n"
-                             "    def __init__(self, base):\n"
-                             "        super().__init__()\n"
-                             "        torch.manual_seed(5)\n"
-                             "        self.base = base\n"
-                             "        self.big = torch.nn.Parameter(torch.randn(192, 192) / 14)\n"
-                             "    def forward(self, x):\n"
-                          << forward
-                          << "        return self.base(x)\n"
-                             "torch.jit.script(M(base)).save('"
-                          << file << "', _extra_files=extra)\n";
-    auto r = test::runShell("/usr/bin/python3 " + script);
-    INFO(r.err);
-    REQUIRE(r.exitCode == 0);
-    r = test::runShell(lathectl() + " models register digits --file " + file + " --json --db " + ws.db());
-    INFO(r.err);
-    REQUIRE(r.exitCode == 0);
-    return json::parse(r.out)["version"].get<int64_t>();
-}
-
-// Fails one batch in ten (an exception in forward answers 500).
-int64_t registerFaulty(const test::ServingWorkspace& ws) {
-    return registerPythonCandidate(ws, "faulty",
-                                   "        if bool(x.reshape(-1)[0] != 0) and float(torch.rand(1)) < 0.1:\n"
-                                   "            raise RuntimeError('injected failure')\n");
-}
-
-// Several 192x192 matrix products per request, data-dependent so nothing folds them away: a few
-// times the baseline's latency.
-int64_t registerSlow(const test::ServingWorkspace& ws) {
-    return registerPythonCandidate(ws, "slow",
-                                   "        z = self.big * x.sum()\n"
-                                   "        for _ in range(12):\n"
-                                   "            z = torch.tanh(z @ self.big)\n"
-                                   "        x = x + z.mean() * 0.0\n");
-}
+int64_t registerFaulty(const test::ServingWorkspace& ws) { return test::registerFaultyCandidate(ws); }
+int64_t registerSlow(const test::ServingWorkspace& ws) { return test::registerSlowCandidate(ws); }
 
 // The next version of digits: the same MLP with other weights (as healthy as v1).
 int64_t registerHealthy(const test::ServingWorkspace& ws) { return ws.registerOtherWeights().version; }
@@ -185,7 +139,7 @@ void undeploy(const test::ServingWorkspace& ws) {
     CHECK(test::runShell(lathectl() + " undeploy digits --db " + ws.db()).exitCode == 0);
 }
 
-bool python() { return test::runShell("/usr/bin/python3 -c 'import torch'").exitCode == 0; }
+bool python() { return test::pythonTorchAvailable(); }
 
 const std::string kFast = " --steps 50,100 --interval 2s --min-requests 40 --threshold 2";
 
@@ -398,6 +352,57 @@ TEST_CASE("a controller that was killed is started again and goes on from the re
     }
     CHECK(resumed);
     CHECK(load.report()["errors"] == 0);
+    undeploy(ws);
+}
+
+TEST_CASE("after a reboot, deploying the baseline again puts the split back and starts the controller",
+          "[rollout][serving][cli]") {
+    test::ServingWorkspace ws;
+    const int64_t v2 = registerHealthy(ws);
+    const auto dep = deployV1(ws);
+    auto r = test::runShell(lathectl() + " rollout start digits --candidate " + std::to_string(v2) +
+                            " --steps 30,100 --interval 1h --db " + ws.db());
+    REQUIRE(r.exitCode == 0);
+    // A reboot: the server and the controller are gone, the workspace remembers the rollout.
+    std::ifstream lockFile(core::Store::filesDirFor(ws.db()) + "/deployments/rollout-digits.lock");
+    int64_t controller = 0;
+    lockFile >> controller;
+    REQUIRE(controller > 0);
+    const auto server = core::Registry(ws.db()).liveDeployment("digits")->pid;
+    REQUIRE(::kill(static_cast<pid_t>(controller), SIGKILL) == 0);
+    REQUIRE(::kill(static_cast<pid_t>(server), SIGKILL) == 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    CHECK_FALSE(status(ws)["controller_running"].get<bool>());
+    // The baseline deployed again: a new server, and the controller runs again and sets its split.
+    r = test::runShell(lathectl() + " deploy digits:1 --port 0 --db " + ws.db());
+    INFO(r.err);
+    REQUIRE(r.exitCode == 0);
+    CHECK(r.err.find("starting a server") != std::string::npos);
+    CHECK(r.err.find("had no controller: starting it again") != std::string::npos);
+    const auto live = core::Registry(ws.db()).liveDeployment("digits");
+    REQUIRE(live);
+    CHECK(live->pid != server);
+    const auto url = live->url;
+    const auto port = static_cast<uint16_t>(std::stoi(url.substr(url.rfind(':') + 1)));
+    CHECK(status(ws)["controller_running"].get<bool>());
+    std::string atServer;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    do {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        atServer = rolloutAtServer(ws, port);
+    } while (atServer.find("\"weight_bp\":3000") == std::string::npos &&
+             std::chrono::steady_clock::now() < deadline);
+    INFO(atServer);
+    CHECK(atServer.find("\"candidate\":" + std::to_string(v2)) != std::string::npos);
+    CHECK(atServer.find("\"weight_bp\":3000") != std::string::npos);
+    const auto s = status(ws);
+    CHECK(s["state"] == "running");
+    CHECK(s["step"] == 1);
+    // A deploy while the controller runs starts no second one.
+    r = test::runShell(lathectl() + " deploy digits:1 --port 0 --db " + ws.db());
+    CHECK(r.exitCode == 2);  // already live
+    CHECK(r.err.find("starting it again") == std::string::npos);
+    CHECK(test::runShell(lathectl() + " rollout abort digits --db " + ws.db()).exitCode == 0);
     undeploy(ws);
 }
 

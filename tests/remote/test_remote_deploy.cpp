@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "run_process.h"
+#include "scripted_candidates.h"
 #include "serving_fixture.h"
 #include "skip.h"
 #include "sshd_fixture.h"
@@ -90,6 +91,34 @@ struct CleanUp {
     }
 };
 
+// A workspace with the digits model and a serving host "gpu-a" in its inventory: a real sshd on
+// 127.0.0.2 reached through an ssh config alias from a private $HOME, which lathectl (and the
+// watcher it starts) runs with.
+struct GpuA {
+    SshdServer host{"127.0.0.2"};
+    lathe::test::ServingWorkspace ws;
+    std::string home = ws.file("home");
+    std::string lathectl = lathe::test::binPath("lathectl");
+
+    GpuA() {
+        fs::create_directories(home + "/.ssh");
+        writeFile(home + "/.ssh/config", config(host.port()));
+        writeFile(home + "/.ssh/known_hosts",
+                  "[127.0.0.2]:" + std::to_string(host.port()) + " " + host.hostPublicKey() + "\n");
+        const auto r = run("hosts add gpu-a --address gpu-a --lathectl " + lathectl);
+        if (r.exitCode != 0) throw std::runtime_error("lathectl hosts add failed: " + r.err);
+    }
+    // The ssh config naming gpu-a, with `port` as its sshd's port.
+    std::string config(int port) const {
+        return "Host gpu-a\n  HostName 127.0.0.2\n  Port " + std::to_string(port) + "\n  User " +
+               lathe::remote::test::currentUser() + "\n  IdentityFile " + host.clientKey() + "\n";
+    }
+    lathe::test::ProcessResult run(const std::string& args) const {
+        return runShell("env -u SSH_AUTH_SOCK HOME=" + home + " " + lathectl + " " + args + " --db " +
+                        ws.db());
+    }
+};
+
 bool waitUntil(const std::function<bool()>& done, double seconds) {
     const auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
     while (!done()) {
@@ -105,23 +134,13 @@ TEST_CASE(
     "a model deployed on another host is hot-swapped and rolled back under load, watched, and undeployed",
     "[remote][serving]") {
     if (const std::string why = SshdServer::unavailableReason(); !why.empty()) LATHE_SKIP(why);
-    SshdServer host{"127.0.0.2"};
-    lathe::test::ServingWorkspace ws;
-    const std::string home = ws.file("home");
-    fs::create_directories(home + "/.ssh");
-    const auto config = [&](int port) {
-        return "Host gpu-a\n  HostName 127.0.0.2\n  Port " + std::to_string(port) + "\n  User " +
-               lathe::remote::test::currentUser() + "\n  IdentityFile " + host.clientKey() + "\n";
-    };
-    writeFile(home + "/.ssh/config", config(host.port()));
-    writeFile(home + "/.ssh/known_hosts",
-              "[127.0.0.2]:" + std::to_string(host.port()) + " " + host.hostPublicKey() + "\n");
-    const std::string lathectl = lathe::test::binPath("lathectl");
-    const auto run = [&](const std::string& args) {
-        return runShell("env -u SSH_AUTH_SOCK HOME=" + home + " " + lathectl + " " + args + " --db " +
-                        ws.db());
-    };
-    REQUIRE(run("hosts add gpu-a --address gpu-a --lathectl " + lathectl).exitCode == 0);
+    GpuA gpuA;
+    const auto& host = gpuA.host;
+    auto& ws = gpuA.ws;
+    const std::string& home = gpuA.home;
+    const std::string& lathectl = gpuA.lathectl;
+    const auto config = [&](int port) { return gpuA.config(port); };
+    const auto run = [&](const std::string& args) { return gpuA.run(args); };
     // v2: other weights, so that every answer tells which version computed it.
     REQUIRE(ws.registerOtherWeights().version == 2);
     core::Registry registry(ws.db());
@@ -331,6 +350,76 @@ TEST_CASE(
         fs::remove(realHome + "/.cache/lathe/deploy/" + i + ".log", ec);
     fs::remove(copy, ec);
     fs::remove(realHome + "/.cache/lathe/models/" + v2.sha256 + fs::path(v2.path).extension().string(), ec);
+}
+
+TEST_CASE("an alert rule with action = rollback rolls back a deployment on another host, once",
+          "[remote][serving]") {
+    if (const std::string why = SshdServer::unavailableReason(); !why.empty()) LATHE_SKIP(why);
+    if (!lathe::test::pythonTorchAvailable()) LATHE_SKIP("python3-torch is not installed");
+    GpuA gpuA;
+    const auto& ws = gpuA.ws;
+    const int64_t faulty = lathe::test::registerFaultyCandidate(ws);
+    const auto rules = ws.file("rules.toml");
+    writeFile(rules,
+              "action = \"rollback\"\nrollback_within_s = 120\nerror_rate_rise_points = 3\n"
+              "error_rate_min_requests = 30\n");
+    auto r = gpuA.run("deploy digits:1 --host gpu-a --json --alert-rules " + rules);
+    INFO(r.out << r.err);
+    REQUIRE(r.exitCode == 0);
+    const std::string url = json::parse(r.out)["url"].get<std::string>();
+    core::Registry registry(ws.db());
+    const auto instance = registry.liveDeployment("digits")->instance;
+    CleanUp cleanUp{instance};
+    core::LoadOptions lo;
+    lo.url = url;
+    lo.model = "digits";
+    lo.rate = 120;
+    lo.durationS = 14;
+    lo.users = 4;
+    core::LoadReport report;
+    std::thread load([&] { report = core::runLoad(lo); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    // The faulty version is hot-swapped in over SSH; its error rate fires the alert in the local
+    // watcher, which rolls the server on gpu-a back over SSH as well.
+    r = gpuA.run("deploy digits:" + std::to_string(faulty));
+    CHECK(r.exitCode == 0);
+    const bool rolledBack = waitUntil(
+        [&] {
+            const auto live = registry.liveDeployment("digits");
+            return live && live->version == 1 && live->action == "rollback";
+        },
+        20);
+    load.join();
+    const std::string watchLog = (fs::path(core::Store::filesDirFor(ws.db())) / "deployments" /
+                                  ("digits-watch-" + instance.substr(0, 8) + ".log"))
+                                     .string();
+    INFO("watcher log: " << (fs::exists(watchLog) ? lathe::remote::test::readFile(watchLog) : "none"));
+    REQUIRE(rolledBack);
+    const auto live = registry.liveDeployment("digits");
+    CHECK(live->actor == "auto");
+    CHECK(live->target == "ssh:gpu-a");
+    CHECK(live->instance == instance);  // the same server, hot-swapped back
+    CHECK_THAT(live->reason, Catch::Contains("Error rate"));
+    CHECK(report.sent > 300);
+    CHECK(report.errors > 0);  // the faulty version did fail some
+    // The server there answers as v1 again, and nothing rolls the rollback back.
+    const auto a = core::httpRequest("POST", url + "/v2/models/digits/infer", inferBody(0.3f));
+    REQUIRE(a.status == 200);
+    CHECK(json::parse(a.body)["model_version"] == "1");
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    CHECK(registry.deployments("digits").size() == 3);
+    CHECK(registry.liveDeployment("digits")->id == live->id);
+    r = gpuA.run("undeploy digits");
+    CHECK(r.exitCode == 0);
+    CHECK(waitUntil([&] { return pidsMatching("[l]athectl watch .*--instance " + instance).empty(); }, 10));
+    const std::string realHome = ::getpwuid(::getuid())->pw_dir;
+    std::error_code ec;
+    fs::remove(realHome + "/.cache/lathe/deploy/" + instance + ".log", ec);
+    for (const int64_t v : {int64_t{1}, faulty}) {
+        const auto mv = registry.resolve({"digits", v, {}});
+        fs::remove(realHome + "/.cache/lathe/models/" + mv.sha256 + fs::path(mv.path).extension().string(),
+                   ec);
+    }
 }
 
 TEST_CASE("a --file server without a control token loads no other file", "[remote][serving]") {

@@ -35,6 +35,7 @@
 #include "lathe/core/executable.h"
 #include "lathe/core/http_client.h"
 #include "lathe/core/monitor.h"
+#include "lathe/core/rollout.h"
 #include "lathe/core/scraper.h"
 #include "lathe/core/store.h"
 #include "ports.h"
@@ -780,7 +781,7 @@ int64_t servedVersion(const std::string& url, const std::string& model, double t
 }  // namespace deploy_detail
 
 bool watchDeployment(Registry& registry, const std::string& model, const std::string& instance,
-                     const AlertRules& rules, const std::atomic<bool>& stop) {
+                     const AlertRules& rules, const std::atomic<bool>& stop, const ServerHostFor& hostFor) {
     checkModelName(model);
     if (instance.empty() || instance.size() > 64 ||
         !std::all_of(instance.begin(), instance.end(), [](unsigned char c) { return std::isalnum(c); }))
@@ -806,6 +807,7 @@ bool watchDeployment(Registry& registry, const std::string& model, const std::st
     }
     if (!live) return true;
     Scraper scraper(registry, model, live->url, rules);
+    scraper.setServerHosts(hostFor);
     scraper.start();
     auto next = std::chrono::steady_clock::now();
     while (!stop.load()) {
@@ -839,16 +841,29 @@ bool deploymentUp(const Deployment& d, double timeoutS) {
     }
 }
 
-DeployResult deploy(Registry& registry, const ModelRef& ref, const DeployOptions& o) {
-    checkTimeout(o);
-    const auto v = registry.resolve(ref);
-    const auto lock = modelLock(registry, v.name);
-    return deployLocked(registry, v, ref, o);
+namespace {
+
+// A rollout under way whose controller is gone (this machine restarted, or it was killed) would
+// sit unjudged with its split lost: after a deploy or rollback of its model the controller runs
+// again, to put the split back on a new server of the baseline or to end the rollout that another
+// version replaced. Called without the model's lock (the controller takes it).
+void restartRolloutController(Registry& registry, const std::string& model, const DeployOptions& o) {
+    if (o.serverProgram.empty()) return;
+    try {
+        RolloutOptions ro;
+        ro.actor = o.actor;
+        ro.controllerProgram = o.serverProgram;
+        ro.hostFor = o.hostFor;
+        ro.progress = o.progress;
+        ensureRolloutController(registry, model, ro);
+    } catch (const std::exception& ex) {
+        say(o, std::string("the rollout of ") + model + " has no controller (" + ex.what() +
+                   "): start it with `lathectl rollout resume " + model + "`");
+    }
 }
 
-DeployResult rollback(Registry& registry, const std::string& model, const DeployOptions& options) {
-    checkTimeout(options);
-    const auto lock = modelLock(registry, model);
+// The version before the live one, deployed again (the model's lock is held).
+DeployResult rollbackLocked(Registry& registry, const std::string& model, const DeployOptions& options) {
     const auto history = registry.deployments(model);  // newest first
     if (history.empty() || !history.front().live())
         throw ConfigError(model + " is not deployed; nothing to roll back (see `lathectl deployments " +
@@ -869,8 +884,33 @@ DeployResult rollback(Registry& registry, const std::string& model, const Deploy
                       std::to_string(current) + ")");
 }
 
+}  // namespace
+
+DeployResult deploy(Registry& registry, const ModelRef& ref, const DeployOptions& o) {
+    checkTimeout(o);
+    const auto v = registry.resolve(ref);
+    DeployResult result;
+    {
+        const auto lock = modelLock(registry, v.name);
+        result = deployLocked(registry, v, ref, o);
+    }
+    restartRolloutController(registry, v.name, o);
+    return result;
+}
+
+DeployResult rollback(Registry& registry, const std::string& model, const DeployOptions& options) {
+    checkTimeout(options);
+    DeployResult result;
+    {
+        const auto lock = modelLock(registry, model);
+        result = rollbackLocked(registry, model, options);
+    }
+    restartRolloutController(registry, model, options);
+    return result;
+}
+
 std::string rollbackOnAlert(Registry& registry, const std::string& model, const std::string& alert,
-                            double withinS) {
+                            double withinS, const ServerHostFor& hostFor) {
     const auto live = registry.liveDeployment(model);
     if (!live) return {};
     const double age = nowSeconds() - live->startedAt;
@@ -884,6 +924,7 @@ std::string rollbackOnAlert(Registry& registry, const std::string& model, const 
     o.reason = "alert " + std::to_string(static_cast<int>(age)) + " s after v" +
                std::to_string(live->version) + " was deployed: " + alert;
     o.serverProgram = executablePath();
+    o.hostFor = hostFor;
     try {
         const auto r = rollback(registry, model, o);
         return "automatic rollback of " + which + " to v" + std::to_string(r.deployment.version) + ": " +

@@ -471,6 +471,15 @@ bool rolloutControllerRunning(const Registry& registry, const std::string& model
     return !probe.held();
 }
 
+bool ensureRolloutController(Registry& registry, const std::string& model, const RolloutOptions& o) {
+    const auto r = registry.activeRollout(model);
+    if (!r || rolloutControllerRunning(registry, model)) return false;
+    say(o, "the rollout of " + model + " v" + std::to_string(r->candidate) + " (" + stepText(*r) + ", " +
+               r->state + ") had no controller: starting it again");
+    startController(registry, *r, o);
+    return rolloutControllerRunning(registry, model);
+}
+
 Rollout startRollout(Registry& registry, Rollout plan, const RolloutOptions& o) {
     checkModelName(plan.model);
     if (plan.stepsBp.empty()) throw ConfigError("a rollout needs at least one step");

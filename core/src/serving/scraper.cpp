@@ -27,6 +27,7 @@ struct Scraper::Impl {
     std::string url;
     AlertRules rules;
     double intervalS;
+    ServerHostFor hostFor;
 
     std::thread thread;
     std::mutex mutex;
@@ -105,7 +106,7 @@ void Scraper::Impl::run() {
                     openAlerts[e.rule] = registry.fireAlert(model, e.rule, e.message, e.value, at);
                     if (rules.action == "rollback" && (e.rule == "p99_latency" || e.rule == "error_rate")) {
                         const std::string did =
-                            rollbackOnAlert(registry, model, e.message, rules.rollbackWithinS);
+                            rollbackOnAlert(registry, model, e.message, rules.rollbackWithinS, hostFor);
                         if (!did.empty()) std::fprintf(stderr, "lathe: %s\n", did.c_str());
                     }
                 } else if (const auto it = openAlerts.find(e.rule); it != openAlerts.end()) {
@@ -143,6 +144,8 @@ Scraper::Scraper(Registry& registry, std::string model, std::string url, AlertRu
 }
 
 Scraper::~Scraper() { stop(); }
+
+void Scraper::setServerHosts(ServerHostFor hostFor) { d->hostFor = std::move(hostFor); }
 
 void Scraper::start() {
     if (d->thread.joinable()) return;

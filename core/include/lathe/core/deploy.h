@@ -94,16 +94,19 @@ Deployment forgetDeployment(Registry& registry, const std::string& model);
 /// does for a server on this machine: the dashboard's metrics, alerts) until `stop` is raised or
 /// that deployment ends (undeployed, or replaced by another server). What `lathectl watch` runs
 /// for a server on another host, started by deploy. Returns false at once when another watcher
-/// has this instance. Throws ConfigError for a bad model name or instance id.
+/// has this instance. Throws ConfigError for a bad model name or instance id. `hostFor` reaches the
+/// server's host when an alert rule rolls it back.
 bool watchDeployment(Registry& registry, const std::string& model, const std::string& instance,
-                     const AlertRules& rules, const std::atomic<bool>& stop);
+                     const AlertRules& rules, const std::atomic<bool>& stop,
+                     const ServerHostFor& hostFor = {});
 /// What an alert rule with `action = "rollback"` does when its alert fires: rolls `model` back to
 /// the version before the live one (actor "auto", the alert as the reason) when the live
 /// deployment began less than `withinS` ago, is not a rollback itself (so it happens once and
 /// never flaps between two versions) and no rollout is under way (its controller judges then).
 /// Returns one line saying what happened or why nothing did; empty when the rule does not apply.
+/// `hostFor` reaches a deployment on another host (without it, only local ones roll back).
 std::string rollbackOnAlert(Registry& registry, const std::string& model, const std::string& alert,
-                            double withinS);
+                            double withinS, const ServerHostFor& hostFor = {});
 /// Whether a deployment's server answers /v2/health/ready now.
 bool deploymentUp(const Deployment& d, double timeoutS = 1.0);
 

@@ -94,6 +94,11 @@ Rollout abortRollout(Registry& registry, const std::string& model, const std::st
                      const RolloutOptions& options);
 /// Whether a controller process holds `model`'s rollout now.
 bool rolloutControllerRunning(const Registry& registry, const std::string& model);
+/// Starts the controller of `model`'s rollout under way when none holds it (it is gone with a
+/// reboot, or was killed), as a deploy or rollback of that model does so that the rollout is
+/// judged again: the controller puts the split back on a new server of the baseline, or ends the
+/// rollout that another version replaced. Returns whether it started one.
+bool ensureRolloutController(Registry& registry, const std::string& model, const RolloutOptions& options);
 
 /// The controller: follows `model`'s active rollout until it ends or `stop` is raised; keeps the
 /// server's split as recorded (after a server restart too), judges each window and records every

@@ -3,6 +3,7 @@
 #include <memory>
 #include <string>
 
+#include "lathe/core/deploy.h"
 #include "lathe/core/monitor.h"
 #include "lathe/core/registry.h"
 
@@ -15,6 +16,8 @@ public:
     Scraper(Registry& registry, std::string model, std::string url, AlertRules rules = {},
             double intervalS = 1.0);
     ~Scraper();  // stops and joins
+    /// How an alert rule's automatic rollback reaches a server on another host (before start()).
+    void setServerHosts(ServerHostFor hostFor);
     void start();
     void stop();
 
