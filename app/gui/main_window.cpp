@@ -30,6 +30,7 @@
 
 #include "deploy_session.h"
 #include "lathe/core/compress.h"
+#include "lathe/core/data_versions.h"
 #include "lathe/core/error.h"
 #include "lathe/remote/inventory.h"
 #include "lathe/remote/server_host.h"
@@ -145,6 +146,7 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
         m_models->setTargetHosts(names);
     });
     m_hosts->setStore(m_store.get());
+    offerDataSets();
     m_graphPage = new widgets::GraphView;
     m_graphPage->setObjectName(QStringLiteral("graphPage"));
     m_pages->addTab(m_graphPage, tr("Graph"));
@@ -636,9 +638,19 @@ bool MainWindow::openWorkspace(const QString& path) {
     connectSession();
     openRegistry();
     m_hosts->setStore(m_store.get());
+    offerDataSets();
     updateTitle();
     showNewStore(path);
     return true;
+}
+
+void MainWindow::offerDataSets() {
+    QStringList names;
+    try {
+        for (const auto& v : core::DataSets(m_store->path()).list()) names << QString::fromStdString(v.name);
+    } catch (const std::exception&) {  // a workspace that cannot be read says so elsewhere
+    }
+    m_form->setDataSets(names);
 }
 
 void MainWindow::openWorkspaceDialog() {

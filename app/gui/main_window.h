@@ -136,6 +136,8 @@ private:
     void onFinished(qint64 runId, const QString& status, const QString& error);
     void onSelectionChanged();
     void openWorkspaceDialog();
+    // The workspace's versioned data sets, offered in the run form's data field.
+    void offerDataSets();
     void exportChartsDialog();
     void showError(const QString& title, const QString& message);
     void updateTitle();

@@ -76,5 +76,6 @@ void registerCompress(CLI::App& app, int& exitCode);
 void registerServe(CLI::App& app, int& exitCode);
 void registerGraph(CLI::App& app, int& exitCode);
 void registerRollout(CLI::App& app, int& exitCode);
+void registerData(CLI::App& app, int& exitCode);
 
 }  // namespace lathe::cli

@@ -94,6 +94,7 @@ struct TrainState {
     SpecFlags spec;
     int64_t resume = 0;
     bool quiet = false;
+    bool verifyData = false;
     std::string hosts;  // NAME:SLOTS[,NAME:SLOTS...]
     std::string masterAddr;
     bool stage = false;
@@ -217,6 +218,7 @@ int runTrain(const TrainState& st) {
 
     core::RecordOptions ro;
     ro.resumeRunId = st.resume;
+    ro.verifyData = st.verifyData;
     ro.stop = &installStopHandler();
     char host[256] = "localhost";
     gethostname(host, sizeof host - 1);
@@ -272,6 +274,9 @@ void registerTrain(CLI::App& app, int& exitCode) {
     cmd->add_option("--resume", st->resume,
                     "continue run ID from its last checkpoint (flags such as --epochs apply)");
     cmd->add_flag("--quiet,-q", st->quiet, "no progress output");
+    cmd->add_flag(
+        "--verify-data", st->verifyData,
+        "data = dataset:...: check every file's SHA-256 before training, not only sizes and mtimes");
     cmd->add_option(
         "--hosts", st->hosts,
         "run across hosts of the workspace over SSH: NAME:SLOTS[,NAME:SLOTS...] (one rank per slot; "

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "lathe/core/data_versions.h"
 #include "lathe/core/registry.h"
 #include "lathe/core/store.h"
 #include "suggest.h"
@@ -69,7 +70,7 @@ bool isFlag(const CLI::Option* opt, const char* longName) { return opt->check_na
 
 // ---- completion ----------------------------------------------------------------------------
 
-enum class Kind { None, Run, Model, Host };
+enum class Kind { None, Run, Model, Host, DataSet };
 
 Kind valueKind(const std::string& path, const CLI::Option* opt) {
     if ((path == "train" && isFlag(opt, "--resume")) || (path == "models register" && isFlag(opt, "--run")))
@@ -82,9 +83,12 @@ Kind positionalKind(const std::string& path, int index) {
     if (index != 0) return Kind::None;
     for (const char* p : {"runs show", "metrics", "profile"})
         if (path == p) return Kind::Run;
-    for (const char* p :
-         {"models show", "models alias", "models register", "deploy", "rollback", "undeploy", "deployments"})
+    for (const char* p : {"models show", "models alias", "models register", "deploy", "rollback", "undeploy",
+                          "deployments", "lineage"})
         if (path == p) return Kind::Model;
+    for (const char* p :
+         {"data add", "data show", "data diff", "data checkout", "data rollback", "data verify"})
+        if (path == p) return Kind::DataSet;
     for (const char* p : {"hosts check", "hosts trust", "hosts remove"})
         if (path == p) return Kind::Host;
     return Kind::None;
@@ -104,6 +108,9 @@ std::vector<std::string> workspaceNames(Kind kind, const std::string& db) {
     } else if (kind == Kind::Host) {
         const core::Store store(path);
         for (const auto& host : store.hosts()) out.push_back(host.name);
+    } else if (kind == Kind::DataSet) {
+        const core::DataSets sets(path);
+        for (const auto& v : sets.list()) out.push_back(v.name);
     } else {
         const core::Registry registry(path);
         for (const auto& model : registry.listModels()) out.push_back(model.name);

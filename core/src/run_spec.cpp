@@ -1,5 +1,7 @@
 #include "lathe/core/run_spec.h"
 
+#include "lathe/core/data_versions.h"
+
 #include <toml++/toml.h>
 #include <cerrno>
 #include <cmath>
@@ -82,7 +84,13 @@ std::string checkData(const std::string& text) {
     if (text == "digits" || text == "synthetic:spirals") return text;
     auto hasPrefix = [&](const char* p) { return text.rfind(p, 0) == 0; };
     if ((hasPrefix("csv:") || hasPrefix("idx:")) && text.size() > 4) return text;
-    throw ConfigError("`data` must be digits, synthetic:spirals, csv:PATH or idx:DIR (got '" + text + "')");
+    if (hasPrefix("dataset:")) {
+        parseDataRef(text.substr(8));  // ConfigError saying what is wrong with NAME[:V]
+        return text;
+    }
+    throw ConfigError(
+        "`data` must be digits, synthetic:spirals, csv:PATH, idx:DIR or dataset:NAME[:V] (got '" + text +
+        "')");
 }
 
 std::vector<int64_t> parseIntList(const std::string& key, const std::string& text, int64_t lo = 1,
@@ -173,7 +181,11 @@ const std::vector<KeyDef>& keyDefs() {
                  return out;
              },
              [](RunSpec& s, const std::string& v) { s.hidden = parseIntList("hidden", v); }});
-        d.push_back({{"data", "string", "data set: digits, synthetic:spirals, csv:PATH or idx:DIR", {}},
+        d.push_back({{"data",
+                      "string",
+                      "data set: digits, synthetic:spirals, csv:PATH, idx:DIR or dataset:NAME[:V] (a "
+                      "versioned data set, lathectl data)",
+                      {}},
                      [](const RunSpec& s) { return s.data; },
                      [](RunSpec& s, const std::string& v) { s.data = checkData(v); }});
         integer("embedding_rows", "embed: rows of the hashed (feature, value bin) table, 16..16777216",

@@ -1,5 +1,6 @@
 // lathectl as a user runs it: exit codes, JSON output, the workspace it writes.
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "lathe/core/store.h"
@@ -380,4 +381,85 @@ TEST_CASE("the bash completion script completes through lathectl", "[cli][comple
     CHECK(complete("lathectl train --epo", 2).out == "--epochs\n");
     CHECK(runShell("bash --norc --noprofile -c 'source " + script + "; complete -p lathectl'").out ==
           "complete -o bashdefault -o default -F _lathectl lathectl\n");
+}
+
+TEST_CASE("lathectl data versions a folder, trains on it and shows the lineage to a deployment-ready model",
+          "[cli][data-versions]") {
+    TempDir dir;
+    const auto db = " --db " + dir.file("ws/lathe.db");
+    // A learnable CSV: the label says whether a + b > 0.
+    const auto write = [&](int rows, int seed) {
+        std::string text = "a,b,label\n";
+        for (int i = 0; i < rows; ++i) {
+            const double a = ((i * 37 + seed) % 100) / 50.0 - 1.0,
+                         b = ((i * 61 + 3 * seed) % 100) / 50.0 - 1.0;
+            text += std::to_string(a) + "," + std::to_string(b) + "," + (a + b > 0 ? "yes" : "no") + "\n";
+        }
+        lathe::test::writeFile(dir.file("src/points.csv"), text);
+    };
+    std::filesystem::create_directories(dir.file("src"));
+    write(150, 1);
+    auto r = runShell(lathectl("data add points " + dir.file("src/points.csv") + " --json" + db));
+    INFO(r.err);
+    REQUIRE(r.exitCode == 0);
+    const auto v1 = json::parse(r.out);
+    CHECK(v1.at("version") == 1);
+    CHECK(v1.at("kind") == "csv");
+    CHECK(v1.at("root_hash").get<std::string>().size() == 64);
+    CHECK(v1.at("created") == true);
+
+    r = runShell(lathectl("train --data dataset:points --epochs 2 --hidden 8 --json" + db));
+    INFO(r.err);
+    REQUIRE(r.exitCode == 0);
+    CHECK(json::parse(r.out).at("status") == "completed");
+    r = runShell(lathectl("runs show 1 --json" + db));
+    CHECK(json::parse(r.out).at("params").at("data") == "dataset:points:1");
+    REQUIRE(runShell(lathectl("models register pts --run 1" + db)).exitCode == 0);
+    r = runShell(lathectl("lineage pts --json" + db));
+    INFO(r.err);
+    REQUIRE(r.exitCode == 0);
+    auto lineage = json::parse(r.out);
+    CHECK(lineage.at("run") == 1);
+    CHECK(lineage.at("data_version").at("root_hash") == v1.at("root_hash"));
+    r = runShell(lathectl("lineage --data points:1 --json" + db));
+    REQUIRE(r.exitCode == 0);
+    lineage = json::parse(r.out);
+    REQUIRE(lineage.at("models").size() == 1);
+    CHECK(lineage.at("models")[0].at("model") == "pts");
+
+    // The file changes: training on "the data set" is refused with the file named, exit 2; the
+    // pinned version still trains (from the store); a new version is taken; diff and rollback.
+    write(160, 2);
+    r = runShell(lathectl("train --data dataset:points --epochs 1 --hidden 8" + db));
+    CHECK(r.exitCode == 2);
+    CHECK_THAT(r.err, Catch::Contains("changed points.csv") && Catch::Contains("lathectl data add points"));
+    CHECK(runShell(lathectl("train --data dataset:points:1 --epochs 1 --hidden 8 -q" + db)).exitCode == 0);
+    r = runShell(lathectl("data add points " + dir.file("src/points.csv") + " -m more --json" + db));
+    REQUIRE(r.exitCode == 0);
+    CHECK(json::parse(r.out).at("version") == 2);
+    r = runShell(lathectl("data diff points:1 points:2 --json" + db));
+    CHECK(json::parse(r.out).at("changed") == json::array({"points.csv"}));
+    r = runShell(lathectl("data rollback points" + db));
+    CHECK(r.exitCode == 0);
+    CHECK_THAT(r.out, Catch::Contains("v1 is current again"));
+    r = runShell(lathectl("data list --json" + db));
+    CHECK(json::parse(r.out)[0].at("version") == 1);
+    r = runShell(lathectl("data checkout points:1 " + dir.file("co") + db));
+    REQUIRE(r.exitCode == 0);
+    r = runShell(lathectl("data add again " + dir.file("co/points.csv") + " --json" + db));
+    CHECK(json::parse(r.out).at("root_hash") == v1.at("root_hash"));  // round trip: the same id
+    r = runShell(lathectl("data verify points:2" + db));
+    CHECK(r.exitCode == 0);
+    CHECK_THAT(r.out, Catch::Contains("all 1 stored files check out"));
+
+    // Bad input: exit 2, one clear line.
+    r = runShell(lathectl("data show nosuch" + db));
+    CHECK(r.exitCode == 2);
+    CHECK_THAT(r.err, Catch::Contains("no data set 'nosuch'") && Catch::Contains("points"));
+    r = runShell(lathectl("data add x " + dir.file("nowhere") + db));
+    CHECK(r.exitCode == 2);
+    CHECK_THAT(r.err, Catch::Contains("no such file"));
+    r = runShell(lathectl("train --data dataset:points:0" + db));
+    CHECK(r.exitCode == 2);
+    CHECK_THAT(r.err, Catch::Contains("number >= 1"));
 }

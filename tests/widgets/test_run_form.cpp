@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include <QCheckBox>
+#include <QComboBox>
 #include <QGroupBox>
 #include <QLineEdit>
 #include <QPushButton>
@@ -395,4 +396,28 @@ TEST_CASE("RunTarget names its placement like lathectl train --hosts", "[widgets
     CHECK_FALSE(t.isLocal());
     CHECK(t.totalSlots() == 3);
     CHECK(t.placement() == "gpu-a:2,gpu-b:1");
+}
+
+TEST_CASE("RunForm offers the workspace's versioned data sets and checks a dataset: reference",
+          "[widgets][form][data-versions]") {
+    RunForm form;
+    auto* combo = qobject_cast<QComboBox*>(form.fieldWidget("data"));
+    REQUIRE(combo != nullptr);
+    const int builtIn = combo->count();
+    form.setDataSets({"pets", "points"});
+    REQUIRE(combo->count() == builtIn + 2);
+    CHECK(combo->itemText(builtIn) == "dataset:pets");
+    combo->setCurrentIndex(builtIn + 1);
+    CHECK(form.fieldText("data") == "dataset:points");
+    CHECK(form.isValid());
+    // Offered again (another workspace): the old ones go, what is typed stays.
+    form.setDataSets({"cats"});
+    CHECK(combo->count() == builtIn + 1);
+    CHECK(combo->itemText(builtIn) == "dataset:cats");
+    CHECK(form.fieldText("data") == "dataset:points");
+    combo->setEditText("dataset:points:0");
+    CHECK_FALSE(form.isValid());
+    CHECK(form.fieldError("data").contains("number >= 1"));
+    combo->setEditText("dataset:points:2");
+    CHECK(form.isValid());
 }

@@ -11,6 +11,7 @@
 #include <QPushButton>
 #include <QRadioButton>
 #include <QRegularExpression>
+#include <QSignalBlocker>
 #include <QSpinBox>
 #include <QToolButton>
 #include <QVBoxLayout>
@@ -531,6 +532,18 @@ void RunForm::buildTarget(QVBoxLayout* outer) {
     connect(m_masterAddr, &QLineEdit::textChanged, this, &RunForm::revalidate);
     rebuildHostRows();
     updateTarget();
+}
+
+void RunForm::setDataSets(const QStringList& names) {
+    const auto it = m_index.find(QStringLiteral("data"));
+    if (it == m_index.end() || !m_fields[it->second].combo) return;
+    QComboBox* combo = m_fields[it->second].combo;
+    const QString text = combo->currentText();
+    const QSignalBlocker block(combo);
+    for (int i = combo->count() - 1; i >= 0; --i)
+        if (combo->itemText(i).startsWith(QStringLiteral("dataset:"))) combo->removeItem(i);
+    for (const auto& n : names) combo->addItem(QStringLiteral("dataset:") + n);
+    combo->setEditText(text);
 }
 
 void RunForm::setHosts(const std::vector<core::HostRecord>& hosts) {

@@ -7,6 +7,7 @@
 #include <chrono>
 
 #include "data/raw.h"
+#include "lathe/core/data_versions.h"
 #include "lathe/core/run_spec.h"
 #include "lathe/core/store.h"
 
@@ -35,11 +36,13 @@ EvalData evaluationData(const Registry&, const Store* store, const ModelVersion&
             throw ConfigError(
                 "model " + what + " has no run in this workspace to take its data from" +
                 (parent.data.empty() ? std::string() : " (it was trained on " + parent.data + ")") +
-                ": give the data set to measure it on with --data NAME (digits, csv:PATH, idx:DIR)");
+                ": give the data set to measure it on with --data NAME (digits, csv:PATH, idx:DIR, "
+                "dataset:NAME[:V])");
         spec = parseRunSpec(run->config, "run " + std::to_string(parent.runId) + " config", false);
     }
     if (seed > 0) spec.seed = seed;
-    auto split = data::loadSplit(spec);
+    // A versioned data set (dataset:NAME:V, as runs record it) is read where its files are.
+    auto split = data::loadSplit(store ? bindDataSet(spec, store->path()).used : spec);
     auto& val = split.val;
     if (val.size() == 0)
         throw ConfigError("data set " + spec.data + " has an empty validation split: nothing to measure " +

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "data/raw.h"
+#include "lathe/core/data_versions.h"
 #include "lathe/core/error.h"
 #include "lathe/core/record.h"
 #include "lathe/core/store.h"
@@ -366,7 +367,7 @@ CompressResult torch_impl::pruneModel(Registry& registry, Store& store, const Mo
     // Training samples for the taylor scores, as the network takes them.
     torch::Tensor tx, ty;
     if (options.importance == "taylor") {
-        auto split = data::loadSplit(spec);
+        auto split = data::loadSplit(bindDataSet(spec, store.path()).used);
         std::vector<int64_t> s{split.train.size()};
         s.insert(s.end(), split.train.shape.begin(), split.train.shape.end());
         tx = torch::from_blob(split.train.x.data(), s, torch::kFloat).clone();

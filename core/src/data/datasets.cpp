@@ -173,9 +173,13 @@ SplitSet loadSplit(const RunSpec& spec) {
             return sp;
         }
         all = std::move(pair.train);
+    } else if (name.rfind("dataset:", 0) == 0) {
+        // Resolved against a workspace first (bindDataSet): here it would be read from nowhere.
+        throw ConfigError("data set " + name +
+                          " is a versioned data set of a workspace: train it with --db WORKSPACE");
     } else {
         throw DataError("unknown data set '" + name +
-                        "' (use digits, synthetic:spirals, csv:PATH or idx:DIR)");
+                        "' (use digits, synthetic:spirals, csv:PATH, idx:DIR or dataset:NAME[:V])");
     }
     const auto n = static_cast<size_t>(all.size());
     if (n < 2)

@@ -4,6 +4,7 @@
 // torch.jit.load opens anywhere, with the weights as parameters and Lathe's metadata as an
 // extra file.
 #include "lathe/core/model_artifact.h"
+#include "lathe/core/data_versions.h"
 
 #include <torch/script.h>
 #include <torch/torch.h>
@@ -303,7 +304,8 @@ ArtifactInfo torch_impl::exportRunModel(const Store& store, int64_t runId, const
                             ") has no checkpoint to export; train with checkpoints (the default, "
                             "--checkpoint-every 1) or resume it to completion");
     const RunSpec spec = parseRunSpec(run->config, "run " + std::to_string(runId) + " config");
-    const auto split = data::loadSplit(spec);
+    const auto split =
+        data::loadSplit(bindDataSet(spec, store.path()).used);  // dataset:NAME:V where its files are
     const auto classes = static_cast<int64_t>(split.train.classNames.size());
     auto model = makeModel(spec, split.train.shape, classes);
     loadModelWeights(checkpoint, *model);

@@ -8,9 +8,12 @@
 #include <thread>
 
 #include "lathe/core/checkpoint.h"
+#include "lathe/core/data_versions.h"
 #include "lathe/core/error.h"
 #include "lathe/core/launcher.h"
 #include "lathe/core/record.h"
+
+#include "lathe/core/data_versions.h"
 #include "lathe/core/store.h"
 #include "lathe/core/trainer.h"
 #include "workspace/file_lock.h"
@@ -147,9 +150,13 @@ void lockRun(std::optional<FileLock>& lock, const Store& store, int64_t runId) {
 
 }  // namespace
 
-RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOptions& options,
+RecordedRun trainAndRecord(Store& store, const RunSpec& given, const RecordOptions& options,
                            const EventSink& observer) {
-    checkRunnable(spec);  // a spec this machine cannot run is a usage error, not a failed run
+    checkRunnable(given);  // a spec this machine cannot run is a usage error, not a failed run
+    // data = "dataset:NAME[:V]": the run records the exact version (`spec`) and trains on where
+    // its files are (`bound.used`); a data set whose folder changed is refused here, before a run.
+    const BoundData bound = bindDataSet(given, store.path(), options.verifyData);
+    const RunSpec& spec = bound.recorded;
     RecordedRun rec;
     TrainOptions topts;
     int64_t resumeStep = -1;
@@ -235,6 +242,10 @@ RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOption
         lockRun(lock, store, rec.runId);
         store.setRunStatus(rec.runId, RunStatus::Running);
     }
+    if (bound.version) {
+        DataSets(store.path()).recordRunData(rec.runId, bound.version->id);
+        store.appendLog(rec.runId, nowSeconds(), "info", "data: " + bound.note);
+    }
     topts.checkpointDir = store.artifactDir(rec.runId);
     topts.owner = {store.workspaceId(), rec.runId};
     if (options.onRunCreated) options.onRunCreated(rec.runId);
@@ -264,9 +275,9 @@ RecordedRun trainAndRecord(Store& store, const RunSpec& spec, const RecordOption
     };
     try {
         if (spec.nproc > 1)
-            rec.result = trainInWorkers(store, rec.runId, spec, topts, options, sink);
+            rec.result = trainInWorkers(store, rec.runId, bound.used, topts, options, sink);
         else
-            rec.result = train(spec, topts, sink);
+            rec.result = train(bound.used, topts, sink);
     } catch (const Error& ex) {
         if (resumeStep >= 0) {
             // The resume never started (model or data do not fit the checkpoint): keep the

@@ -236,6 +236,43 @@ CREATE TABLE rollout_decisions(
   actor TEXT NOT NULL);
 CREATE INDEX rollout_decisions_by_rollout ON rollout_decisions(rollout_id, id);
 )sql",
+    // 9 -> 10: versioned data sets (`lathectl data`): each version's manifest (path, SHA-256,
+    // size, mtime of every file; the files themselves are in <workspace>-files/data/objects), which
+    // version is current and how it got there, and the version each run trained on (lineage).
+    R"sql(
+CREATE TABLE datasets(
+  id INTEGER PRIMARY KEY,
+  name TEXT NOT NULL UNIQUE,
+  current_version INTEGER NOT NULL DEFAULT 0,
+  created_at REAL NOT NULL);
+CREATE TABLE dataset_versions(
+  id INTEGER PRIMARY KEY,
+  dataset_id INTEGER NOT NULL REFERENCES datasets(id) ON DELETE CASCADE,
+  version INTEGER NOT NULL,
+  root_hash TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  source TEXT NOT NULL,
+  files INTEGER NOT NULL,
+  bytes INTEGER NOT NULL,
+  created_at REAL NOT NULL,
+  message TEXT NOT NULL DEFAULT '',
+  UNIQUE(dataset_id, version));
+CREATE TABLE dataset_files(
+  version_id INTEGER NOT NULL REFERENCES dataset_versions(id) ON DELETE CASCADE,
+  path TEXT NOT NULL,
+  sha256 TEXT NOT NULL,
+  size INTEGER NOT NULL,
+  mtime_ns INTEGER NOT NULL,
+  PRIMARY KEY(version_id, path)) WITHOUT ROWID;
+CREATE INDEX dataset_files_by_hash ON dataset_files(sha256);
+CREATE TABLE dataset_history(
+  id INTEGER PRIMARY KEY,
+  dataset_id INTEGER NOT NULL REFERENCES datasets(id) ON DELETE CASCADE,
+  t REAL NOT NULL,
+  version INTEGER NOT NULL,
+  action TEXT NOT NULL);
+ALTER TABLE runs ADD COLUMN data_version_id INTEGER;
+)sql",
 };
 constexpr int kLatestSchema = static_cast<int>(sizeof(kMigrations) / sizeof(kMigrations[0]));
 static_assert(kLatestSchema == Store::kSchemaVersion, "add a migration when bumping the schema version");

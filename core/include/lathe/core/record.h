@@ -34,6 +34,9 @@ struct RecordOptions {
     std::function<LaunchResult(const LaunchOptions&, const EventSink&)> launch;
     /// Where the ranks run, recorded with the run ("gpu-a:2,gpu-b:2"); empty: this machine.
     std::string placement;
+    /// data = "dataset:...": check every file's hash (and the stored copies) before training,
+    /// not only sizes and mtimes.
+    bool verifyData = false;
 };
 
 /// Creates (or resumes) a run in the store, trains, records every event, and sets the final

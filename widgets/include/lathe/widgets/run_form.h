@@ -56,6 +56,10 @@ public:
     /// All messages currently shown under the form.
     QString errorText() const;
 
+    /// The workspace's versioned data sets (lathectl data), offered in the data field as
+    /// "dataset:NAME" after the built-in sources; the text typed stays as it is.
+    void setDataSets(const QStringList& names);
+
     // ---- Target ----------------------------------------------------------------------
     /// The workspace's hosts, offered under Target → Hosts in this order (rank order). Slots
     /// chosen for hosts that are still there are kept (capped at their slots).
