@@ -15,6 +15,8 @@ core=(
   libsimdjson-dev                            # the inference server's request parser
   libonnx-dev libgraphviz-dev                # model graphs: ONNX files, layout and SVG/PNG (libgvc)
   graphviz                                   # the dot program: the layout benchmark's baseline
+  libturbojpeg0-dev libpng-dev                # image-folder data sets: JPEG (libjpeg-turbo) and PNG decoding
+  python3-pil                                # reference images for the image tests (PIL's decoder and resize)
   catch2 openssh-server openssh-client       # tests; sshd is started on loopback by the remote tests
   python3-torch                              # PyTorch baseline of the trainer benchmark
   python3-torchvision python3-onnx           # real architectures (no weights) for the model-graph tests

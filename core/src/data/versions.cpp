@@ -19,8 +19,6 @@
 #include <random>
 #include <thread>
 
-#include <openssl/evp.h>
-
 #include "lathe/core/error.h"
 #include "lathe/core/events.h"
 #include "lathe/core/registry.h"
@@ -58,33 +56,6 @@ bool hidden(const fs::path& p) {
     const auto n = p.filename().string();
     return !n.empty() && n[0] == '.';
 }
-
-// A streaming SHA-256 (OpenSSL's EVP: its SHA-NI/AVX2 code where the CPU has them).
-class Sha256 {
-public:
-    Sha256() : m_ctx(EVP_MD_CTX_new(), &EVP_MD_CTX_free) {
-        if (!m_ctx || EVP_DigestInit_ex(m_ctx.get(), EVP_sha256(), nullptr) != 1)
-            throw Error("SHA-256 init failed");
-    }
-    void update(const void* p, size_t n) {
-        if (EVP_DigestUpdate(m_ctx.get(), p, n) != 1) throw Error("SHA-256 update failed");
-    }
-    std::string hex() {
-        unsigned char md[EVP_MAX_MD_SIZE];
-        unsigned int len = 0;
-        if (EVP_DigestFinal_ex(m_ctx.get(), md, &len) != 1) throw Error("SHA-256 final failed");
-        static const char* digits = "0123456789abcdef";
-        std::string out(2 * len, '0');
-        for (unsigned i = 0; i < len; ++i) {
-            out[2 * i] = digits[md[i] >> 4];
-            out[2 * i + 1] = digits[md[i] & 15];
-        }
-        return out;
-    }
-
-private:
-    std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> m_ctx;
-};
 
 struct Fd {
     int fd = -1;
