@@ -358,24 +358,39 @@ struct DataSets::Impl {
 
     template <class F>
     auto write(F&& f) {
-        exec(db, "BEGIN IMMEDIATE");
-        try {
-            if constexpr (std::is_void_v<decltype(f())>) {
-                f();
-                exec(db, "COMMIT");
-            } else {
-                auto r = f();
-                exec(db, "COMMIT");
-                return r;
-            }
-        } catch (...) {
-            sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
-            throw;
-        }
+        return writeTransaction(db, std::forward<F>(f));
     }
 
     std::string objectPath(const std::string& sha) const {
         return (fs::path(dataDir) / "objects" / sha.substr(0, 2) / sha.substr(2)).string();
+    }
+
+    // Writes version `v`'s files (`list`) under `dir` from the store: hard links to the read-only
+    // objects (`link`; a copy across file systems) or writable copies, each copy checked against
+    // its hash.
+    void writeTree(const DataVersion& v, const std::vector<DataFile>& list, const fs::path& dir,
+                   bool link) const {
+        const auto fail = [&](const DataFile& f, const std::string& what, const std::string& object) {
+            return Error(v.ref() + ": the stored copy of " + f.path + " is " + what + " (" + object +
+                         "); `lathectl data verify " + v.ref() + "` lists every file affected");
+        };
+        parallelFor(list.size(), 0, [&](size_t i, std::vector<char>& buf) {
+            const auto& f = list[i];
+            checkRelative(f.path);
+            const auto object = objectPath(f.sha256);
+            if (!fs::exists(object)) throw fail(f, "missing", object);
+            const auto to = dir / f.path;
+            fs::create_directories(to.parent_path());
+            if (link) {
+                std::error_code ec;
+                fs::create_hard_link(object, to, ec);  // the object is read-only: so is the link
+                if (!ec) return;
+            }
+            if (copyHashed(object, to.string(), buf, link ? 0444 : 0644) != f.sha256) {
+                ::unlink(to.c_str());
+                throw fail(f, "corrupt", object);
+            }
+        });
     }
 
     std::vector<DataVersion> query(const std::string& where, const std::function<void(Stmt&)>& bind) const {
@@ -400,12 +415,7 @@ DataSets::DataSets(const std::string& workspacePath) : d(std::make_unique<Impl>(
         d->path = store.path();
     }
     d->dataDir = (fs::path(Store::filesDirFor(d->path)) / "data").string();
-    if (sqlite3_open_v2(d->path.c_str(), &d->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, nullptr) !=
-        SQLITE_OK)
-        throw StoreError("cannot open workspace " + d->path + ": " +
-                         (d->db ? sqlite3_errmsg(d->db) : "out of memory"));
-    sqlite3_busy_timeout(d->db, 10000);
-    exec(d->db, "PRAGMA foreign_keys=ON");
+    d->db = openWorkspaceConnection(d->path);
 }
 
 DataSets::~DataSets() = default;
@@ -602,22 +612,7 @@ void DataSets::checkout(const DataVersion& v, const std::string& dir) const {
         throw ConfigError(dir + " exists and is not an empty folder; check out into a new one");
     fs::create_directories(dir, ec);
     if (ec) throw ConfigError("cannot create " + dir + ": " + ec.message());
-    const auto list = files(v);
-    parallelFor(list.size(), 0, [&](size_t i, std::vector<char>& buf) {
-        const auto& f = list[i];
-        checkRelative(f.path);
-        const auto object = d->objectPath(f.sha256);
-        if (!fs::exists(object))
-            throw Error(v.ref() + ": the stored copy of " + f.path + " is missing (" + object +
-                        "); `lathectl data verify " + v.ref() + "` lists every file affected");
-        const auto to = fs::path(dir) / f.path;
-        fs::create_directories(to.parent_path());
-        if (copyHashed(object, to.string(), buf, 0644) != f.sha256) {
-            ::unlink(to.c_str());
-            throw Error(v.ref() + ": the stored copy of " + f.path + " is corrupt (" + object +
-                        "); `lathectl data verify " + v.ref() + "` lists every file affected");
-        }
-    });
+    d->writeTree(v, files(v), dir, false);
 }
 
 DataVersion DataSets::rollback(const std::string& name) {
@@ -716,22 +711,7 @@ std::string DataSets::materialize(const DataVersion& v) const {
     fs::create_directories(tmp, ec);
     if (ec) throw Error("cannot create " + tmp.string() + ": " + ec.message());
     try {
-        const auto list = files(v);
-        parallelFor(list.size(), 0, [&](size_t i, std::vector<char>& buf) {
-            const auto& f = list[i];
-            checkRelative(f.path);
-            const auto object = d->objectPath(f.sha256);
-            if (!fs::exists(object))
-                throw Error(v.ref() + ": the stored copy of " + f.path +
-                            " is missing; `lathectl data verify " + v.ref() + "` lists every file affected");
-            const auto to = tmp / f.path;
-            fs::create_directories(to.parent_path());
-            std::error_code linkError;
-            fs::create_hard_link(object, to, linkError);  // the object is read-only: so is the link
-            if (linkError && copyHashed(object, to.string(), buf, 0444) != f.sha256)
-                throw Error(v.ref() + ": the stored copy of " + f.path +
-                            " is corrupt; `lathectl data verify " + v.ref() + "` lists every file affected");
-        });
+        d->writeTree(v, files(v), tmp, true);
         Fd done{::open((tmp / ".lathe-complete").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0444)};
         fs::rename(tmp, final, ec);
         if (ec) {  // another process made it meanwhile: theirs is as good

@@ -107,24 +107,10 @@ struct Registry::Impl {
         if (db) sqlite3_close_v2(db);
     }
 
-    // A short write transaction; IMMEDIATE takes the write lock up front so two processes adding
-    // versions of one model cannot both read the same "next version".
+    // Two processes adding versions of one model never read the same "next version".
     template <class F>
     auto write(F&& f) {
-        exec(db, "BEGIN IMMEDIATE");
-        try {
-            if constexpr (std::is_void_v<decltype(f())>) {
-                f();
-                exec(db, "COMMIT");
-            } else {
-                auto r = f();
-                exec(db, "COMMIT");
-                return r;
-            }
-        } catch (...) {
-            sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
-            throw;
-        }
+        return writeTransaction(db, std::forward<F>(f));
     }
 
     int64_t modelId(const std::string& name) const {
@@ -204,12 +190,7 @@ Registry::Registry(const std::string& workspacePath) : d(std::make_unique<Impl>(
         Store store(workspacePath);
         d->path = store.path();
     }
-    if (sqlite3_open_v2(d->path.c_str(), &d->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, nullptr) !=
-        SQLITE_OK)
-        throw StoreError("cannot open workspace " + d->path + ": " +
-                         (d->db ? sqlite3_errmsg(d->db) : "out of memory"));
-    sqlite3_busy_timeout(d->db, 10000);
-    exec(d->db, "PRAGMA foreign_keys=ON");
+    d->db = openWorkspaceConnection(d->path);
 }
 
 Registry::~Registry() = default;

@@ -1,9 +1,11 @@
 #pragma once
-// Small RAII helpers over SQLite's C API shared by the store and the registry (private).
+// Small RAII helpers over SQLite's C API shared by the store, the registry and the data sets
+// (private).
 #include <sqlite3.h>
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "lathe/core/error.h"
 
@@ -67,6 +69,42 @@ inline void exec(sqlite3* db, const char* sql) {
         std::string msg = err ? err : sqlite3_errmsg(db);
         sqlite3_free(err);
         throw StoreError(msg);
+    }
+}
+
+/// A connection of its own to a workspace file that Store has validated and migrated: read-write,
+/// a 10 s busy timeout, foreign keys enforced. Closed by sqlite3_close_v2.
+inline sqlite3* openWorkspaceConnection(const std::string& path) {
+    sqlite3* db = nullptr;
+    if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, nullptr) !=
+        SQLITE_OK) {
+        const std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
+        sqlite3_close_v2(db);
+        throw StoreError("cannot open workspace " + path + ": " + msg);
+    }
+    sqlite3_busy_timeout(db, 10000);
+    exec(db, "PRAGMA foreign_keys=ON");
+    return db;
+}
+
+/// Runs f() in a short write transaction and returns what it returns; rolls back and rethrows
+/// when it throws. IMMEDIATE takes the write lock up front, so that two processes numbering the
+/// next version of one thing cannot both read the same number.
+template <class F>
+auto writeTransaction(sqlite3* db, F&& f) {
+    exec(db, "BEGIN IMMEDIATE");
+    try {
+        if constexpr (std::is_void_v<decltype(f())>) {
+            f();
+            exec(db, "COMMIT");
+        } else {
+            auto r = f();
+            exec(db, "COMMIT");
+            return r;
+        }
+    } catch (...) {
+        sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+        throw;
     }
 }
 
