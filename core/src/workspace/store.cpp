@@ -436,7 +436,18 @@ void Store::Impl::open() {
                          "); upgrade Lathe to open it");
     schema = version;
 
-    exec(writeDb, "PRAGMA journal_mode=WAL");
+    // Another process creating or migrating the same new workspace at this moment (a second
+    // lathectl started beside the first) can make the switch to WAL answer "database is locked"
+    // at once, without waiting on the busy handler: try again for as long as the busy timeout.
+    for (const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);;) {
+        const int rc = sqlite3_exec(writeDb, "PRAGMA journal_mode=WAL", nullptr, nullptr, nullptr);
+        if (rc == SQLITE_OK) break;
+        if (((rc & 0xff) != SQLITE_BUSY && (rc & 0xff) != SQLITE_LOCKED) ||
+            std::chrono::steady_clock::now() > deadline)
+            throw StoreError("cannot open workspace " + path +
+                             " (switching it to WAL mode): " + sqlite3_errmsg(writeDb));
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
     exec(writeDb, "PRAGMA synchronous=NORMAL");
     exec(writeDb, "PRAGMA foreign_keys=ON");
     migrate();
