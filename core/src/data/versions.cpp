@@ -572,13 +572,6 @@ DataVersion DataSets::resolve(const DataRef& ref) const {
                         " (it has 1.." + std::to_string(all.back().version) + ")");
 }
 
-std::optional<DataVersion> DataSets::byId(int64_t id) const {
-    std::lock_guard<std::mutex> lk(d->mutex);
-    auto out = d->query("WHERE v.id = ?", [&](Stmt& s) { s.bind(1, id); });
-    if (out.empty()) return std::nullopt;
-    return out.front();
-}
-
 std::vector<DataFile> DataSets::files(const DataVersion& v) const {
     std::lock_guard<std::mutex> lk(d->mutex);
     Stmt s(d->db,

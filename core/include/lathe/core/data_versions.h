@@ -135,7 +135,6 @@ public:
     std::vector<DataVersion> versions(const std::string& name) const;
     /// Throws NotFoundError (naming what exists) for an unknown data set or version.
     DataVersion resolve(const DataRef& ref) const;
-    std::optional<DataVersion> byId(int64_t id) const;
     std::vector<DataFile> files(const DataVersion& v) const;
     DataDiff diff(const DataVersion& from, const DataVersion& to) const;
     /// Writes version `v`'s files under `dir` (which must not exist or be empty), byte for byte
