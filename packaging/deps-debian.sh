@@ -16,6 +16,7 @@ core=(
   libonnx-dev libgraphviz-dev                # model graphs: ONNX files, layout and SVG/PNG (libgvc)
   graphviz                                   # the dot program: the layout benchmark's baseline
   libturbojpeg0-dev libpng-dev                # image-folder data sets: JPEG (libjpeg-turbo) and PNG decoding
+  libhiredis-dev redis-server                 # the data pipeline's Redis sample cache (redis-server: its tests)
   python3-pil                                # reference images for the image tests (PIL's decoder and resize)
   catch2 openssh-server openssh-client       # tests; sshd is started on loopback by the remote tests
   python3-torch                              # PyTorch baseline of the trainer benchmark

@@ -52,6 +52,13 @@ int main(int argc, char** argv) {
         QStringLiteral("Page to show on start: its tab's title (Runs, Models, Hosts, Graph)."),
         QStringLiteral("NAME"));
     parser.addOption(pageOption);
+    QCommandLineOption viewOption(
+        QStringLiteral("view"),
+        QStringLiteral(
+            "Run view to show on start: its tab's title (Curves, Loss scale, Profile, Communication, "
+            "Data, Log, Graph)."),
+        QStringLiteral("NAME"));
+    parser.addOption(viewOption);
     parser.addOption(screenshotOption);
     parser.addOption(quitAfterOption);
     parser.addPositionalArgument(
@@ -109,6 +116,17 @@ int main(int argc, char** argv) {
                 found = true;
             }
         if (!found) std::fprintf(stderr, "lathe: no page named %s\n", qPrintable(want));
+    }
+    if (parser.isSet(viewOption)) {
+        const QString want = parser.value(viewOption);
+        bool found = false;
+        for (int i = 0; i < window.viewTabs()->count(); ++i)
+            if (window.viewTabs()->tabText(i).remove(QLatin1Char('&')).compare(want, Qt::CaseInsensitive) ==
+                0) {
+                window.viewTabs()->setCurrentIndex(i);
+                found = true;
+            }
+        if (!found) std::fprintf(stderr, "lathe: no run view named %s\n", qPrintable(want));
     }
 
     // A model given: its graph, on the Graph page (read and laid out on a worker thread).

@@ -37,6 +37,7 @@
 #include "lathe/widgets/comm_view.h"
 #include "lathe/widgets/compress_dialog.h"
 #include "lathe/widgets/dashboard.h"
+#include "lathe/widgets/data_view.h"
 #include "lathe/widgets/graph_view.h"
 #include "lathe/widgets/host_list_model.h"
 #include "lathe/widgets/hosts_view.h"
@@ -109,6 +110,7 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
     addRunView(new widgets::LossScaleView, QStringLiteral("lossScaleView"));
     addRunView(new widgets::ProfileView, QStringLiteral("profileView"));
     addRunView(new widgets::CommView, QStringLiteral("commView"));
+    addRunView(new widgets::DataView, QStringLiteral("dataView"));
     addRunView(new widgets::LogView, QStringLiteral("logView"));
     addRunView(new widgets::RunGraphView, QStringLiteral("runGraphView"));
 

@@ -51,7 +51,7 @@ public:
     widgets::RunForm* runForm() const { return m_form; }
     widgets::Dashboard* dashboard() const { return m_dashboard; }
     /// The per-run views, one tab each in this order: Curves, Loss scale, Profile, Communication,
-    /// Log.
+    /// Data, Log, Graph.
     const std::vector<widgets::RunView*>& runViews() const { return m_runViews; }
     /// The per-run view of class View (runView<widgets::CommView>()), or null.
     template <class View>

@@ -17,6 +17,7 @@ struct DataState {
     std::string name, path, kind, message, ref, other, dir;
     int threads = 0;
     bool full = false;
+    int perClass = 50, side = 64;  // data example
 };
 
 std::unique_ptr<core::DataSets> openDataSets(const CommonOptions& opts) {
@@ -337,6 +338,16 @@ void runLineage(const DataState& st, bool data) {
     for (const auto& d : deployments) std::printf("        -> %s\n", d.c_str());
 }
 
+void runExample(const DataState& st) {
+    const auto n = core::writeExampleImages(st.dir, st.perClass, st.side);
+    std::printf(
+        "%lld images of %dx%d (10 classes, JPEG and PNG) written to %s\n"
+        "train on them:  lathectl train --data images:%s --model cnn --resize %d --crop %d --random-crop "
+        "true\n",
+        static_cast<long long>(n), st.side, st.side, st.dir.c_str(), st.dir.c_str(), st.side,
+        st.side * 7 / 8);
+}
+
 }  // namespace
 
 void registerData(CLI::App& app, int& exitCode) {
@@ -375,6 +386,15 @@ void registerData(CLI::App& app, int& exitCode) {
     d->add_option("B", diff->other, "NAME:V")->required();
     addCommonOptions(d, diff->common);
     d->callback([diff] { runDiff(*diff); });
+
+    auto ex = std::make_shared<DataState>();
+    auto* e = data->add_subcommand(
+        "example",
+        "write an example image folder (the built-in digits as JPEG and PNG files, a folder per class)");
+    e->add_option("DIR", ex->dir, "a folder that does not exist or is empty")->required();
+    e->add_option("--per-class", ex->perClass, "images of each digit, 1..170")->capture_default_str();
+    e->add_option("--side", ex->side, "width and height in pixels, 8..4096")->capture_default_str();
+    e->callback([ex] { runExample(*ex); });
 
     auto co = std::make_shared<DataState>();
     auto* c =

@@ -31,6 +31,8 @@ struct WorkerState {
     std::string checkpointDir;
     std::string resume;
     std::string owner;  // WORKSPACE_ID:RUN, written into the checkpoints
+    std::string dataCache;
+    std::string dataVersion;
     bool lifeline = false;
     int lifelineGraceSec = 10;
     int lifelineTimeoutSec = 30;
@@ -111,6 +113,8 @@ int runWorker(const WorkerState& st) {
         st.checkpointDir.empty() ? std::string() : std::filesystem::absolute(st.checkpointDir).string();
     opts.resumeFrom = st.resume;
     if (!st.owner.empty()) opts.owner = parseOwner(st.owner);
+    opts.dataCacheDir = st.dataCache;
+    opts.dataVersion = st.dataVersion;
     auto& stop = installStopHandler();
     opts.stop = &stop;
     if (st.lifeline) watchLifeline(stop, st.lifelineGraceSec, st.lifelineTimeoutSec);
@@ -185,6 +189,13 @@ void registerWorker(CLI::App& app, int& exitCode) {
         cmd->add_option("--resume", st->resume, "continue from this checkpoint file");
         cmd->add_option("--owner", st->owner,
                         "WORKSPACE_ID:RUN written into checkpoints (set by lathectl train)");
+        cmd->add_option(
+            "--data-cache", st->dataCache,
+            "the data pipeline's disk cache folder (set by lathectl train; default ~/.cache/lathe/data)");
+        cmd->add_option(
+            "--data-version", st->dataVersion,
+            "root hash of the data set version trained on, which keys the sample caches (set by lathectl "
+            "train)");
         cmd->add_flag("--lifeline", st->lifeline,
                       "stop when stdin ends (set by the SSH launcher: a lost launcher stops the rank)");
         cmd->add_option("--lifeline-grace", st->lifelineGraceSec,

@@ -11,6 +11,8 @@
 #include <functional>
 #include <sstream>
 
+#include "data/cache.h"
+#include "data/pipeline.h"
 #include "lathe/core/error.h"
 
 namespace lathe::core {
@@ -84,13 +86,14 @@ std::string checkData(const std::string& text) {
     if (text == "digits" || text == "synthetic:spirals") return text;
     auto hasPrefix = [&](const char* p) { return text.rfind(p, 0) == 0; };
     if ((hasPrefix("csv:") || hasPrefix("idx:")) && text.size() > 4) return text;
+    if (hasPrefix("images:") && text.size() > 7) return text;
     if (hasPrefix("dataset:")) {
         parseDataRef(text.substr(8));  // ConfigError saying what is wrong with NAME[:V]
         return text;
     }
     throw ConfigError(
-        "`data` must be digits, synthetic:spirals, csv:PATH, idx:DIR or dataset:NAME[:V] (got '" + text +
-        "')");
+        "`data` must be digits, synthetic:spirals, csv:PATH, idx:DIR, images:DIR or dataset:NAME[:V] (got '" +
+        text + "')");
 }
 
 std::vector<int64_t> parseIntList(const std::string& key, const std::string& text, int64_t lo = 1,
@@ -181,13 +184,14 @@ const std::vector<KeyDef>& keyDefs() {
                  return out;
              },
              [](RunSpec& s, const std::string& v) { s.hidden = parseIntList("hidden", v); }});
-        d.push_back({{"data",
-                      "string",
-                      "data set: digits, synthetic:spirals, csv:PATH, idx:DIR or dataset:NAME[:V] (a "
-                      "versioned data set, lathectl data)",
-                      {}},
-                     [](const RunSpec& s) { return s.data; },
-                     [](RunSpec& s, const std::string& v) { s.data = checkData(v); }});
+        d.push_back(
+            {{"data",
+              "string",
+              "data set: digits, synthetic:spirals, csv:PATH, idx:DIR, images:DIR (a folder per class) "
+              "or dataset:NAME[:V] (a versioned data set, lathectl data)",
+              {}},
+             [](const RunSpec& s) { return s.data; },
+             [](RunSpec& s, const std::string& v) { s.data = checkData(v); }});
         integer("embedding_rows", "embed: rows of the hashed (feature, value bin) table, 16..16777216",
                 &RunSpec::embeddingRows, 16, 16777216);
         str("label_column", "csv data: name of the label column", &RunSpec::labelColumn, false);
@@ -327,6 +331,54 @@ const std::vector<KeyDef>& keyDefs() {
                 &RunSpec::stochasticRounding);
         integer("profile_repeat", "profiler: cycles, 0..100000000 (0 = until the run ends)",
                 &RunSpec::profileRepeat, 0, 100000000);
+        integer("loader_workers",
+                "data loader threads preparing batches, 0..256 (0 = in the training thread); batches are "
+                "the same whatever the number",
+                &RunSpec::loaderWorkers, 0, 256);
+        integer("prefetch", "batches the loader prepares ahead of the step, 1..1024", &RunSpec::prefetch, 1,
+                1024);
+        integer("cache_memory_mb",
+                "images: in-memory cache of decoded, resized samples in MB, 0..1048576 (0 = off)",
+                &RunSpec::cacheMemoryMb, 0, 1 << 20);
+        real("cache_disk_gb",
+             "images: disk cache of decoded, resized samples in GB under the workspace's cache folder, "
+             "0..100000 "
+             "(0 = off)",
+             &RunSpec::cacheDiskGb, 0, false, 100000, false);
+        d.push_back(
+            {{"cache_redis",
+              "string",
+              "images: Redis cache shared by every worker and host, redis://HOST:PORT[/DB] (empty = off)",
+              {}},
+             [](const RunSpec& s) { return s.cacheRedis; },
+             [](RunSpec& s, const std::string& v) {
+                 if (!v.empty()) data::parseRedisUrl(v);  // ConfigError saying what is wrong
+                 s.cacheRedis = v;
+             }});
+        integer("cache_redis_ttl", "images: seconds a Redis cache entry lives, 1..31536000",
+                &RunSpec::cacheRedisTtl, 1, 31536000);
+        integer("resize", "images: resize so the shorter side is N pixels, 0..8192 (0 = as stored)",
+                &RunSpec::resize, 0, 8192);
+        integer("crop", "images: square crop of N pixels, 0..8192 (0 = none: every image must have one size)",
+                &RunSpec::crop, 0, 8192);
+        boolean("random_crop", "images: training crops at random places (validation: the centre)",
+                &RunSpec::randomCrop);
+        boolean("hflip", "images: flip training samples left-right with probability 1/2", &RunSpec::hflip);
+        d.push_back({{"normalize",
+                      "string",
+                      "images: none (pixels / 255), imagenet, or MEAN/STD per channel, e.g. "
+                      "0.5,0.5,0.5/0.25,0.25,0.25",
+                      {}},
+                     [](const RunSpec& s) { return s.normalize; },
+                     [](RunSpec& s, const std::string& v) {
+                         float m[3], sd[3];
+                         data::parseNormalize(v, m, sd);
+                         s.normalize = v;
+                     }});
+        choice("color", "images: rgb or gray", &RunSpec::color, {"rgb", "gray"});
+        choice("bad_samples",
+               "images: an unreadable or corrupt file stops the run (error) or is skipped and counted (skip)",
+               &RunSpec::badSamples, {"error", "skip"});
         return d;
     }();
     return defs;
@@ -459,6 +511,10 @@ std::vector<std::string> validate(const RunSpec& spec) {
             spec.model + "\")");
     if (spec.model == "embed" && spec.qat)
         problems.push_back("`qat` quantizes Linear and Conv2d layers of the mlp and cnn models, not embed");
+    if (spec.randomCrop && spec.crop == 0) problems.push_back("`random_crop` needs a `crop` size");
+    if (spec.resize > 0 && spec.crop > spec.resize)
+        problems.push_back("`crop` must be <= `resize` (" + std::to_string(spec.crop) + " > " +
+                           std::to_string(spec.resize) + ")");
     if (spec.minLr > spec.lr)
         problems.push_back("`min_lr` must be <= `lr` (" + fmtDouble(spec.minLr) + " > " + fmtDouble(spec.lr) +
                            ")");

@@ -665,6 +665,7 @@ core::LaunchResult launchChecked(const core::LaunchOptions& base, const RemoteLa
                               shellQuote(runDir + "/config.toml") + " --lifeline --checkpoint-dir " +
                               shellQuote(runDir + "/checkpoints");
             if (!resumeName.empty()) cmd += " --resume " + shellQuote(runDir + "/resume/" + resumeName);
+            if (!base.dataVersion.empty()) cmd += " --data-version " + shellQuote(base.dataVersion);
             if (!base.owner.workspaceId.empty())
                 cmd +=
                     " --owner " + shellQuote(base.owner.workspaceId + ":" + std::to_string(base.owner.runId));

@@ -463,3 +463,56 @@ TEST_CASE("lathectl data versions a folder, trains on it and shows the lineage t
     CHECK(r.exitCode == 2);
     CHECK_THAT(r.err, Catch::Contains("number >= 1"));
 }
+
+TEST_CASE("an image data set: versioned, trained on through the loader and its caches, on 1 and 2 ranks",
+          "[cli][data-pipeline]") {
+    TempDir dir;
+    const auto db = " --db " + dir.file("ws/lathe.db");
+    auto r = runShell(lathectl("data example " + dir.file("img") + " --per-class 12 --side 40"));
+    INFO(r.err);
+    REQUIRE(r.exitCode == 0);
+    CHECK_THAT(r.out, Catch::Contains("120 images of 40x40"));
+    r = runShell(lathectl("data add digits-img " + dir.file("img") + " --json" + db));
+    REQUIRE(r.exitCode == 0);
+    CHECK(json::parse(r.out).at("kind") == "images");
+
+    const std::string steps =
+        " --model cnn --resize 40 --crop 32 --random-crop true --hflip true --batch 16 --json";
+    r = runShell(lathectl("train --data dataset:digits-img --epochs 2 --cache-disk-gb 0.1" + steps + db));
+    INFO(r.err);
+    REQUIRE(r.exitCode == 0);
+    auto j = json::parse(r.out);
+    CHECK(j.at("status") == "completed");
+    CHECK(j.at("data/hit_memory").get<double>() == 1.0);  // the second epoch: every sample cached
+    CHECK(j.contains("data/wait_ms"));
+    CHECK(j.at("data/samples_per_s").get<double>() > 0);
+    std::size_t entries = 0;
+    for (const auto& e :
+         std::filesystem::recursive_directory_iterator(dir.file("ws/lathe.db-files/cache/data/samples")))
+        entries += e.is_regular_file() ? 1 : 0;
+    CHECK(entries == 120);  // every image (training and validation), decoded and resized
+    // Another run (another process) starts warm from the workspace's disk cache.
+    r = runShell(lathectl("train --data dataset:digits-img --epochs 1 --cache-disk-gb 0.1" + steps + db));
+    REQUIRE(r.exitCode == 0);
+    CHECK(json::parse(r.out).at("data/hit_disk").get<double>() == 1.0);
+    // Two ranks, each its shard, through their own loaders.
+    r = runShell(lathectl("train --data dataset:digits-img --epochs 1 --nproc 2" + steps + db));
+    INFO(r.err);
+    REQUIRE(r.exitCode == 0);
+    CHECK(json::parse(r.out).at("status") == "completed");
+    r = runShell(lathectl("runs show 3 --json" + db));
+    CHECK(json::parse(r.out).at("params").at("data") == "dataset:digits-img:1");
+
+    // An unreadable image: the run fails naming it, or (bad_samples = skip) skips and counts it.
+    std::filesystem::copy(dir.file("img"), dir.file("bad"), std::filesystem::copy_options::recursive);
+    lathe::test::writeFile(dir.file("bad/4/zz-broken.jpg"), std::string("\xff\xd8\xff\xe0 truncated", 14));
+    r = runShell(
+        lathectl("train --data images:" + dir.file("bad") + " --epochs 1 --val-split 0.01" + steps + db));
+    CHECK(r.exitCode != 0);
+    CHECK_THAT(r.out + r.err, Catch::Contains("zz-broken.jpg"));
+    r = runShell(lathectl("train --data images:" + dir.file("bad") +
+                          " --epochs 1 --val-split 0.01 --bad-samples skip" + steps + db));
+    INFO(r.err);
+    REQUIRE(r.exitCode == 0);
+    CHECK(json::parse(r.out).at("data/skipped").get<double>() == 1.0);
+}

@@ -12,6 +12,7 @@
 
 #include "lathe/core/model_artifact.h"
 #include "lathe/core/store.h"
+#include "lathe/widgets/data_view.h"
 #include "lathe/widgets/graph_view.h"
 #include "lathe/widgets/loss_scale_view.h"
 #include "lathe/widgets/model_list_model.h"
@@ -54,13 +55,15 @@ TEST_CASE("End to end: a bf16 run with injected overflows and the profiler, seen
     window->show();
     auto* form = window->runForm();
     auto* tabs = window->viewTabs();
-    REQUIRE(tabs->count() == 6);
+    REQUIRE(tabs->count() == 7);
     CHECK(tabs->tabText(0) == "Curves");
     CHECK(tabs->tabText(1) == "Loss scale");
     CHECK(tabs->tabText(2) == "Profile");
     CHECK(tabs->tabText(3) == "Communication");
-    CHECK(tabs->tabText(4) == "Log");
-    CHECK(tabs->tabText(5) == "Graph");
+    CHECK(tabs->tabText(4) == "Data");
+    CHECK(tabs->tabText(5) == "Log");
+    CHECK(tabs->tabText(6) == "Graph");
+    CHECK(tabs->widget(4) == window->runView<lathe::widgets::DataView>());
 
     form->setFieldText("name", "amp-profile");
     form->setFieldText("epochs", "2");

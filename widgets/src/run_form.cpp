@@ -51,6 +51,16 @@ const char* const kDistributedKeys[] = {
     "nproc",     "backend",  "strategy",       "ranks_per_host", "ps_ranks",
     "bucket_mb", "compress", "error_feedback", "compress_chunk", "stochastic_rounding"};
 
+// The data pipeline: loader, image steps, caches (core/src/data/README.md).
+const char* const kDataKeys[] = {"loader_workers", "prefetch",        "resize",        "crop",
+                                 "random_crop",    "hflip",           "normalize",     "color",
+                                 "bad_samples",    "cache_memory_mb", "cache_disk_gb", "cache_redis",
+                                 "cache_redis_ttl"};
+
+bool isDataKey(const std::string& key) {
+    return std::any_of(std::begin(kDataKeys), std::end(kDataKeys), [&](const char* k) { return key == k; });
+}
+
 bool isQuantizerKey(const std::string& key) {
     return key == "error_feedback" || key == "compress_chunk" || key == "stochastic_rounding";
 }
@@ -147,6 +157,33 @@ RunForm::RunForm(QWidget* parent) : QWidget(parent) {
     else
         distributedBox->hide();
 
+    // The data pipeline's keys, folded like Advanced: most runs keep the defaults.
+    auto* dataToggle = new QToolButton(this);
+    dataToggle->setObjectName(QStringLiteral("dataToggle"));
+    dataToggle->setText(tr("Data pipeline"));
+    dataToggle->setToolTip(tr("Loader threads, image steps (images:DIR data) and the sample caches"));
+    dataToggle->setCheckable(true);
+    dataToggle->setToolButtonStyle(Qt::ToolButtonTextBesideIcon);
+    dataToggle->setArrowType(Qt::RightArrow);
+    dataToggle->setAutoRaise(true);
+    auto* dataFields = new QWidget(this);
+    dataFields->setObjectName(QStringLiteral("dataGroup"));
+    auto* dataLayout = new QFormLayout(dataFields);
+    dataLayout->setContentsMargins(0, 0, 0, 0);
+    dataLayout->setFieldGrowthPolicy(QFormLayout::AllNonFixedFieldsGrow);
+    for (const char* name : kDataKeys) {
+        auto it =
+            std::find_if(keys.begin(), keys.end(), [&](const core::SpecKey& k) { return k.name == name; });
+        if (it != keys.end()) addField(dataLayout, *it, defaults);
+    }
+    dataFields->setVisible(false);
+    connect(dataToggle, &QToolButton::toggled, this, [dataToggle, dataFields](bool on) {
+        dataToggle->setArrowType(on ? Qt::DownArrow : Qt::RightArrow);
+        dataFields->setVisible(on);
+    });
+    outer->addWidget(dataToggle);
+    outer->addWidget(dataFields);
+
     // Advanced keys: everything else the spec table knows, so a new core key shows up here
     // without a GUI change.
     auto* toggle = new QToolButton(this);
@@ -160,7 +197,7 @@ RunForm::RunForm(QWidget* parent) : QWidget(parent) {
     advancedLayout->setContentsMargins(0, 0, 0, 0);
     advancedLayout->setFieldGrowthPolicy(QFormLayout::AllNonFixedFieldsGrow);
     for (const auto& k : keys)
-        if (!isPrimary(k.name) && !isPrecisionKey(k.name) && !isDistributedKey(k.name))
+        if (!isPrimary(k.name) && !isPrecisionKey(k.name) && !isDistributedKey(k.name) && !isDataKey(k.name))
             addField(advancedLayout, k, defaults);
     advanced->setVisible(false);
     connect(toggle, &QToolButton::toggled, this, [toggle, advanced](bool on) {

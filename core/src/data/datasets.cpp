@@ -99,6 +99,7 @@ std::string findResource(const std::string& relative) {
 #include <algorithm>
 #include <numeric>
 
+#include "data/pipeline.h"
 #include "lathe/core/datasets.h"
 #include "lathe/core/run_spec.h"
 
@@ -109,14 +110,14 @@ int64_t sampleSize(const RawSet& s) {
     return std::accumulate(s.shape.begin(), s.shape.end(), int64_t{1}, std::multiplies<int64_t>());
 }
 
-RawSet take(const RawSet& s, const std::vector<int64_t>& idx, size_t from, size_t to) {
+RawSet take(const RawSet& s, const std::vector<int64_t>& idx) {
     RawSet out;
     out.shape = s.shape;
     out.classNames = s.classNames;
     const int64_t d = sampleSize(s);
-    out.x.reserve((to - from) * static_cast<size_t>(d));
-    for (size_t i = from; i < to; ++i) {
-        const auto j = static_cast<size_t>(idx[i]);
+    out.x.reserve(idx.size() * static_cast<size_t>(d));
+    for (const auto i : idx) {
+        const auto j = static_cast<size_t>(i);
         out.x.insert(out.x.end(), s.x.begin() + j * d, s.x.begin() + (j + 1) * d);
         out.y.push_back(s.y[j]);
     }
@@ -173,25 +174,29 @@ SplitSet loadSplit(const RunSpec& spec) {
             return sp;
         }
         all = std::move(pair.train);
+    } else if (name.rfind("images:", 0) == 0) {
+        // Read whole, as validation sees them (resize, centre crop, normalise): for evaluation
+        // and export; training streams them through the loader instead (openSources).
+        RunSpec plain = spec;
+        plain.cacheMemoryMb = 0;
+        plain.cacheDiskGb = 0;
+        plain.cacheRedis.clear();
+        const auto sources = openSources(plain, {});
+        return SplitSet{readAll(*sources.train), readAll(*sources.val)};
     } else if (name.rfind("dataset:", 0) == 0) {
         // Resolved against a workspace first (bindDataSet): here it would be read from nowhere.
         throw ConfigError("data set " + name +
                           " is a versioned data set of a workspace: train it with --db WORKSPACE");
     } else {
-        throw DataError("unknown data set '" + name +
-                        "' (use digits, synthetic:spirals, csv:PATH, idx:DIR or dataset:NAME[:V])");
+        throw DataError(
+            "unknown data set '" + name +
+            "' (use digits, synthetic:spirals, csv:PATH, idx:DIR, images:DIR or dataset:NAME[:V])");
     }
     const auto n = static_cast<size_t>(all.size());
     if (n < 2)
         throw DataError("data set " + name + " has " + std::to_string(n) + " samples; at least 2 are needed");
-    std::vector<int64_t> idx(n);
-    std::iota(idx.begin(), idx.end(), 0);
-    // A fixed generator, not LibTorch's: the split must not change with the LibTorch version.
-    std::mt19937_64 rng(static_cast<uint64_t>(spec.seed) ^ 0x9E3779B97F4A7C15ull);
-    std::shuffle(idx.begin(), idx.end(), rng);
-    size_t nVal = static_cast<size_t>(std::llround(spec.valSplit * static_cast<double>(n)));
-    nVal = std::clamp<size_t>(nVal, 1, n - 1);
-    SplitSet sp{take(all, idx, nVal, n), take(all, idx, 0, nVal)};
+    const auto split = splitIndices(all.size(), spec);
+    SplitSet sp{take(all, split.train), take(all, split.val)};
     if (name.rfind("csv:", 0) == 0) standardise(sp);
     return sp;
 }

@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 
+#include "data/raw.h"
 #include "lathe/core/error.h"
 
 namespace lathe::core::data {
@@ -30,12 +32,20 @@ void checkSize(int w, int h, const std::string& what) {
 }
 
 Image decodeJpeg(const uint8_t* data, size_t size, const std::string& what, int channels) {
-    std::unique_ptr<void, int (*)(tjhandle)> tj(tjInitDecompress(), &tjDestroy);
+    // One decompressor per thread, kept: starting one costs more than decoding a small image.
+    // After an error its state is not trusted: the next image gets a fresh one.
+    thread_local std::unique_ptr<void, int (*)(tjhandle)> tj(nullptr, &tjDestroy);
+    if (!tj) tj.reset(tjInitDecompress());
     if (!tj) throw DataError(what + ": cannot start the JPEG decoder");
+    const auto failed = [&](const char* how) {
+        DataError e(what + how + tjGetErrorStr2(tj.get()) + ")");
+        tj.reset();
+        return e;
+    };
     int w = 0, h = 0, subsamp = 0, colorspace = 0;
     if (tjDecompressHeader3(tj.get(), data, static_cast<unsigned long>(size), &w, &h, &subsamp,
                             &colorspace) != 0)
-        throw DataError(what + ": not a readable JPEG (" + tjGetErrorStr2(tj.get()) + ")");
+        throw failed(": not a readable JPEG (");
     checkSize(w, h, what);
     Image img;
     img.width = w;
@@ -47,7 +57,7 @@ Image decodeJpeg(const uint8_t* data, size_t size, const std::string& what, int 
     const int flags = TJFLAG_ACCURATEDCT | TJFLAG_STOPONWARNING;
     if (tjDecompress2(tj.get(), data, static_cast<unsigned long>(size), img.pixels.data(), w, 0, h,
                       channels == 1 ? TJPF_GRAY : TJPF_RGB, flags) != 0)
-        throw DataError(what + ": corrupt JPEG (" + tjGetErrorStr2(tj.get()) + ")");
+        throw failed(": corrupt JPEG (");
     return img;
 }
 
@@ -276,6 +286,84 @@ void toFloatCHW(const Image& img, const float* mean, const float* std, float* ou
         const uint8_t* src = img.pixels.data() + ch;
         for (size_t i = 0; i < plane; ++i) dst[i] = static_cast<float>(src[i * img.channels]) * scale - shift;
     }
+}
+
+std::string encodeJpeg(const Image& img, int quality) {
+    std::unique_ptr<void, int (*)(tjhandle)> tj(tjInitCompress(), &tjDestroy);
+    if (!tj) throw DataError("cannot start the JPEG encoder");
+    unsigned char* out = nullptr;
+    unsigned long size = 0;
+    const int rc = tjCompress2(tj.get(), img.pixels.data(), img.width, 0, img.height,
+                               img.channels == 1 ? TJPF_GRAY : TJPF_RGB, &out, &size,
+                               img.channels == 1 ? TJSAMP_GRAY : TJSAMP_420, std::clamp(quality, 1, 100), 0);
+    std::unique_ptr<unsigned char, void (*)(unsigned char*)> owned(out, &tjFree);
+    if (rc != 0) throw DataError(std::string("cannot encode a JPEG: ") + tjGetErrorStr2(tj.get()));
+    return std::string(reinterpret_cast<const char*>(out), size);
+}
+
+std::string encodePng(const Image& img) {
+    png_image png;
+    std::memset(&png, 0, sizeof png);
+    png.version = PNG_IMAGE_VERSION;
+    png.width = static_cast<png_uint_32>(img.width);
+    png.height = static_cast<png_uint_32>(img.height);
+    png.format = img.channels == 1 ? PNG_FORMAT_GRAY : PNG_FORMAT_RGB;
+    png_alloc_size_t size = 0;
+    if (!png_image_write_to_memory(&png, nullptr, &size, 0, img.pixels.data(), 0, nullptr))
+        throw DataError(std::string("cannot encode a PNG: ") + png.message);
+    std::string out(size, '\0');
+    if (!png_image_write_to_memory(&png, out.data(), &size, 0, img.pixels.data(), 0, nullptr))
+        throw DataError(std::string("cannot encode a PNG: ") + png.message);
+    out.resize(size);
+    return out;
+}
+
+std::vector<std::string> writeDigitImages(const std::string& dir, int perClass, int side) {
+    const auto path = findResource("data/digits.csv.gz");
+    const RawSet digits = parseDigits(readFileMaybeGz(path, 64u << 20), path);
+    std::vector<std::string> written;
+    std::vector<int> seen(10, 0);
+    for (int64_t i = 0; i < digits.size(); ++i) {
+        const auto label = static_cast<size_t>(digits.y[static_cast<size_t>(i)]);
+        if (label >= seen.size() || seen[label] >= perClass) continue;
+        const int k = seen[label]++;
+        // 8x8 ink (0..1) on a tinted background, shifted by up to a pixel.
+        Image small;
+        small.width = small.height = 10;
+        small.channels = 3;
+        small.pixels.assign(small.stride() * 10, 0);
+        const uint8_t bg[3] = {static_cast<uint8_t>(20 + (k * 37) % 60),
+                               static_cast<uint8_t>(20 + (k * 53) % 60),
+                               static_cast<uint8_t>(20 + (k * 71) % 60)};
+        const uint8_t ink[3] = {static_cast<uint8_t>(255 - (k * 29) % 80),
+                                static_cast<uint8_t>(200 + (k * 13) % 55),
+                                static_cast<uint8_t>(160 + (k * 41) % 95)};
+        const int dx = k % 3, dy = (k / 3) % 3;
+        for (int y = 0; y < 10; ++y)
+            for (int x = 0; x < 10; ++x) {
+                const int sx = x - dx, sy = y - dy;
+                const float v = (sx >= 0 && sx < 8 && sy >= 0 && sy < 8)
+                                    ? digits.x[static_cast<size_t>(i * 64 + sy * 8 + sx)]
+                                    : 0.0f;
+                for (int c = 0; c < 3; ++c)
+                    small.pixels[static_cast<size_t>((y * 10 + x) * 3 + c)] =
+                        static_cast<uint8_t>(std::lround(bg[c] + v * (ink[c] - bg[c])));
+            }
+        const Image img = resizeImage(small, side, side);
+        const bool png = k % 2 == 1;
+        const std::string classDir = dir + "/" + std::to_string(label);
+        std::error_code ec;
+        std::filesystem::create_directories(classDir, ec);
+        char name[32];
+        std::snprintf(name, sizeof name, "%05d.%s", k, png ? "png" : "jpg");
+        const std::string file = classDir + "/" + name;
+        const std::string bytes = png ? encodePng(img) : encodeJpeg(img, 92);
+        std::ofstream out(file, std::ios::binary | std::ios::trunc);
+        out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+        if (!out) throw DataError("cannot write " + file);
+        written.push_back(file);
+    }
+    return written;
 }
 
 }  // namespace lathe::core::data

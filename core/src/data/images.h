@@ -38,6 +38,15 @@ Image cropImage(const Image& in, int x, int y, int width, int height);
 Image centerCrop(const Image& in, int width, int height);
 void flipHorizontal(Image& img);
 
+/// Encoded as JPEG (quality 1..100, 4:2:0) with TurboJPEG, or as PNG with libpng. Throws DataError.
+std::string encodeJpeg(const Image& img, int quality = 90);
+std::string encodePng(const Image& img);
+
+/// An image folder made from the built-in digits (8x8, 10 classes): `perClass` images of each
+/// digit in dir/0 .. dir/9, scaled to `side` pixels, tinted and shifted per image, every other
+/// one a PNG (the rest JPEG). For tests, benchmarks and the demo. Returns the files written.
+std::vector<std::string> writeDigitImages(const std::string& dir, int perClass, int side);
+
 /// Writes channels x height x width floats: (pixel / 255 - mean[c]) / std[c].
 void toFloatCHW(const Image& img, const float* mean, const float* std, float* out);
 

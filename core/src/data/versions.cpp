@@ -19,6 +19,7 @@
 #include <random>
 #include <thread>
 
+#include "data/images.h"
 #include "lathe/core/error.h"
 #include "lathe/core/events.h"
 #include "lathe/core/registry.h"
@@ -778,6 +779,17 @@ std::vector<LineageModel> DataSets::modelsOf(const std::vector<LineageRun>& runs
 
 // ---- runs ---------------------------------------------------------------------------------
 
+int64_t writeExampleImages(const std::string& dir, int perClass, int side) {
+    if (perClass < 1 || perClass > 170)
+        throw ConfigError("--per-class must be 1..170 (got " + std::to_string(perClass) + ")");
+    if (side < 8 || side > 4096)
+        throw ConfigError("--side must be 8..4096 pixels (got " + std::to_string(side) + ")");
+    std::error_code ec;
+    if (fs::exists(dir, ec) && !fs::is_empty(dir, ec))
+        throw ConfigError(dir + " is not empty: give a new or empty folder");
+    return static_cast<int64_t>(data::writeDigitImages(dir, perClass, side).size());
+}
+
 BoundData bindDataSet(const RunSpec& spec, const std::string& workspacePath, bool verify) {
     BoundData b{spec, spec, std::nullopt, {}};
     if (spec.data.rfind("dataset:", 0) != 0) return b;
@@ -786,11 +798,6 @@ BoundData bindDataSet(const RunSpec& spec, const std::string& workspacePath, boo
     const auto v = sets.resolve(ref);
     b.version = v;
     b.recorded.data = "dataset:" + v.ref();
-    if (v.kind == "images")
-        throw ConfigError(
-            "dataset:" + v.ref() +
-            " is an image folder: image folders can be versioned, but this build's training reads "
-            "only csv and idx data sets");
     if (verify) {
         const auto report = sets.verify(v);
         if (!report.ok())

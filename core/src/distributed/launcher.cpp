@@ -136,6 +136,8 @@ std::vector<std::unique_ptr<RankProcess>> startLocalRanks(const LaunchOptions& o
         if (!options.checkpointDir.empty())
             args.insert(args.end(), {"--checkpoint-dir", options.checkpointDir});
         if (!options.resumeFrom.empty()) args.insert(args.end(), {"--resume", options.resumeFrom});
+        if (!options.dataCacheDir.empty()) args.insert(args.end(), {"--data-cache", options.dataCacheDir});
+        if (!options.dataVersion.empty()) args.insert(args.end(), {"--data-version", options.dataVersion});
         if (!options.owner.workspaceId.empty())
             args.insert(args.end(),
                         {"--owner", options.owner.workspaceId + ":" + std::to_string(options.owner.runId)});

@@ -72,6 +72,8 @@ TrainResult trainInWorkers(Store& store, int64_t runId, const RunSpec& spec, con
     lo.checkpointDir = topts.checkpointDir;
     lo.resumeFrom = topts.resumeFrom;
     lo.owner = topts.owner;
+    lo.dataCacheDir = topts.dataCacheDir;
+    lo.dataVersion = topts.dataVersion;
     lo.stop = options.stop;
     LaunchResult launched;
     if (options.launch) {
@@ -248,6 +250,9 @@ RecordedRun trainAndRecord(Store& store, const RunSpec& given, const RecordOptio
     }
     topts.checkpointDir = store.artifactDir(rec.runId);
     topts.owner = {store.workspaceId(), rec.runId};
+    // The workspace owns its caches (<workspace>-files/cache); a version's root hash keys them.
+    topts.dataCacheDir = store.filesDir() + "/cache/data";
+    if (bound.version) topts.dataVersion = bound.version->rootHash;
     if (options.onRunCreated) options.onRunCreated(rec.runId);
 
     const EventSink sink = [&](const Event& e) {

@@ -52,15 +52,6 @@ torch::Tensor classificationLoss(
         logits, labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(reduction));
 }
 
-Batch toTensors(data::RawSet& raw) {
-    std::vector<int64_t> shape{raw.size()};
-    shape.insert(shape.end(), raw.shape.begin(), raw.shape.end());
-    Batch t;
-    t.x = torch::from_blob(raw.x.data(), shape, torch::kFloat32).clone();
-    t.y = torch::from_blob(raw.y.data(), {raw.size()}, torch::kInt64).clone();
-    return t;
-}
-
 std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const RunSpec& spec,
                                                        const std::vector<torch::Tensor>& params) {
     if (spec.optimizer == "sgd")
@@ -106,27 +97,47 @@ double gradNorm(const std::vector<torch::Tensor>& params) {
 
 struct EvalResult {
     double loss = 0, accuracy = 0;
+    int64_t skipped = 0;  // unreadable samples skipped (bad_samples = "skip")
 };
 
-EvalResult evaluate(torch::nn::Sequential& model, const Batch& data, c10::optional<c10::ScalarType> cast,
+// A batch of the loader as tensors on `device` (through pinned memory on CUDA: see allocator()).
+Batch toBatch(const data::LoadedBatch& loaded, const std::vector<int64_t>& sampleShape,
+              torch::Device device) {
+    const auto& owner =
+        *std::static_pointer_cast<std::pair<torch::Tensor, torch::Tensor>>(loaded.buffer.owner);
+    std::vector<int64_t> shape{loaded.rows};
+    shape.insert(shape.end(), sampleShape.begin(), sampleShape.end());
+    Batch b;
+    const bool async = device.is_cuda();
+    b.x = owner.first.narrow(0, 0, loaded.rows).view(shape).to(device, async);
+    b.y = owner.second.narrow(0, 0, loaded.rows).to(device, async);
+    return b;
+}
+
+EvalResult evaluate(torch::nn::Sequential& model, data::Loader& loader,
+                    const std::vector<int64_t>& sampleShape, c10::optional<c10::ScalarType> cast,
                     torch::Device device) {
     torch::NoGradGuard noGrad;
     std::optional<AutocastGuard> autocast;
     if (cast) autocast.emplace(device.type(), *cast);
     model->eval();
     double lossSum = 0;
-    int64_t correct = 0;
-    const int64_t n = data.y.size(0);
-    for (int64_t i = 0; i < n; i += 1024) {
-        const int64_t end = std::min(n, i + 1024);
-        auto xb = data.x.slice(0, i, end);
-        auto yb = data.y.slice(0, i, end);
-        auto out = model->forward(xb).to(torch::kFloat);
-        lossSum += classificationLoss(out, yb, torch::kSum).item<double>();
-        correct += out.argmax(1).eq(yb).sum().item<int64_t>();
+    int64_t correct = 0, n = 0, skipped = 0;
+    std::vector<int64_t> order(static_cast<size_t>(loader.source().size()));
+    std::iota(order.begin(), order.end(), 0);
+    loader.start(std::move(order), 1024, data::SampleMode::Eval, 0, 0);
+    data::LoadedBatch loaded;
+    while (loader.next(loaded)) {
+        const auto batch = toBatch(loaded, sampleShape, device);
+        auto out = model->forward(batch.x).to(torch::kFloat);
+        lossSum += classificationLoss(out, batch.y, torch::kSum).item<double>();
+        correct += out.argmax(1).eq(batch.y).sum().item<int64_t>();
+        n += loaded.rows;
+        skipped += loaded.tally.skipped;
     }
     model->train();
-    return {lossSum / static_cast<double>(n), static_cast<double>(correct) / static_cast<double>(n)};
+    return {lossSum / static_cast<double>(std::max<int64_t>(n, 1)),
+            static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(n, 1)), skipped};
 }
 
 std::string fmt(double v, int prec = 4) {
@@ -145,6 +156,9 @@ struct TrainingLoop::EpochTally {
     int64_t correct = 0, seen = 0, steps = 0, skipped = 0;
     double stepSeconds = 0;
     size_t activationBytes = 0;  // sampled on the epoch's first step (CPU)
+    data::SampleTally data;      // the loader's cache lookups and hits this epoch
+    int64_t dataSamples = 0;
+    double dataBusySeconds = 0;
 };
 
 TrainingLoop::TrainingLoop(const RunSpec& spec, const TrainOptions& options, EventSink sink)
@@ -191,7 +205,11 @@ TrainResult TrainingLoop::run() {
         if (m_profiler) m_profiler->beginStep(0);  // detach during validation
         if (tally.steps == 0) break;               // stopped before this epoch did anything
         phaseDone(TrainingPhase::Epoch);
-        evaluation(e, tally);
+        try {
+            evaluation(e, tally);
+        } catch (const DataError& err) {
+            return fail(err.what());  // an unreadable validation image (bad_samples = "error")
+        }
         if (!m_stopped) {
             m_epochsDone = e + 1;
             const bool lastEpoch = e + 1 == m_spec.epochs;
@@ -231,18 +249,38 @@ void TrainingLoop::setUp() {
         m_world = m_options.dist.worldSize;
     }
 
-    auto split = data::loadSplit(m_spec);
-    m_sampleShape = split.train.shape;
-    if (!split.mean.empty()) {
-        m_inputMean = torch::tensor(split.mean).to(m_device);
-        m_inputStd = torch::tensor(split.stddev).to(m_device);
+    data::SourceOptions sourceOptions;
+    sourceOptions.cacheDir = m_options.dataCacheDir;
+    sourceOptions.dataVersion = m_options.dataVersion;
+    sourceOptions.warn = [this](const std::string&, const std::string& message) {
+        std::lock_guard lock(m_warnMu);
+        m_warnings.push_back(message);
+    };
+    auto sources = data::openSources(m_spec, sourceOptions);
+    m_trainSource = std::move(sources.train);
+    m_valSource = std::move(sources.val);
+    m_sampleShape = m_trainSource->shape();
+    if (!sources.mean.empty()) {
+        m_inputMean = torch::tensor(sources.mean).to(m_device);
+        m_inputStd = torch::tensor(sources.stddev).to(m_device);
     }
-    m_numClasses = static_cast<int64_t>(split.train.classNames.size());
-    m_train = toTensors(split.train);
-    m_val = toTensors(split.val);
-    split = {};
-    m_train = {m_train.x.to(m_device), m_train.y.to(m_device)};
-    m_val = {m_val.x.to(m_device), m_val.y.to(m_device)};
+    m_numClasses = static_cast<int64_t>(m_trainSource->classNames().size());
+    // Batches are assembled by the loader's threads straight into tensors' memory: pinned on
+    // CUDA, so that the copy to the GPU is asynchronous.
+    const bool pinned = m_device.is_cuda();
+    const data::BatchAllocator allocate = [pinned](int64_t rows, int64_t floats) {
+        auto owner = std::make_shared<std::pair<torch::Tensor, torch::Tensor>>(
+            torch::empty({rows, floats}, torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(pinned)),
+            torch::empty({rows}, torch::TensorOptions().dtype(torch::kInt64).pinned_memory(pinned)));
+        data::BatchBuffer b;
+        b.x = owner->first.data_ptr<float>();
+        b.y = owner->second.data_ptr<int64_t>();
+        b.owner = std::move(owner);
+        return b;
+    };
+    const int workers = static_cast<int>(m_spec.loaderWorkers), prefetch = static_cast<int>(m_spec.prefetch);
+    m_trainLoader = std::make_unique<data::Loader>(m_trainSource, workers, prefetch, allocate);
+    m_valLoader = std::make_unique<data::Loader>(m_valSource, workers, prefetch, allocate);
 
     // Sparse embedding gradients only pay off where the ps exchange sends touched rows alone.
     m_model = makeModel(m_spec, m_sampleShape, m_numClasses,
@@ -273,7 +311,7 @@ void TrainingLoop::setUp() {
     // Like DistributedSampler: the epoch's order padded to a multiple of the world size, and
     // rank r takes every world-th index from r, so the ranks' batches together form the batch
     // a single process would take with batch * world.
-    const int64_t nTrain = m_train.y.size(0);
+    const int64_t nTrain = m_trainSource->size();
     m_perRank = (nTrain + m_world - 1) / m_world;
     m_stepsPerEpoch = (m_perRank + m_spec.batch - 1) / m_spec.batch;
     m_totalSteps = m_stepsPerEpoch * m_spec.epochs;
@@ -350,22 +388,29 @@ void TrainingLoop::announce() {
     running.step = m_step;
     running.value = static_cast<double>(m_totalSteps);
     emit(running);
-    emit(Event::log("info", m_spec.model + " (" + std::to_string(parameterCount(*m_model)) +
-                                " parameters) on " + m_spec.data + ": " + std::to_string(m_train.y.size(0)) +
-                                " training / " + std::to_string(m_val.y.size(0)) + " validation samples, " +
-                                std::to_string(m_numClasses) + " classes, " +
-                                std::to_string(m_stepsPerEpoch) + " steps per epoch; " + m_device.str() +
-                                ", " + m_spec.precision +
-                                (m_scaler->enabled() ? ", loss scale " + fmt(m_scaler->scale(), 8) + " (" +
-                                                           m_scaler->implementation() + ")"
-                                                     : std::string()) +
-                                (m_spec.activationCheckpointing ? ", activation checkpointing" : "")));
+    emit(Event::log("info",
+                    m_spec.model + " (" + std::to_string(parameterCount(*m_model)) + " parameters) on " +
+                        m_spec.data + ": " + std::to_string(m_trainSource->size()) + " training / " +
+                        std::to_string(m_valSource->size()) + " validation samples, " +
+                        std::to_string(m_numClasses) + " classes, " + std::to_string(m_stepsPerEpoch) +
+                        " steps per epoch; " + m_device.str() + ", " + m_spec.precision +
+                        (m_scaler->enabled() ? ", loss scale " + fmt(m_scaler->scale(), 8) + " (" +
+                                                   m_scaler->implementation() + ")"
+                                             : std::string()) +
+                        (m_spec.activationCheckpointing ? ", activation checkpointing" : "")));
+    emit(Event::log("info",
+                    "data: " + m_trainSource->describe() + "; loader: " +
+                        (m_spec.loaderWorkers > 0 ? std::to_string(m_spec.loaderWorkers) + " workers, " +
+                                                        std::to_string(m_spec.prefetch) + " batches ahead"
+                                                  : std::string("in the training thread")) +
+                        (m_device.is_cuda() ? ", pinned memory" : "")));
+    drainWarnings();
 }
 
 // ---- epoch --------------------------------------------------------------------------------
 
 std::vector<int64_t> TrainingLoop::epochOrder(int64_t epoch) const {
-    const int64_t nTrain = m_train.y.size(0);
+    const int64_t nTrain = m_trainSource->size();
     std::vector<int64_t> order(static_cast<size_t>(nTrain));
     std::iota(order.begin(), order.end(), 0);
     std::mt19937_64 rng(static_cast<uint64_t>(m_spec.seed) * 1000003ull + static_cast<uint64_t>(epoch));
@@ -381,13 +426,67 @@ std::vector<int64_t> TrainingLoop::epochOrder(int64_t epoch) const {
 }
 
 void TrainingLoop::epoch(int64_t epoch, EpochTally& tally) {
-    auto order = epochOrder(epoch);
-    const auto perm =
-        torch::from_blob(order.data(), {static_cast<int64_t>(order.size())}, torch::kInt64).to(m_device);
+    m_trainLoader->start(epochOrder(epoch), m_spec.batch, data::SampleMode::Train,
+                         static_cast<uint64_t>(m_spec.seed), epoch);
     for (int64_t b = 0; b < m_stepsPerEpoch; ++b) {
-        const StepEnd end = trainStep(epoch, b, perm, tally);
+        StepEnd end;
+        try {
+            end = trainStep(epoch, b, tally);
+        } catch (const DataError& e) {
+            // An unreadable sample mid-run (bad_samples = "error"): the run fails naming the file.
+            m_failure = e.what();
+            return;
+        }
         if (end == StepEnd::Stop || end == StepEnd::Fail) return;
     }
+}
+
+void TrainingLoop::drainWarnings() {
+    std::vector<std::string> warnings;
+    {
+        std::lock_guard lock(m_warnMu);
+        warnings.swap(m_warnings);
+    }
+    for (auto& w : warnings) emit(Event::log("warn", w));
+}
+
+Batch TrainingLoop::nextBatch(EpochTally& tally) {
+    data::LoadedBatch loaded;
+    double wait = 0;
+    if (!m_trainLoader->next(loaded, &wait)) throw Error("the data loader ended its pass early");
+    drainWarnings();
+    tally.data.add(loaded.tally);
+    tally.dataSamples += loaded.rows;
+    tally.dataBusySeconds += loaded.busySeconds;
+    recordMetric("data/wait_ms", 1000.0 * wait);
+    // What the loader can deliver: samples per second of a worker's time, times the workers.
+    const double workers = std::max(1, m_trainLoader->workers());
+    if (tally.dataBusySeconds > 0)
+        recordMetric("data/samples_per_s",
+                     workers * static_cast<double>(tally.dataSamples) / tally.dataBusySeconds);
+    static const char* const kHitKeys[data::kCacheLevels] = {"data/hit_memory", "data/hit_disk",
+                                                             "data/hit_redis"};
+    for (int l = 0; l < data::kCacheLevels; ++l)
+        if (tally.data.lookups[l] > 0)
+            recordMetric(kHitKeys[l], static_cast<double>(tally.data.hits[l]) /
+                                          static_cast<double>(tally.data.lookups[l]));
+    m_skippedSamples += loaded.tally.skipped;
+    if (m_skippedSamples > 0) recordMetric("data/skipped", static_cast<double>(m_skippedSamples));
+    return toBatch(loaded, m_sampleShape, m_device);
+}
+
+torch::Tensor TrainingLoop::trainSamples(int64_t n) const {
+    n = std::min(n, m_trainSource->size());
+    std::vector<float> x(static_cast<size_t>(n * m_trainSource->sampleFloats()));
+    data::SampleTally tally;
+    int64_t k = 0;
+    for (int64_t i = 0; i < m_trainSource->size() && k < n; ++i)
+        if (m_trainSource->read(i, data::SampleMode::Eval, 0, x.data() + k * m_trainSource->sampleFloats(),
+                                tally))
+            ++k;
+    std::vector<int64_t> shape{k};
+    shape.insert(shape.end(), m_sampleShape.begin(), m_sampleShape.end());
+    return torch::from_blob(x.data(), shape, torch::kFloat32).clone().to(m_device);
 }
 
 // The mean loss over every rank's steps since the last window (all ranks flush at the same steps).
@@ -405,8 +504,7 @@ void TrainingLoop::flushLossWindow(EpochTally& tally, bool lastOfEpoch) {
     tally.windowSteps = 0;
 }
 
-TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, const torch::Tensor& perm,
-                                              EpochTally& tally) {
+TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, EpochTally& tally) {
     bool stopNow = m_options.stop && m_options.stop->load(std::memory_order_relaxed);
     if (m_dist) stopNow = m_dist->any(stopNow);  // all ranks stop at the same step
     if (stopNow) {
@@ -428,10 +526,7 @@ TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, const to
     torch::Tensor out, loss;
     {
         PhaseScope phase(profiler, "data");
-        const int64_t nLocal = perm.size(0);
-        auto idx = perm.slice(0, b * m_spec.batch, std::min(nLocal, (b + 1) * m_spec.batch));
-        batch.x = m_train.x.index_select(0, idx);
-        batch.y = m_train.y.index_select(0, idx);
+        batch = nextBatch(tally);
     }
     m_optimizer->zero_grad();
     if (sampleMemory) memory.emplace();  // after zero_grad, which may free gradients
@@ -573,7 +668,11 @@ void TrainingLoop::evaluation(int64_t epoch, EpochTally& tally) {
     }
     recordMetric("train/accuracy", static_cast<double>(correct) / static_cast<double>(seen));
     if (m_rank == 0 && !m_stopped) {  // the ranks hold identical models: one validation pass is enough
-        const auto val = evaluate(m_model, m_val, m_autocast, m_device);
+        const auto val = evaluate(m_model, *m_valLoader, m_sampleShape, m_autocast, m_device);
+        if (val.skipped > 0) {
+            m_skippedSamples += val.skipped;
+            recordMetric("data/skipped", static_cast<double>(m_skippedSamples));
+        }
         recordMetric("val/loss", val.loss);
         recordMetric("val/accuracy", val.accuracy);
     }

@@ -3,10 +3,11 @@
 // TrainingLoop per run and calls run(); everything a run does happens in one of its named
 // phases, in this order:
 //
-//   setUp        device, data on the device, network, optimizer, loss scaler
+//   setUp        device, the data's sources and loaders, network, optimizer, loss scaler
 //   resume       (with --resume) model, optimizer, scaler state, position from a checkpoint
 //   broadcast    (data parallel) rendezvous, rank 0's parameters to every rank, the reducer
-//   epoch        the steps of one epoch: data, forward, backward, communication, optimizer
+//   epoch        the steps of one epoch: data (the loader's next batch), forward, backward,
+//                communication, optimizer
 //   evaluation   the epoch's metrics and (rank 0) one validation pass
 //   checkpoint   (every `checkpoint_every` epochs and the last) the run's state to disk
 //
@@ -17,9 +18,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "data/loader.h"
 #include "lathe/core/events.h"
 #include "lathe/core/run_spec.h"
 #include "lathe/core/trainer.h"
@@ -91,7 +94,7 @@ public:
     int worldSize() const { return m_world; }
     int64_t numClasses() const { return m_numClasses; }
     /// The first `n` training samples (as the network takes them).
-    torch::Tensor trainSamples(int64_t n) const { return m_train.x.slice(0, 0, n); }
+    torch::Tensor trainSamples(int64_t n) const;
     /// The samples as the data set stores them: undoes the csv standardisation the network's
     /// inputs went through (a teacher artifact standardises raw input itself).
     torch::Tensor rawInput(const torch::Tensor& x) const;
@@ -108,7 +111,10 @@ private:
     void broadcast();
     void announce();
     void epoch(int64_t epoch, EpochTally& tally);
-    StepEnd trainStep(int64_t epoch, int64_t b, const torch::Tensor& order, EpochTally& tally);
+    StepEnd trainStep(int64_t epoch, int64_t b, EpochTally& tally);
+    /// The loader's next batch on the device, and the data/ metrics of the wait for it.
+    Batch nextBatch(EpochTally& tally);
+    void drainWarnings();
     void evaluation(int64_t epoch, EpochTally& tally);
     void checkpoint(int64_t epochsDone);
 
@@ -127,7 +133,12 @@ private:
 
     torch::Device m_device{torch::kCPU};
     c10::optional<c10::ScalarType> m_autocast;
-    Batch m_train, m_val;
+    // Warnings from the loader's threads, emitted by the training thread (declared before the
+    // loaders: their threads are joined before these go).
+    std::mutex m_warnMu;
+    std::vector<std::string> m_warnings;
+    std::shared_ptr<data::SampleSource> m_trainSource, m_valSource;
+    std::unique_ptr<data::Loader> m_trainLoader, m_valLoader;
     std::vector<int64_t> m_sampleShape;
     torch::Tensor m_inputMean, m_inputStd;  // csv standardisation (undefined for other data)
     int64_t m_numClasses = 0;
@@ -146,6 +157,7 @@ private:
     int64_t m_startEpoch = 0, m_epochsDone = 0, m_step = 0;
     int64_t m_stepsPerEpoch = 0, m_totalSteps = 0, m_perRank = 0;
     int64_t m_consecutiveSkips = 0;
+    int64_t m_skippedSamples = 0;  // unreadable samples skipped so far (bad_samples = "skip")
     bool m_stopped = false;
     std::string m_failure;  // set by a step that ends the run
     TrainResult m_result;

@@ -56,6 +56,10 @@ void checkDataSetName(const std::string& name);
 /// files), "idx" (a folder with train-images-idx3-ubyte[.gz] and its labels) or "csv" (a .csv or
 /// .csv.gz file). Throws ConfigError saying what was found instead.
 std::string detectDataKind(const std::string& path);
+/// Writes an example image folder into `dir` (new or empty): the built-in digits drawn at
+/// `side` x `side` pixels, `perClass` (1..170) of each in 0/ .. 9/, JPEG and PNG alternating,
+/// tinted and shifted per image. Returns the number of files. Throws ConfigError or DataError.
+int64_t writeExampleImages(const std::string& dir, int perClass, int side);
 /// Throws ConfigError unless `kind` is one of those, and `path` looks like one.
 void checkDataKind(const std::string& kind, const std::string& path);
 

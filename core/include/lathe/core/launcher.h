@@ -39,7 +39,9 @@ struct LaunchOptions {
     std::string configPath;  // the run's TOML, written by the caller
     std::string checkpointDir;
     std::string resumeFrom;
-    CheckpointOwner owner;  // written into the checkpoints (`lathectl worker --owner`)
+    CheckpointOwner owner;     // written into the checkpoints (`lathectl worker --owner`)
+    std::string dataCacheDir;  // the data pipeline's disk cache (`lathectl worker --data-cache`)
+    std::string dataVersion;   // the data set version's root hash (`--data-version`): cache keys
     const std::atomic<bool>* stop = nullptr;
     int killGraceSec = 10;  // after a rank fails or a stop: SIGTERM, then SIGKILL after this
 };

@@ -16,9 +16,10 @@ struct RunSpec {
     std::string model = "mlp";              // mlp | cnn | embed
     std::vector<int64_t> hidden{128, 128};  // mlp hidden widths (embed: the first is the embedding width)
     int64_t embeddingRows = 16384;          // embed: rows of the hashed feature table
-    std::string data = "digits";            // digits | csv:PATH | idx:DIR | synthetic:spirals
-    std::string labelColumn = "label";      // csv: name of the label column
-    double valSplit = 0.2;                  // share held out for validation (when the set has no own split)
+    std::string data =
+        "digits";  // digits | csv:PATH | idx:DIR | images:DIR | dataset:NAME[:V] | synthetic:spirals
+    std::string labelColumn = "label";  // csv: name of the label column
+    double valSplit = 0.2;              // share held out for validation (when the set has no own split)
     int64_t epochs = 20;
     int64_t batch = 64;
     double lr = 1e-3;
@@ -80,6 +81,21 @@ struct RunSpec {
     std::string errorFeedback = "auto";  // auto (on for int8/int4) | on | off
     int64_t compressChunk = 2048;        // elements per int8/int4 scale
     bool stochasticRounding = false;
+
+    // Data pipeline (core/src/data/README.md): the loader, the sample caches, the image steps.
+    int64_t loaderWorkers = 2;         // threads preparing batches (0: in the training thread)
+    int64_t prefetch = 4;              // batches prepared ahead of the step
+    int64_t cacheMemoryMb = 256;       // level 1: in-memory LRU of prepared samples (0 = off)
+    double cacheDiskGb = 0.0;          // level 2: memory-mapped files in the workspace's cache (0 = off)
+    std::string cacheRedis;            // level 3: redis://HOST:PORT[/DB] (empty = off)
+    int64_t cacheRedisTtl = 86400;     // seconds a Redis entry lives
+    int64_t resize = 0;                // images: shorter side in pixels (0 = as stored)
+    int64_t crop = 0;                  // images: square crop side (0 = none)
+    bool randomCrop = false;           // images: training crops at random places (else the centre)
+    bool hflip = false;                // images: training samples flipped left-right half the time
+    std::string normalize = "none";    // images: none | imagenet | MEAN/STD
+    std::string color = "rgb";         // images: rgb | gray
+    std::string badSamples = "error";  // images: error | skip (unreadable files skipped and counted)
 };
 
 /// The loss-scaling mode a spec resolves to.

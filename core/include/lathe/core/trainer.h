@@ -21,6 +21,8 @@ struct TrainOptions {
     const std::atomic<bool>* stop = nullptr;  // set to request a clean stop after the current step
     DistEnv dist;                             // this process's rank when it is one of several
     CheckpointOwner owner;                    // written into every checkpoint (the recording run's)
+    std::string dataCacheDir;                 // the disk cache's folder (empty: ~/.cache/lathe/data)
+    std::string dataVersion;                  // root hash of the data set version trained on, if any
 };
 
 struct TrainResult {
