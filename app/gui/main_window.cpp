@@ -37,6 +37,7 @@
 #include "lathe/widgets/comm_view.h"
 #include "lathe/widgets/compress_dialog.h"
 #include "lathe/widgets/dashboard.h"
+#include "lathe/widgets/data_sets_view.h"
 #include "lathe/widgets/data_view.h"
 #include "lathe/widgets/graph_view.h"
 #include "lathe/widgets/host_list_model.h"
@@ -149,10 +150,31 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
     });
     m_hosts->setStore(m_store.get());
     offerDataSets();
+    // The workspace's versioned data sets and what was trained on each version; read (on its own
+    // connection, off the GUI thread) when the page is shown.
+    m_dataSets = new widgets::DataSetsView;
+    m_dataSets->setObjectName(QStringLiteral("dataSetsView"));
+    const int dataTab = m_pages->addTab(m_dataSets, tr("Data sets"));
+    m_pages->setTabToolTip(dataTab, tr("Versioned data sets (lathectl data add) and their lineage: the runs "
+                                       "trained on each version, their models and deployments"));
+    m_dataSets->setWorkspace(QString::fromStdString(m_store->path()));
+    connect(m_dataSets, &widgets::DataSetsView::refreshed, this,
+            [this] { m_form->setDataSets(m_dataSets->dataSetNames()); });
+    connect(m_dataSets, &widgets::DataSetsView::runRequested, this, [this](qint64 runId) {
+        m_pages->setCurrentIndex(0);
+        refreshRuns();  // a run trained by lathectl may not be listed yet
+        selectRunsWhenRefreshed({runId});
+    });
+    connect(m_dataSets, &widgets::DataSetsView::modelRequested, this,
+            [this](const QString& model, qint64 version) {
+                m_pages->setCurrentWidget(m_models);
+                m_models->selectModel(model, version);
+            });
     m_graphPage = new widgets::GraphView;
     m_graphPage->setObjectName(QStringLiteral("graphPage"));
-    m_pages->addTab(m_graphPage, tr("Graph"));
-    m_pages->setTabToolTip(3, tr("A model's op graph: File → Open Model… or a registered version's Graph…"));
+    const int graphTab = m_pages->addTab(m_graphPage, tr("Graph"));
+    m_pages->setTabToolTip(graphTab,
+                           tr("A model's op graph: File → Open Model… or a registered version's Graph…"));
     setCentralWidget(m_pages);
 
     m_progress = new QLabel;
@@ -641,6 +663,7 @@ bool MainWindow::openWorkspace(const QString& path) {
     openRegistry();
     m_hosts->setStore(m_store.get());
     offerDataSets();
+    m_dataSets->setWorkspace(QString::fromStdString(m_store->path()));
     updateTitle();
     showNewStore(path);
     return true;

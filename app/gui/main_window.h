@@ -28,6 +28,7 @@ class QTimer;
 namespace lathe::widgets {
 class CompressDialog;
 class Dashboard;
+class DataSetsView;
 class GraphView;
 class HostsView;
 class ModelsView;
@@ -62,11 +63,12 @@ public:
     /// Re-reads the runs list every few seconds (a test stops it to count reads).
     QTimer* refreshTimer() const { return m_refreshTimer; }
     TrainingSession* session() const { return m_session.get(); }
-    /// "Runs" (form, runs table, per-run views), "Models" (registry and deployments) and "Hosts"
-    /// (the workspace's SSH hosts).
+    /// "Runs" (form, runs table, per-run views), "Models" (registry and deployments), "Hosts"
+    /// (the workspace's SSH hosts), "Data sets" (versioned data sets and their lineage) and "Graph".
     QTabWidget* pageTabs() const { return m_pages; }
     widgets::ModelsView* modelsView() const { return m_models; }
     widgets::HostsView* hostsView() const { return m_hosts; }
+    widgets::DataSetsView* dataSetsView() const { return m_dataSets; }
     /// The "Graph" page: a model file (File → Open Model…) or a registered version's graph.
     widgets::GraphView* graphPage() const { return m_graphPage; }
     /// Shows a TorchScript or ONNX file on the Graph page.
@@ -151,6 +153,7 @@ private:
     QTabWidget* m_pages = nullptr;
     widgets::ModelsView* m_models = nullptr;
     widgets::HostsView* m_hosts = nullptr;
+    widgets::DataSetsView* m_dataSets = nullptr;
     widgets::RunForm* m_form = nullptr;
     widgets::Dashboard* m_dashboard = nullptr;  // also in m_runViews; File → Export charts
     std::vector<widgets::RunView*> m_runViews;  // owned by m_tabs

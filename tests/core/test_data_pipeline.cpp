@@ -335,6 +335,12 @@ TEST_CASE("an unreadable image is an error naming the file, or skipped and count
     auto v = runPass(sources.val, 0, 0);
     CHECK(p.tally.skipped + v.tally.skipped == 2);
     CHECK(p.rows + v.rows == 40);
+    // Batches of one: a batch whose only sample is unreadable takes the next readable one.
+    const auto ones = runPass(sources.train, 2, 0, {}, 1);
+    const auto vOnes = runPass(sources.val, 0, 0, {}, 1);
+    CHECK(ones.rows == sources.train->size());
+    CHECK(vOnes.rows == sources.val->size());
+    CHECK(ones.tally.skipped + vOnes.tally.skipped == 2);
 }
 
 TEST_CASE("Redis shared by two sources, and killed mid-pass: a warning once, the same bytes",

@@ -9,6 +9,7 @@
 
 #include "deploy_session.h"
 #include "lathe/core/store.h"
+#include "lathe/widgets/data_sets_view.h"
 #include "lathe/widgets/graph_view.h"
 #include "lathe/widgets/model_list_model.h"
 #include "lathe/widgets/models_view.h"
@@ -44,12 +45,18 @@ TEST_CASE("The window's Models page shows the workspace registry and asks before
     auto window = openWindow(fx);
 
     QTabWidget* pages = window->pageTabs();
-    REQUIRE(pages->count() == 4);
+    REQUIRE(pages->count() == 5);
     CHECK(pages->tabText(0) == "Runs");
     CHECK(pages->tabText(1) == "Models");
     CHECK(pages->tabText(2) == "Hosts");
-    CHECK(pages->tabText(3) == "Graph");
-    CHECK(pages->widget(3) == static_cast<QWidget*>(window->graphPage()));
+    CHECK(pages->tabText(3) == "Data sets");
+    CHECK(pages->widget(3) == static_cast<QWidget*>(window->dataSetsView()));
+    CHECK(pages->tabText(4) == "Graph");
+    CHECK(pages->widget(4) == static_cast<QWidget*>(window->graphPage()));
+    // The Data sets page reads the workspace when shown: this one has none.
+    pages->setCurrentIndex(3);
+    REQUIRE(waitUntil([&] { return window->dataSetsView()->refreshCount() >= 1; }, 10000));
+    CHECK(window->dataSetsView()->isEmptyShown());
     CHECK(pages->widget(1) == window->modelsView());
     REQUIRE(window->registry());
     REQUIRE(window->deploySession());

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <list>
 #include <mutex>
@@ -147,28 +149,8 @@ public:
         std::error_code ec;
         fs::create_directories(m_dir, ec);
         if (ec) throw Error("cannot create the disk cache folder " + dir + ": " + ec.message());
-        // The entries already there (this or an earlier run's, another rank's), oldest first.
-        std::vector<std::pair<int64_t, std::pair<std::string, int64_t>>> found;
-        for (auto it = fs::recursive_directory_iterator(m_dir, ec); !ec && it != fs::end(it);
-             it.increment(ec)) {
-            if (!it->is_regular_file(ec)) continue;
-            const auto name = it->path().filename().string();
-            if (name.find(".tmp") != std::string::npos) {
-                fs::remove(it->path(), ec);  // a writer killed half-way
-                continue;
-            }
-            struct stat st {};
-            if (::stat(it->path().c_str(), &st) != 0) continue;
-            const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-            found.push_back({mtime, {name, static_cast<int64_t>(st.st_size)}});
-        }
-        std::sort(found.begin(), found.end());
-        for (const auto& [mtime, entry] : found) {
-            m_lru.emplace_front(entry.first, entry.second);
-            m_index[entry.first] = m_lru.begin();
-            m_bytes += entry.second;
-        }
         std::lock_guard lock(m_mu);
+        scanLocked();
         evictLocked();
     }
     int index() const override { return kDiskLevel; }
@@ -198,7 +180,7 @@ public:
             }
         }
         ::close(fd);
-        if (!ok) forget(key);
+        if (!ok) erase(key);
         return ok;
     }
 
@@ -226,12 +208,15 @@ public:
         }
         const int err = errno;
         if (fd >= 0) ::close(fd);
-        if (ok) ok = ::rename(tmp.c_str(), path.c_str()) == 0;
-        if (!ok) {
+        if (!ok) {  // cannot write (a full disk, no permission): the level stops taking entries
             ::unlink(tmp.c_str());
             if (!m_failed.exchange(true) && m_warn)
                 m_warn("disk", "cannot write the disk cache under " + m_dir + " (" + std::strerror(err) +
                                    "): continuing without it for new entries");
+            return;
+        }
+        if (::rename(tmp.c_str(), path.c_str()) != 0) {  // this entry is lost, not the level
+            ::unlink(tmp.c_str());
             return;
         }
         std::lock_guard lock(m_mu);
@@ -242,6 +227,12 @@ public:
         m_lru.emplace_front(key, size);
         m_index[key] = m_lru.begin();
         m_bytes += size;
+        // Other processes (ranks, runs) write to the same folder: every so often, and whenever
+        // this process's count says the bound is passed, the folder itself is counted again.
+        if (++m_putsSinceScan >= 4096 || m_bytes > m_capacity) {
+            m_putsSinceScan = 0;
+            scanLocked();
+        }
         evictLocked();
     }
 
@@ -262,8 +253,40 @@ private:
         m_index.erase(it);
     }
 
+    // The index rebuilt from the folder: every entry (this or an earlier run's, another rank's)
+    // by modification time, which every hit refreshes — least recently used last.
+    void scanLocked() {
+        std::vector<std::pair<int64_t, std::pair<std::string, int64_t>>> found;
+        std::error_code ec;
+        for (auto it = fs::recursive_directory_iterator(m_dir, ec); !ec && it != fs::end(it);
+             it.increment(ec)) {
+            if (!it->is_regular_file(ec)) continue;
+            const auto name = it->path().filename().string();
+            struct stat st {};
+            if (::stat(it->path().c_str(), &st) != 0) continue;
+            if (name.find(".tmp") != std::string::npos) {
+                // A writer killed half-way leaves one; another process may be writing it now.
+                if (st.st_mtime + 3600 < ::time(nullptr)) fs::remove(it->path(), ec);
+                continue;
+            }
+            const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+            found.push_back({mtime, {name, static_cast<int64_t>(st.st_size)}});
+        }
+        std::sort(found.begin(), found.end());
+        m_lru.clear();
+        m_index.clear();
+        m_bytes = 0;
+        for (const auto& [mtime, entry] : found) {
+            m_lru.emplace_front(entry.first, entry.second);
+            m_index[entry.first] = m_lru.begin();
+            m_bytes += entry.second;
+        }
+    }
+
+    // Down to 90% of the bound, so that the folder is not counted again on every write.
     void evictLocked() {
-        while (m_bytes > m_capacity && !m_lru.empty()) {
+        if (m_bytes <= m_capacity) return;
+        while (m_bytes > m_capacity - m_capacity / 10 && !m_lru.empty()) {
             const auto& last = m_lru.back();
             ::unlink(pathOf(last.first).c_str());
             m_bytes -= last.second;
@@ -277,6 +300,7 @@ private:
     const CacheWarn m_warn;
     std::atomic<bool> m_failed{false};
     std::mutex m_mu;
+    int64_t m_putsSinceScan = 0;
     std::list<std::pair<std::string, int64_t>> m_lru;  // key, bytes; most recent first
     std::unordered_map<std::string, std::list<std::pair<std::string, int64_t>>::iterator> m_index;
     int64_t m_bytes = 0;
@@ -382,6 +406,7 @@ private:
             auto c = connect(why);
             if (!c) return nullptr;
             m_down.store(false);
+            m_warned.store(false);  // a later outage warns again
             if (m_warn) m_warn("redis", "the Redis cache at " + where() + " is back");
             return c;
         }
@@ -486,6 +511,10 @@ RedisAddress parseRedisUrl(const std::string& url) {
 
 std::unique_ptr<CacheLevel> makeRedisCache(const RedisAddress& address, int64_t ttlSeconds, CacheWarn warn,
                                            double retrySeconds) {
+    // hiredis writes with send(2) without MSG_NOSIGNAL: a server that went away would kill the
+    // process with SIGPIPE instead of failing the write. Ignored unless the program handles it.
+    struct sigaction old {};
+    if (::sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
     return std::make_unique<RedisCache>(address, ttlSeconds, std::move(warn), retrySeconds);
 }
 

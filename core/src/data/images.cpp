@@ -25,10 +25,17 @@ bool isPng(const uint8_t* p, size_t n) {
     return n >= 8 && std::memcmp(p, sig, 8) == 0;
 }
 
+// As PIL's decompression-bomb error (twice its MAX_IMAGE_PIXELS): a small file whose header
+// promises gigabytes of pixels is refused before anything is allocated.
+constexpr int64_t kMaxPixels = 178956970;
+
 void checkSize(int w, int h, const std::string& what) {
     if (w <= 0 || h <= 0 || w > kMaxSide || h > kMaxSide)
         throw DataError(what + ": an image of " + std::to_string(w) + "x" + std::to_string(h) +
                         " pixels is not supported (1..32768 a side)");
+    if (static_cast<int64_t>(w) * h > kMaxPixels)
+        throw DataError(what + ": an image of " + std::to_string(w) + "x" + std::to_string(h) +
+                        " pixels is larger than 178,956,970 pixels (a decompression bomb?)");
 }
 
 Image decodeJpeg(const uint8_t* data, size_t size, const std::string& what, int channels) {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <system_error>
 
 #include "lathe/core/error.h"
 
@@ -25,7 +26,18 @@ BatchBuffer heapBatch(int64_t rows, int64_t floatsPerRow) {
 
 Loader::Loader(std::shared_ptr<SampleSource> source, int workers, int prefetch, BatchAllocator allocate)
     : m_source(std::move(source)), m_prefetch(std::max(1, prefetch)), m_allocate(std::move(allocate)) {
-    for (int i = 0; i < workers; ++i) m_threads.emplace_back([this] { work(); });
+    try {
+        for (int i = 0; i < workers; ++i) m_threads.emplace_back([this] { work(); });
+    } catch (const std::system_error& e) {  // no more threads (a pids limit): stop the started ones
+        {
+            std::lock_guard lock(m_mu);
+            m_stop = true;
+        }
+        m_cv.notify_all();
+        for (auto& t : m_threads) t.join();
+        throw Error("cannot start " + std::to_string(workers) + " data loader threads (" + e.what() +
+                    "): lower `loader_workers`");
+    }
 }
 
 Loader::~Loader() {
@@ -70,9 +82,21 @@ LoadedBatch Loader::prepare(const Pass& pass, int64_t b) {
             continue;  // skipped (bad_samples = "skip"), counted in the tally
         out.buffer.y[k++] = m_source->label(index);
     }
+    // Every sample skipped: the batch takes the next readable samples of the pass instead (in
+    // order, wrapping), so that a step never gets an empty batch.
+    // (Those met on the way are counted as skipped where their own batch reads them.)
+    const auto n = static_cast<int64_t>(pass.order.size());
+    SampleTally borrowed;
+    for (int64_t i = to; k == 0 && i < to + n; ++i) {
+        const int64_t index = pass.order[static_cast<size_t>(i % n)];
+        if (m_source->read(index, pass.mode, sampleSeed(pass.seed, pass.epoch, index), out.buffer.x,
+                           borrowed))
+            out.buffer.y[k++] = m_source->label(index);
+    }
+    borrowed.skipped = 0;
+    out.tally.add(borrowed);
     if (k == 0)
-        throw DataError("every sample of a batch of " + std::to_string(to - from) +
-                        " was unreadable and skipped: the data set is mostly corrupt");
+        throw DataError("no sample of the data set could be read (every one was skipped as unreadable)");
     out.rows = k;
     out.busySeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return out;
@@ -97,7 +121,13 @@ void Loader::work() {
         }
         lock.lock();
         if (generation == m_generation) {
-            m_ready.emplace(b, std::move(r));
+            try {
+                m_ready.emplace(b, std::move(r));
+            } catch (...) {  // no memory for the map node: the batch is the error
+                Result failed;
+                failed.error = std::current_exception();
+                m_ready[b] = std::move(failed);
+            }
             m_cv.notify_all();
         }
     }

@@ -260,8 +260,12 @@ bool ImageFolderSource::read(int64_t index, SampleMode mode, uint64_t augmentSee
                              SampleTally& tally) {
     Image img;
     try {
-        img = prepared(index, tally);
-    } catch (const DataError& e) {
+        try {
+            img = prepared(index, tally);
+        } catch (const std::bad_alloc&) {
+            throw DataError(m_items[static_cast<size_t>(index)].path + ": not enough memory to decode it");
+        }
+    } catch (const DataError&) {
         if (!m_skipBad) throw;
         ++tally.skipped;
         return false;

@@ -458,20 +458,25 @@ Batch TrainingLoop::nextBatch(EpochTally& tally) {
     tally.data.add(loaded.tally);
     tally.dataSamples += loaded.rows;
     tally.dataBusySeconds += loaded.busySeconds;
-    recordMetric("data/wait_ms", 1000.0 * wait);
+    // At the step this batch is for (recordMetric's m_step is still the previous one).
+    const auto record = [&](const std::string& key, double value) {
+        emit(Event::metric(key, m_step + 1, value));
+        m_result.finalMetrics[key] = value;
+    };
+    record("data/wait_ms", 1000.0 * wait);
     // What the loader can deliver: samples per second of a worker's time, times the workers.
     const double workers = std::max(1, m_trainLoader->workers());
     if (tally.dataBusySeconds > 0)
-        recordMetric("data/samples_per_s",
-                     workers * static_cast<double>(tally.dataSamples) / tally.dataBusySeconds);
+        record("data/samples_per_s",
+               workers * static_cast<double>(tally.dataSamples) / tally.dataBusySeconds);
     static const char* const kHitKeys[data::kCacheLevels] = {"data/hit_memory", "data/hit_disk",
                                                              "data/hit_redis"};
     for (int l = 0; l < data::kCacheLevels; ++l)
         if (tally.data.lookups[l] > 0)
-            recordMetric(kHitKeys[l], static_cast<double>(tally.data.hits[l]) /
-                                          static_cast<double>(tally.data.lookups[l]));
+            record(kHitKeys[l],
+                   static_cast<double>(tally.data.hits[l]) / static_cast<double>(tally.data.lookups[l]));
     m_skippedSamples += loaded.tally.skipped;
-    if (m_skippedSamples > 0) recordMetric("data/skipped", static_cast<double>(m_skippedSamples));
+    if (m_skippedSamples > 0) record("data/skipped", static_cast<double>(m_skippedSamples));
     return toBatch(loaded, m_sampleShape, m_device);
 }
 
