@@ -106,28 +106,17 @@ int main(int argc, char** argv) {
         window.selectRunsWhenRefreshed(ids);
     }
 
-    if (parser.isSet(pageOption)) {
-        const QString want = parser.value(pageOption);
-        bool found = false;
-        for (int i = 0; i < window.pageTabs()->count(); ++i)
-            if (window.pageTabs()->tabText(i).remove(QLatin1Char('&')).compare(want, Qt::CaseInsensitive) ==
-                0) {
-                window.pageTabs()->setCurrentIndex(i);
-                found = true;
+    // --page and --view: a tab by its title, '&' shortcuts ignored.
+    const auto selectTab = [](QTabWidget* tabs, const QString& want, const char* what) {
+        for (int i = 0; i < tabs->count(); ++i)
+            if (tabs->tabText(i).remove(QLatin1Char('&')).compare(want, Qt::CaseInsensitive) == 0) {
+                tabs->setCurrentIndex(i);
+                return;
             }
-        if (!found) std::fprintf(stderr, "lathe: no page named %s\n", qPrintable(want));
-    }
-    if (parser.isSet(viewOption)) {
-        const QString want = parser.value(viewOption);
-        bool found = false;
-        for (int i = 0; i < window.viewTabs()->count(); ++i)
-            if (window.viewTabs()->tabText(i).remove(QLatin1Char('&')).compare(want, Qt::CaseInsensitive) ==
-                0) {
-                window.viewTabs()->setCurrentIndex(i);
-                found = true;
-            }
-        if (!found) std::fprintf(stderr, "lathe: no run view named %s\n", qPrintable(want));
-    }
+        std::fprintf(stderr, "lathe: no %s named %s\n", what, qPrintable(want));
+    };
+    if (parser.isSet(pageOption)) selectTab(window.pageTabs(), parser.value(pageOption), "page");
+    if (parser.isSet(viewOption)) selectTab(window.viewTabs(), parser.value(viewOption), "run view");
 
     // A model given: its graph, on the Graph page (read and laid out on a worker thread).
     auto graphPending = std::make_shared<bool>(!parser.positionalArguments().isEmpty());
