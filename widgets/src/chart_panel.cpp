@@ -159,6 +159,37 @@ void ChartPanel::styleLegend() {
     m_plot->legend->setBorderPen(QPen(QColor(0xbb, 0xbb, 0xbb)));
 }
 
+std::vector<QCPAxisRect*> ChartPanel::stackStepRects(const std::vector<double>& stretches) {
+    std::vector<QCPAxisRect*> rects{m_plot->axisRect()};
+    for (size_t i = 1; i < stretches.size(); ++i) {
+        rects.push_back(new QCPAxisRect(m_plot));
+        m_plot->plotLayout()->addElement(static_cast<int>(i), 0, rects.back());
+    }
+    for (size_t i = 0; i < stretches.size(); ++i)
+        m_plot->plotLayout()->setRowStretchFactor(static_cast<int>(i), stretches[i]);
+    m_plot->plotLayout()->setRowSpacing(4);
+    auto* margins = new QCPMarginGroup(m_plot);
+    std::vector<QCPAxis*> steps;
+    for (QCPAxisRect* r : rects) {
+        r->setMarginGroup(QCP::msLeft | QCP::msRight, margins);
+        // Drag and wheel act on the step axis only: the value axes are fitted.
+        r->setRangeDrag(Qt::Horizontal);
+        r->setRangeZoom(Qt::Horizontal);
+        steps.push_back(r->axis(QCPAxis::atBottom));
+        steps.back()->setTickLabels(false);
+    }
+    steps.back()->setTickLabels(true);
+    steps.back()->setLabel(tr("step"));
+    // Linked step axes: a change on any is copied to the others (setRange with an equal range
+    // emits nothing, so this does not loop).
+    for (QCPAxis* from : steps)
+        for (QCPAxis* to : steps)
+            if (from != to)
+                connect(from, qOverload<const QCPRange&>(&QCPAxis::rangeChanged), to,
+                        qOverload<const QCPRange&>(&QCPAxis::setRange));
+    return rects;
+}
+
 QCPItemText* ChartPanel::makeHint(QCPAxisRect* rect, const QColor& color, bool larger) {
     auto* hint = new QCPItemText(m_plot);
     hint->setClipAxisRect(rect);

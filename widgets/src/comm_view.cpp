@@ -93,40 +93,16 @@ CommView::CommView(QWidget* parent)
     m_summary->setObjectName(QStringLiteral("commSummary"));
 
     // Top: communication time per step. Bottom two: overlap share and bytes on the wire.
-    m_msRect = m_plot->axisRect();
-    m_overlapRect = new QCPAxisRect(m_plot);
-    m_bytesRect = new QCPAxisRect(m_plot);
-    m_plot->plotLayout()->addElement(1, 0, m_overlapRect);
-    m_plot->plotLayout()->addElement(2, 0, m_bytesRect);
-    m_plot->plotLayout()->setRowStretchFactor(0, 3);
-    m_plot->plotLayout()->setRowStretchFactor(1, 2);
-    m_plot->plotLayout()->setRowStretchFactor(2, 2);
-    m_plot->plotLayout()->setRowSpacing(4);
-    auto* margins = new QCPMarginGroup(m_plot);
-    QCPAxis* steps[] = {m_msRect->axis(QCPAxis::atBottom), m_overlapRect->axis(QCPAxis::atBottom),
-                        m_bytesRect->axis(QCPAxis::atBottom)};
-    for (QCPAxisRect* r : {m_msRect, m_overlapRect, m_bytesRect}) {
-        r->setMarginGroup(QCP::msLeft | QCP::msRight, margins);
-        // Drag and wheel act on the step axis only: the value axes are fitted.
-        r->setRangeDrag(Qt::Horizontal);
-        r->setRangeZoom(Qt::Horizontal);
-    }
+    const auto rects = stackStepRects({3, 2, 2});
+    m_msRect = rects[0];
+    m_overlapRect = rects[1];
+    m_bytesRect = rects[2];
     // The right axis of every rect is shown so the margins line up with the bytes rect, whose
     // right axis carries the compression ratio.
     m_msRect->axis(QCPAxis::atRight)->setVisible(true);
     m_msRect->axis(QCPAxis::atRight)->setTickLabels(false);
     m_overlapRect->axis(QCPAxis::atRight)->setVisible(true);
     m_overlapRect->axis(QCPAxis::atRight)->setTickLabels(false);
-    steps[0]->setTickLabels(false);
-    steps[1]->setTickLabels(false);
-    steps[2]->setLabel(tr("step"));
-    // Linked step axes: a change on any is copied to the others (setRange with an equal range
-    // emits nothing, so this does not loop).
-    for (QCPAxis* from : steps)
-        for (QCPAxis* to : steps)
-            if (from != to)
-                connect(from, qOverload<const QCPRange&>(&QCPAxis::rangeChanged), to,
-                        qOverload<const QCPRange&>(&QCPAxis::setRange));
 
     m_msRect->axis(QCPAxis::atLeft)->setLabel(tr("comm ms / step"));
     QCPAxis* overlapY = m_overlapRect->axis(QCPAxis::atLeft);

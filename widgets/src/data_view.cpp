@@ -116,34 +116,10 @@ DataView::DataView(QWidget* parent)
     m_summary->setObjectName(QStringLiteral("dataSummary"));
 
     // Top: how long each step waited for its batch. Below: loader throughput, cache hit rates.
-    m_waitRect = m_plot->axisRect();
-    m_rateRect = new QCPAxisRect(m_plot);
-    m_hitRect = new QCPAxisRect(m_plot);
-    m_plot->plotLayout()->addElement(1, 0, m_rateRect);
-    m_plot->plotLayout()->addElement(2, 0, m_hitRect);
-    m_plot->plotLayout()->setRowStretchFactor(0, 3);
-    m_plot->plotLayout()->setRowStretchFactor(1, 2);
-    m_plot->plotLayout()->setRowStretchFactor(2, 2);
-    m_plot->plotLayout()->setRowSpacing(4);
-    auto* margins = new QCPMarginGroup(m_plot);
-    QCPAxis* steps[] = {m_waitRect->axis(QCPAxis::atBottom), m_rateRect->axis(QCPAxis::atBottom),
-                        m_hitRect->axis(QCPAxis::atBottom)};
-    for (QCPAxisRect* r : {m_waitRect, m_rateRect, m_hitRect}) {
-        r->setMarginGroup(QCP::msLeft | QCP::msRight, margins);
-        // Drag and wheel act on the step axis only: the value axes are fitted.
-        r->setRangeDrag(Qt::Horizontal);
-        r->setRangeZoom(Qt::Horizontal);
-    }
-    steps[0]->setTickLabels(false);
-    steps[1]->setTickLabels(false);
-    steps[2]->setLabel(tr("step"));
-    // Linked step axes: a change on any is copied to the others (setRange with an equal range
-    // emits nothing, so this does not loop).
-    for (QCPAxis* from : steps)
-        for (QCPAxis* to : steps)
-            if (from != to)
-                connect(from, qOverload<const QCPRange&>(&QCPAxis::rangeChanged), to,
-                        qOverload<const QCPRange&>(&QCPAxis::setRange));
+    const auto rects = stackStepRects({3, 2, 2});
+    m_waitRect = rects[0];
+    m_rateRect = rects[1];
+    m_hitRect = rects[2];
 
     m_waitRect->axis(QCPAxis::atLeft)->setLabel(tr("batch wait ms"));
     m_rateRect->axis(QCPAxis::atLeft)->setLabel(tr("samples / s"));

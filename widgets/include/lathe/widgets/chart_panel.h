@@ -60,6 +60,11 @@ protected:
                              double radiusPx);
     /// Shows the legend in the views' common style: a smaller font on a translucent white box.
     void styleLegend();
+    /// The plot's first axis rect and new ones below it, one per stretch factor, sharing one step
+    /// axis: left and right margins aligned, drag and wheel on the step axis only (the value axes
+    /// are fitted), step tick labels and the "step" label under the bottom rect alone, and the
+    /// step ranges linked.
+    std::vector<QCPAxisRect*> stackStepRects(const std::vector<double>& stretches);
     /// A grey text centred on `rect` for "nothing to show yet" hints (`larger`: one point up).
     QCPItemText* makeHint(QCPAxisRect* rect, const QColor& color, bool larger);
 
