@@ -21,6 +21,7 @@ core=(
   catch2 openssh-server openssh-client       # tests; sshd is started on loopback by the remote tests
   python3-torch                              # PyTorch baseline of the trainer benchmark
   python3-torchvision python3-onnx           # real architectures (no weights) for the model-graph tests
+  python3-optuna                             # the tuning benchmark's baseline (Optuna's TPE)
   clang libclang-rt-14-dev                   # libFuzzer for the request-parser fuzz test
   clang-format                               # the style test (packaging/check-format.sh)
   wrk nginx-light                            # bench_serving's client and its baseline server

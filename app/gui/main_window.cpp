@@ -51,6 +51,7 @@
 #include "lathe/widgets/run_list_model.h"
 #include "lathe/widgets/run_view.h"
 #include "lathe/widgets/serving_dashboard.h"
+#include "lathe/widgets/studies_view.h"
 #include "training_session.h"
 
 namespace lathe::app {
@@ -169,6 +170,30 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
             [this](const QString& model, qint64 version) {
                 m_pages->setCurrentWidget(m_models);
                 m_models->selectModel(model, version);
+            });
+    // Hyper-parameter studies (lathectl tune); read like the data sets, when the page is shown.
+    // Every trial is a run: trials selected there are selected in the runs table, which puts
+    // their curves side by side on the Curves tab.
+    m_studies = new widgets::StudiesView;
+    m_studies->setObjectName(QStringLiteral("studiesView"));
+    const int studiesTab = m_pages->addTab(m_studies, tr("Studies"));
+    m_pages->setTabToolTip(studiesTab,
+                           tr("Hyper-parameter studies (lathectl tune): their trials, the best so "
+                              "far, parameters and their importance"));
+    m_studies->setWorkspace(QString::fromStdString(m_store->path()));
+    const auto selectTrialRuns = [this](const QList<qint64>& runIds) {
+        refreshRuns();  // trials started by lathectl tune may not be listed yet
+        selectRunsWhenRefreshed(std::vector<int64_t>(runIds.begin(), runIds.end()));
+    };
+    connect(m_studies, &widgets::StudiesView::runsSelected, this,
+            [selectTrialRuns](const QList<qint64>& runIds) {
+                // Nothing selected (another study, or a cleared selection): the runs table keeps its own.
+                if (!runIds.isEmpty()) selectTrialRuns(runIds);
+            });
+    connect(m_studies, &widgets::StudiesView::runsOpened, this,
+            [this, selectTrialRuns](const QList<qint64>& runIds) {
+                m_pages->setCurrentIndex(0);
+                selectTrialRuns(runIds);
             });
     m_graphPage = new widgets::GraphView;
     m_graphPage->setObjectName(QStringLiteral("graphPage"));
@@ -664,6 +689,7 @@ bool MainWindow::openWorkspace(const QString& path) {
     m_hosts->setStore(m_store.get());
     offerDataSets();
     m_dataSets->setWorkspace(QString::fromStdString(m_store->path()));
+    m_studies->setWorkspace(QString::fromStdString(m_store->path()));
     updateTitle();
     showNewStore(path);
     return true;

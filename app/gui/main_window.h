@@ -34,6 +34,7 @@ class HostsView;
 class ModelsView;
 class RunForm;
 class RunListModel;
+class StudiesView;
 }  // namespace lathe::widgets
 
 namespace lathe::app {
@@ -64,11 +65,14 @@ public:
     QTimer* refreshTimer() const { return m_refreshTimer; }
     TrainingSession* session() const { return m_session.get(); }
     /// "Runs" (form, runs table, per-run views), "Models" (registry and deployments), "Hosts"
-    /// (the workspace's SSH hosts), "Data sets" (versioned data sets and their lineage) and "Graph".
+    /// (the workspace's SSH hosts), "Data sets" (versioned data sets and their lineage),
+    /// "Studies" (hyper-parameter studies and their trials) and "Graph".
     QTabWidget* pageTabs() const { return m_pages; }
     widgets::ModelsView* modelsView() const { return m_models; }
     widgets::HostsView* hostsView() const { return m_hosts; }
     widgets::DataSetsView* dataSetsView() const { return m_dataSets; }
+    /// Trials selected there are selected in the runs table (their curves on the Curves tab).
+    widgets::StudiesView* studiesView() const { return m_studies; }
     /// The "Graph" page: a model file (File → Open Model…) or a registered version's graph.
     widgets::GraphView* graphPage() const { return m_graphPage; }
     /// Shows a TorchScript or ONNX file on the Graph page.
@@ -154,6 +158,7 @@ private:
     widgets::ModelsView* m_models = nullptr;
     widgets::HostsView* m_hosts = nullptr;
     widgets::DataSetsView* m_dataSets = nullptr;
+    widgets::StudiesView* m_studies = nullptr;
     widgets::RunForm* m_form = nullptr;
     widgets::Dashboard* m_dashboard = nullptr;  // also in m_runViews; File → Export charts
     std::vector<widgets::RunView*> m_runViews;  // owned by m_tabs

@@ -77,5 +77,9 @@ void registerServe(CLI::App& app, int& exitCode);
 void registerGraph(CLI::App& app, int& exitCode);
 void registerRollout(CLI::App& app, int& exitCode);
 void registerData(CLI::App& app, int& exitCode);
+void registerTune(CLI::App& app, int& exitCode);
+
+/// "a,b,,c" → {"a", "b", "c"}.
+std::vector<std::string> splitList(const std::string& text);
 
 }  // namespace lathe::cli

@@ -3,9 +3,11 @@
 #include <cmath>
 #include <iostream>
 #include <limits>
+#include <optional>
 
 #include "cli_common.h"
 #include "lathe/core/datasets.h"
+#include "lathe/core/studies.h"
 #include "lathe/kernels/info.h"
 
 namespace lathe::cli {
@@ -85,8 +87,23 @@ void showRun(const CommonOptions& opts, int64_t id) {
     const auto finals = store->lastMetrics(id);
     const auto artifacts = store->artifacts(id);
     const auto logs = store->logs(id);
+    // A study's trial: which, and how it ended (a pruned trial's run is merely "stopped").
+    std::optional<core::TrialRecord> trial;
+    std::string studyName;
+    if (const auto t = core::Studies(store->path()).trialOfRun(id)) {
+        core::Studies studies(store->path());
+        studyName = t->first;
+        if (const auto st = studies.study(studyName))
+            for (const auto& tr : studies.trials(st->id))
+                if (tr.number == t->second) trial = tr;
+    }
     if (opts.json) {
         auto j = runJson(r);
+        if (trial) {
+            j["study"] = {
+                {"name", studyName}, {"trial", trial->number}, {"state", core::toString(trial->state)}};
+            if (!trial->error.empty()) j["study"]["note"] = trial->error;
+        }
         j["params"] = params;
         nlohmann::json m = nlohmann::json::object();
         for (const auto& [k, v] : finals) m[k] = metricJson(v);
@@ -112,6 +129,10 @@ void showRun(const CommonOptions& opts, int64_t id) {
                 r.error.c_str());
     if (r.status == core::RunStatus::Interrupted)
         std::printf("            %s\n", core::interruptedHint(r.id).c_str());
+    if (trial)
+        std::printf("  study     %s, trial %lld: %s%s%s\n", studyName.c_str(),
+                    static_cast<long long>(trial->number), core::toString(trial->state),
+                    trial->error.empty() ? "" : " — ", trial->error.c_str());
     std::printf("  model     %s on %s, host %s\n", r.model.c_str(), r.data.c_str(), r.host.c_str());
     std::printf("  started   %s   ended %s   duration %s\n", formatTime(r.startedAt).c_str(),
                 formatTime(r.endedAt).c_str(),

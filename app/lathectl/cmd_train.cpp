@@ -3,17 +3,21 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <functional>
 #include <iostream>
 #include <map>
+#include <thread>
 
 #include "cli_common.h"
 #include "hosts_common.h"
 #include "lathe/core/error.h"
 #include "lathe/core/record.h"
 #include "lathe/core/store.h"
+#include "lathe/core/studies.h"
 #include "lathe/core/trainer.h"
 #include "lathe/remote/launcher.h"
 
@@ -98,6 +102,50 @@ struct TrainState {
     std::string hosts;  // NAME:SLOTS[,NAME:SLOTS...]
     std::string masterAddr;
     bool stage = false;
+    int64_t studyTrial = 0;          // set by lathectl tune: the trial this run is
+    std::vector<double> studyRungs;  // ASHA's rungs (epochs) at which the study judges this trial
+};
+
+// A study trial under ASHA: at each rung the run waits for the study's verdict (the study reads
+// the metrics just recorded) and stops when it is pruned — the decision takes effect at the rung,
+// however fast the epochs are. A study that is gone (this process was re-parented) or silent for
+// 5 minutes lets the run go on.
+class RungGate {
+public:
+    RungGate(std::string workspace, int64_t trial, std::vector<double> rungs, std::atomic<bool>* stop)
+        : m_ws(std::move(workspace)),
+          m_trial(trial),
+          m_rungs(std::move(rungs)),
+          m_stop(stop),
+          m_parent(::getppid()) {}
+
+    void operator()(core::Store& store, const core::Event& e) {
+        if (e.type != core::Event::Type::Metric || e.key != "train/epoch") return;
+        const auto it = std::find_if(m_rungs.begin(), m_rungs.end(),
+                                     [&](double r) { return std::abs(r - e.value) < 1e-9; });
+        if (it == m_rungs.end()) return;
+        const auto rung = static_cast<size_t>(it - m_rungs.begin());
+        store.flush();
+        core::Studies studies(m_ws);
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+        while (std::chrono::steady_clock::now() < deadline && ::getppid() == m_parent && !m_stop->load()) {
+            const auto t = studies.trial(m_trial);
+            if (!t) return;
+            for (const auto& g : t->rungs)
+                if (g.rung == static_cast<int>(rung)) {
+                    if (!g.promoted) m_stop->store(true);
+                    return;
+                }
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+    }
+
+private:
+    std::string m_ws;
+    int64_t m_trial;
+    std::vector<double> m_rungs;
+    std::atomic<bool>* m_stop;
+    pid_t m_parent;
 };
 
 // --hosts NAME:SLOTS[,NAME:SLOTS…]: the inventory's hosts, in rank order.
@@ -215,11 +263,26 @@ int runTrain(const TrainState& st) {
     Progress progress(progressOut, isatty(fileno(progressOut)) != 0, spec.epochs);
     core::EventSink observer;
     if (!st.quiet) observer = [&](const core::Event& e) { progress(e); };
+    auto& stopFlag = installStopHandler();
+    if (st.studyTrial > 0 && !st.studyRungs.empty()) {
+        auto gate = std::make_shared<RungGate>(store->path(), st.studyTrial, st.studyRungs, &stopFlag);
+        observer = [gate, inner = observer, s = store.get()](const core::Event& e) {
+            if (inner) inner(e);
+            (*gate)(*s, e);
+        };
+    }
 
     core::RecordOptions ro;
     ro.resumeRunId = st.resume;
     ro.verifyData = st.verifyData;
-    ro.stop = &installStopHandler();
+    ro.stop = &stopFlag;
+    if (st.studyTrial > 0) {
+        // The study learns the run's id as soon as it exists (ASHA watches its metrics).
+        const std::string ws = store->path();
+        ro.onRunCreated = [ws, trial = st.studyTrial](int64_t runId) {
+            core::Studies(ws).attachRun(trial, runId, static_cast<int64_t>(::getpid()));
+        };
+    }
     char host[256] = "localhost";
     gethostname(host, sizeof host - 1);
     ro.host = host;
@@ -287,6 +350,11 @@ void registerTrain(CLI::App& app, int& exitCode) {
     cmd->add_flag("--stage", st->stage,
                   "with --hosts: upload this lathectl to hosts of the same OS and architecture that lack it "
                   "or have another version");
+    cmd->add_option("--study-trial", st->studyTrial, "(set by lathectl tune) the study trial this run is")
+        ->group("");
+    cmd->add_option("--study-rungs", st->studyRungs, "(set by lathectl tune) ASHA's rungs, in epochs")
+        ->delimiter(',')
+        ->group("");
     cmd->callback([st, &exitCode] { exitCode = runTrain(*st); });
 }
 

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
     lathe::cli::registerGraph(app, exitCode);
     lathe::cli::registerRollout(app, exitCode);
     lathe::cli::registerData(app, exitCode);
+    lathe::cli::registerTune(app, exitCode);
     lathe::cli::registerComplete(app);
     const std::vector<std::string> args(argv + 1, argv + argc);
     // Before CLI11 sees anything: the words to complete are data, `-h` among them included.

@@ -379,6 +379,13 @@ const std::vector<KeyDef>& keyDefs() {
         choice("bad_samples",
                "images: an unreadable or corrupt file stops the run (error) or is skipped and counted (skip)",
                &RunSpec::badSamples, {"error", "skip"});
+        str("ppo_policy",
+            "tuning: a PPO agent's policy file that changes lr and batch during training (set by lathectl "
+            "tune "
+            "--algo ppo; empty = none)",
+            &RunSpec::ppoPolicy, true);
+        integer("ppo_interval", "tuning: epochs between the PPO agent's decisions, 1..100000",
+                &RunSpec::ppoInterval, 1, 100000);
         return d;
     }();
     return defs;
@@ -498,6 +505,9 @@ std::vector<std::string> validate(const RunSpec& spec) {
     if (spec.compressChunk % 8 != 0)
         problems.push_back("`compress_chunk` must be a multiple of 8 (got " +
                            std::to_string(spec.compressChunk) + ")");
+    if (!spec.ppoPolicy.empty() && spec.nproc > 1)
+        problems.push_back(
+            "`ppo_policy` (the tuning agent) changes the batch size of a single process; set nproc = 1");
     if (spec.teacher.empty() && (spec.distillHints != "none" || spec.attentionTransfer > 0))
         problems.push_back("`distill_hints` and `attention_transfer` need a `teacher`");
     if (!spec.teacher.empty() && spec.activationCheckpointing &&

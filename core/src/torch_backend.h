@@ -22,13 +22,14 @@
 #include "lathe/core/model_graph.h"
 #include "lathe/core/trainer.h"
 #include "serving/model_runner.h"
+#include "tuning/ppo_types.h"
 
 namespace lathe::core {
 
 class Store;
 class Registry;
 
-inline constexpr int kTorchBackendAbi = 5;
+inline constexpr int kTorchBackendAbi = 6;
 
 // The torch-side definitions (liblathe_torch). Same contracts as the public declarations.
 namespace torch_impl {
@@ -54,6 +55,11 @@ CompressResult pruneModel(Registry& registry, Store& store, const ModelRef& pare
 CompressResult distillModel(Registry& registry, Store& store, const DistillOptions& options,
                             const CompressControl& control);
 ModelGraph readTorchScriptGraph(const std::string& path, const GraphOptions& options);
+/// Tuning's PPO agent (tuning/ppo_hook.cpp): a fresh policy file; one PPO update of the policy
+/// file from finished episodes (written back atomically).
+void ppoCreatePolicy(const std::string& path, uint64_t seed);
+tuning::PpoUpdateStats ppoUpdatePolicy(const std::string& path,
+                                       const std::vector<tuning::PpoEpisode>& episodes, uint64_t seed);
 }  // namespace torch_impl
 
 struct TorchBackend {
@@ -72,6 +78,8 @@ struct TorchBackend {
     decltype(&torch_impl::distillModel) distillModel;
     decltype(&torch_impl::readTorchScriptGraph) readTorchScriptGraph;
     decltype(&torch_impl::exportSpecModel) exportSpecModel;
+    decltype(&torch_impl::ppoCreatePolicy) ppoCreatePolicy;
+    decltype(&torch_impl::ppoUpdatePolicy) ppoUpdatePolicy;
 };
 
 /// The torch-backed library, loaded on first use (thread-safe). Throws Error naming the file and

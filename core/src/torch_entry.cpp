@@ -19,6 +19,8 @@ extern "C" __attribute__((visibility("default"))) const lathe::core::TorchBacken
         &t::distillModel,
         &t::readTorchScriptGraph,
         &t::exportSpecModel,
+        &t::ppoCreatePolicy,
+        &t::ppoUpdatePolicy,
     };
     return &backend;
 }

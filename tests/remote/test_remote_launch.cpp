@@ -434,3 +434,39 @@ TEST_CASE("staging uploads this lathectl to hosts that lack it and the next run 
     CHECK(fs::exists(stageRoot / tag / "bin/lathectl"));
     fs::remove_all(stageRoot / tag, ec);
 }
+
+TEST_CASE("a study runs its trials on the inventory's hosts, one trial per host at a time",
+          "[remote][launch][sshd][tune]") {
+    if (const std::string why = SshdServer::unavailableReason(); !why.empty()) LATHE_SKIP(why);
+    Cluster c;
+    const auto ws = c.workspaceId();
+    // Each trial is a 2-rank run on one host; the two hosts take trials side by side.
+    const auto r = c.run(
+        "tune --epochs 2 --seed 5 --threads 1 --trials 3 --algo random --study r1 --space "
+        "'lr=loguniform(1e-3,0.1)' --hosts gpu-a:2,gpu-b:2 --json");
+    INFO(r.err << r.out);
+    REQUIRE(r.exitCode == 0);
+    const auto j = json::parse(r.out);
+    REQUIRE(j.at("trials").size() == 3);
+    std::set<std::string> hosts;
+    lathe::core::Store store(c.db);
+    for (const auto& t : j.at("trials")) {
+        CHECK(t.at("state") == "complete");
+        hosts.insert(t.at("host").get<std::string>());
+        const auto run = store.run(t.at("run_id").get<int64_t>());
+        REQUIRE(run);
+        // The run went across the trial's host: 2 ranks there.
+        bool placed = false;
+        for (const auto& l : store.logs(run->id))
+            placed |=
+                l.text.find("host " + t.at("host").get<std::string>() + " (127.0.0.") != std::string::npos;
+        CHECK(placed);
+    }
+    CHECK(hosts == std::set<std::string>{"gpu-a", "gpu-b"});
+    // A 1-slot placement cannot hold a run across a host: refused before anything starts.
+    const auto bad =
+        c.run("tune --epochs 2 --trials 1 --space 'lr=loguniform(1e-3,0.1)' --hosts gpu-a:1 --study r2");
+    CHECK(bad.exitCode == 2);
+    CHECK_THAT(bad.err, Catch::Contains("at least 2"));
+    CHECK(rankPids(ws).empty());
+}

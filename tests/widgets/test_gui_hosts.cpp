@@ -73,9 +73,9 @@ TEST_CASE("The window's Hosts page feeds the run form's Target, and a failing ho
     window->show();
     window->session()->setWorkerProgram(lathectl.toStdString());
 
-    // Pages: Runs, Models, Hosts, Data sets, Graph; per-run tabs include the Log.
+    // Pages: Runs, Models, Hosts, Data sets, Studies, Graph; per-run tabs include the Log.
     QTabWidget* pages = window->pageTabs();
-    REQUIRE(pages->count() == 5);
+    REQUIRE(pages->count() == 6);
     CHECK(pages->tabText(2) == "Hosts");
     CHECK(pages->widget(2) == window->hostsView());
     CHECK(window->runView<lathe::widgets::LogView>() != nullptr);

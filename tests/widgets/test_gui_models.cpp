@@ -15,6 +15,7 @@
 #include "lathe/widgets/models_view.h"
 #include "lathe/widgets/serving_chart.h"
 #include "lathe/widgets/serving_dashboard.h"
+#include "lathe/widgets/studies_view.h"
 #include "main_window.h"
 #include "registry_fixture.h"
 #include "test_helpers.h"
@@ -45,14 +46,16 @@ TEST_CASE("The window's Models page shows the workspace registry and asks before
     auto window = openWindow(fx);
 
     QTabWidget* pages = window->pageTabs();
-    REQUIRE(pages->count() == 5);
+    REQUIRE(pages->count() == 6);
     CHECK(pages->tabText(0) == "Runs");
     CHECK(pages->tabText(1) == "Models");
     CHECK(pages->tabText(2) == "Hosts");
     CHECK(pages->tabText(3) == "Data sets");
     CHECK(pages->widget(3) == static_cast<QWidget*>(window->dataSetsView()));
-    CHECK(pages->tabText(4) == "Graph");
-    CHECK(pages->widget(4) == static_cast<QWidget*>(window->graphPage()));
+    CHECK(pages->tabText(4) == "Studies");
+    CHECK(pages->widget(4) == static_cast<QWidget*>(window->studiesView()));
+    CHECK(pages->tabText(5) == "Graph");
+    CHECK(pages->widget(5) == static_cast<QWidget*>(window->graphPage()));
     // The Data sets page reads the workspace when shown: this one has none.
     pages->setCurrentIndex(3);
     REQUIRE(waitUntil([&] { return window->dataSetsView()->refreshCount() >= 1; }, 10000));

@@ -10,6 +10,7 @@
 #include "lathe/kernels/qgemm.h"
 #include "torch_backend.h"
 #include "training/training_loop.h"
+#include "tuning/ppo_hook.h"
 
 namespace lathe::core {
 // LibTorch's intra-op threads do not bound OpenBLAS's own pool, which then oversubscribes the
@@ -82,6 +83,7 @@ void torch_impl::checkRunnable(const RunSpec& spec) {
 TrainResult torch_impl::train(const RunSpec& spec, const TrainOptions& options, const EventSink& sink) {
     TrainingLoop loop(spec, options, sink);
     if (!spec.teacher.empty()) loop.addHook(compression::makeDistillHook(spec));
+    if (!spec.ppoPolicy.empty()) loop.addHook(tuning::makePpoHook(spec));
     return loop.run();
 }
 

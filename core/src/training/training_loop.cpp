@@ -313,7 +313,8 @@ void TrainingLoop::setUp() {
     // a single process would take with batch * world.
     const int64_t nTrain = m_trainSource->size();
     m_perRank = (nTrain + m_world - 1) / m_world;
-    m_stepsPerEpoch = (m_perRank + m_spec.batch - 1) / m_spec.batch;
+    m_batch = m_spec.batch;
+    m_stepsPerEpoch = (m_perRank + m_batch - 1) / m_batch;
     m_totalSteps = m_stepsPerEpoch * m_spec.epochs;
     phaseDone(TrainingPhase::SetUp);
 }
@@ -425,8 +426,26 @@ std::vector<int64_t> TrainingLoop::epochOrder(int64_t epoch) const {
     return order;
 }
 
+double TrainingLoop::lastMetric(const std::string& key) const {
+    const auto it = m_result.finalMetrics.find(key);
+    return it == m_result.finalMetrics.end() ? std::numeric_limits<double>::quiet_NaN() : it->second;
+}
+
+void TrainingLoop::setBatchSize(int64_t batch) {
+    if (batch < 1) throw Error("batch size must be at least 1 (got " + std::to_string(batch) + ")");
+    if (m_world > 1) throw Error("the batch size cannot change during a data-parallel run");
+    // The schedule's length follows: the epochs done so far at the old size, the rest at the new.
+    // Called after an epoch's evaluation (before m_epochsDone counts it): train/epoch has it.
+    const double recorded = lastMetric("train/epoch");
+    const int64_t done = std::isnan(recorded) ? m_epochsDone : static_cast<int64_t>(recorded);
+    const int64_t epochsLeft = std::max<int64_t>(0, m_spec.epochs - done);
+    m_batch = batch;
+    m_stepsPerEpoch = (m_perRank + m_batch - 1) / m_batch;
+    m_totalSteps = m_step + m_stepsPerEpoch * epochsLeft;
+}
+
 void TrainingLoop::epoch(int64_t epoch, EpochTally& tally) {
-    m_trainLoader->start(epochOrder(epoch), m_spec.batch, data::SampleMode::Train,
+    m_trainLoader->start(epochOrder(epoch), m_batch, data::SampleMode::Train,
                          static_cast<uint64_t>(m_spec.seed), epoch);
     for (int64_t b = 0; b < m_stepsPerEpoch; ++b) {
         StepEnd end;
@@ -525,7 +544,7 @@ TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, EpochTal
     const bool sampleMemory = b == 0 && !m_device.is_cuda();
     std::optional<AllocationScope> memory;
     const auto t0 = Clock::now();
-    const double lr = learningRate(m_spec, m_step, epoch, m_totalSteps);
+    const double lr = m_lrScale * learningRate(m_spec, m_step, epoch, m_totalSteps);
     for (auto& group : m_optimizer->param_groups()) group.options().set_lr(lr);
     Batch batch;
     torch::Tensor out, loss;
@@ -681,7 +700,7 @@ void TrainingLoop::evaluation(int64_t epoch, EpochTally& tally) {
         recordMetric("val/loss", val.loss);
         recordMetric("val/accuracy", val.accuracy);
     }
-    recordMetric("train/lr", learningRate(m_spec, m_step - 1, epoch, m_totalSteps));
+    recordMetric("train/lr", m_lrScale * learningRate(m_spec, m_step - 1, epoch, m_totalSteps));
     recordMetric("perf/step_ms", 1000.0 * tally.stepSeconds / static_cast<double>(tally.steps));
     recordMetric("perf/samples_per_s", static_cast<double>(seen) / std::max(tally.stepSeconds, 1e-9));
     if (tally.activationBytes > 0)

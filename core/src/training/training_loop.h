@@ -101,6 +101,17 @@ public:
     void emit(Event e) const;
     /// Records a metric at the current step (also kept as the run's final value).
     void recordMetric(const std::string& key, double value);
+    /// The last value recorded for `key` (NaN when none yet).
+    double lastMetric(const std::string& key) const;
+    /// The batch size of the epochs to come (a tuning agent's decision; single process only):
+    /// the steps per epoch follow it from the next epoch.
+    int64_t batchSize() const { return m_batch; }
+    void setBatchSize(int64_t batch);
+    /// A factor on the schedule's learning rate from the next step on (1 = as the spec says).
+    double lrScale() const { return m_lrScale; }
+    void setLrScale(double scale) { m_lrScale = scale; }
+    /// Training samples (this rank's share of an epoch).
+    int64_t trainSamplesPerEpoch() const { return m_perRank; }
 
 private:
     struct EpochTally;  // what one epoch's steps add up
@@ -156,6 +167,8 @@ private:
 
     int64_t m_startEpoch = 0, m_epochsDone = 0, m_step = 0;
     int64_t m_stepsPerEpoch = 0, m_totalSteps = 0, m_perRank = 0;
+    int64_t m_batch = 0;     // the batch size in use (the spec's unless a hook changed it)
+    double m_lrScale = 1.0;  // on the learning-rate schedule (a hook's)
     int64_t m_consecutiveSkips = 0;
     int64_t m_skippedSamples = 0;  // unreadable samples skipped so far (bad_samples = "skip")
     bool m_stopped = false;

@@ -273,6 +273,48 @@ CREATE TABLE dataset_history(
   action TEXT NOT NULL);
 ALTER TABLE runs ADD COLUMN data_version_id INTEGER;
 )sql",
+    // 10 -> 11: hyper-parameter studies (`lathectl tune`): a study's space, algorithm, objective
+    // and state; its trials (each an ordinary run) with their parameters and outcome; the value
+    // each trial had at each ASHA rung.
+    R"sql(
+CREATE TABLE studies(
+  id INTEGER PRIMARY KEY,
+  name TEXT NOT NULL UNIQUE,
+  sampler TEXT NOT NULL,
+  pruner TEXT NOT NULL,
+  objective TEXT NOT NULL,
+  direction TEXT NOT NULL,
+  space TEXT NOT NULL,
+  base_config TEXT NOT NULL,
+  settings TEXT NOT NULL DEFAULT '{}',
+  state TEXT NOT NULL DEFAULT '{}',
+  status TEXT NOT NULL,
+  created_at REAL NOT NULL,
+  updated_at REAL NOT NULL);
+CREATE TABLE trials(
+  id INTEGER PRIMARY KEY,
+  study_id INTEGER NOT NULL REFERENCES studies(id) ON DELETE CASCADE,
+  number INTEGER NOT NULL,
+  run_id INTEGER REFERENCES runs(id) ON DELETE SET NULL,
+  state TEXT NOT NULL,
+  params TEXT NOT NULL,
+  value REAL,
+  pruned_at REAL NOT NULL DEFAULT 0,
+  error TEXT NOT NULL DEFAULT '',
+  host TEXT NOT NULL DEFAULT '',
+  pid INTEGER NOT NULL DEFAULT 0,
+  started_at REAL NOT NULL,
+  ended_at REAL NOT NULL DEFAULT 0,
+  UNIQUE(study_id, number));
+CREATE INDEX trials_by_run ON trials(run_id);
+CREATE TABLE trial_rungs(
+  trial_id INTEGER NOT NULL REFERENCES trials(id) ON DELETE CASCADE,
+  rung INTEGER NOT NULL,
+  budget REAL NOT NULL,
+  value REAL NOT NULL,
+  promoted INTEGER NOT NULL,
+  PRIMARY KEY(trial_id, rung)) WITHOUT ROWID;
+)sql",
 };
 constexpr int kLatestSchema = static_cast<int>(sizeof(kMigrations) / sizeof(kMigrations[0]));
 static_assert(kLatestSchema == Store::kSchemaVersion, "add a migration when bumping the schema version");

@@ -96,6 +96,11 @@ struct RunSpec {
     std::string normalize = "none";    // images: none | imagenet | MEAN/STD
     std::string color = "rgb";         // images: rgb | gray
     std::string badSamples = "error";  // images: error | skip (unreadable files skipped and counted)
+
+    // Hyper-parameter tuning's PPO agent (lathectl tune --algo ppo; tuning/ppo_hook.cpp): a
+    // policy file changes the learning rate and batch size every `ppo_interval` epochs.
+    std::string ppoPolicy;    // the agent's policy (empty = no agent)
+    int64_t ppoInterval = 1;  // epochs between its decisions
 };
 
 /// The loss-scaling mode a spec resolves to.

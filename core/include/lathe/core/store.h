@@ -67,7 +67,7 @@ struct HostRecord {
 
 class Store {
 public:
-    static constexpr int kSchemaVersion = 10;
+    static constexpr int kSchemaVersion = 11;
 
     /// Opens or creates a workspace (the path is made absolute). Throws StoreError (file untouched) when the
     /// file is not a Lathe workspace or has a newer schema than this build knows.

@@ -1,0 +1,239 @@
+// lathectl tune and lathectl studies as a user runs them: studies of real `lathectl train`
+// processes on digits (random, TPE, ASHA, PPO), bad input, resume after a kill, reproducing the
+// best trial. Each study is a few short runs (bounded in trials and epochs).
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "lathe/core/store.h"
+#include "lathe/core/studies.h"
+#include "run_process.h"
+
+using lathe::test::binPath;
+using lathe::test::runShell;
+using lathe::test::TempDir;
+using nlohmann::json;
+
+namespace {
+
+std::string lathectl(const std::string& args) { return binPath("lathectl") + " " + args; }
+
+// A small, quick, deterministic base: digits, an MLP, one thread per trial.
+const std::string kBase = " --model mlp --data digits --batch 64 --threads 1 --seed 3";
+const std::string kSpace = " --space 'lr=loguniform(1e-3,0.5)' --space 'hidden=choice([16],[64])'";
+
+json studyJson(const std::string& db, const std::string& name) {
+    const auto r = runShell(lathectl("studies show " + name + " --json --db " + db));
+    INFO(r.err);
+    REQUIRE(r.exitCode == 0);
+    return json::parse(r.out);
+}
+
+}  // namespace
+
+TEST_CASE("lathectl tune refuses bad input with exit 2 before any trial starts", "[cli][tune]") {
+    TempDir dir;
+    const std::string db = " --db " + dir.file("lathe.db");
+    struct Case {
+        std::string args, says;
+    };
+    const std::vector<Case> cases = {
+        {"", "search space is empty"},
+        {" --space 'lr=loguniform(1e-3'", "lr"},
+        {" --space 'learning_rate=uniform(0,1)'", "learning_rate"},
+        {" --space 'lr=uniform(-1,0.1)'", "lr"},
+        {" --space 'batch=choice(0,32)'", "batch"},
+        {" --space 'lr=loguniform(1e-3,0.1)' --objective val/acc", "val/acc"},
+        {" --space 'lr=loguniform(1e-3,0.1)' --algo bayes", "bayes"},
+        {" --space 'lr=loguniform(1e-3,0.1)' --space 'lr=uniform(0.1,0.2)'", "lr"},
+        {" --space 'epochs=int(1,3)' --algo asha", "budget"},
+        {" --space 'lr=loguniform(1e-3,0.1)' --study 'bad name'", "bad name"},
+    };
+    for (const auto& c : cases) {
+        const auto r = runShell(lathectl("tune --epochs 2 --trials 2" + kBase + c.args + db));
+        INFO(c.args << "\n" << r.out << r.err);
+        CHECK(r.exitCode == 2);
+        CHECK_THAT(r.err, Catch::Contains(c.says));
+    }
+    // Nothing was started or recorded.
+    lathe::core::Store store(dir.file("lathe.db"));
+    CHECK(store.listRuns().empty());
+    CHECK(lathe::core::Studies(dir.file("lathe.db")).list().empty());
+    // An unknown study to resume or show.
+    CHECK(runShell(lathectl("tune --resume nope" + db)).exitCode == 2);
+    CHECK(runShell(lathectl("studies show nope" + db)).exitCode == 2);
+}
+
+TEST_CASE(
+    "a TPE study runs its trials as parallel processes and its best trial reproduces from its parameters",
+    "[cli][tune]") {
+    TempDir dir;
+    const std::string db = dir.file("lathe.db");
+    const auto r = runShell(lathectl("tune --epochs 2 --trials 6 --parallel 2 --startup-trials 3 --study s1" +
+                                     kBase + kSpace + " --json --db " + db));
+    INFO(r.err);
+    REQUIRE(r.exitCode == 0);
+    const auto j = json::parse(r.out);
+    CHECK(j.at("sampler") == "tpe");
+    CHECK(j.at("status") == "completed");
+    REQUIRE(j.at("trials").size() == 6);
+    std::set<int64_t> pids, runs, numbers;
+    for (const auto& t : j.at("trials")) {
+        CHECK(t.at("state") == "complete");
+        pids.insert(t.at("pid").get<int64_t>());
+        runs.insert(t.at("run_id").get<int64_t>());
+        numbers.insert(t.at("number").get<int64_t>());
+    }
+    CHECK(pids.size() == 6);  // parallel trials never share a process
+    CHECK(runs.size() == 6);
+    CHECK(numbers == std::set<int64_t>{0, 1, 2, 3, 4, 5});
+    // Two at a time: some trials' lifetimes overlap.
+    bool overlap = false;
+    const auto& ts = j.at("trials");
+    for (size_t a = 0; a < ts.size(); ++a)
+        for (size_t b = a + 1; b < ts.size(); ++b)
+            overlap |= ts[a].at("started_at").get<double>() < ts[b].at("ended_at").get<double>() &&
+                       ts[b].at("started_at").get<double>() < ts[a].at("ended_at").get<double>();
+    CHECK(overlap);
+    // The best is the best, and its run is an ordinary run of the workspace in the study's experiment.
+    double best = 0;
+    for (const auto& t : ts) best = std::max(best, t.at("value").get<double>());
+    CHECK(j.at("best_value").get<double>() == best);
+    const auto bestRun = j.at("best_run_id").get<int64_t>();
+    const auto show =
+        json::parse(runShell(lathectl("runs show " + std::to_string(bestRun) + " --json --db " + db)).out);
+    CHECK(show.at("experiment") == "s1");
+    CHECK(show.at("study").at("name") == "s1");
+    // Reproduce: the base config plus the best parameters, as a fresh run.
+    std::string params;
+    for (const auto& [k, v] : j.at("best_params").items()) params += " --" + k + " " + v.get<std::string>();
+    const auto again = runShell(lathectl("train --epochs 2" + kBase + params + " --json --db " + db));
+    INFO(again.err);
+    REQUIRE(again.exitCode == 0);
+    CHECK(json::parse(again.out).at("val/accuracy").get<double>() == Approx(best).margin(1e-9));
+    // studies list / show
+    const auto list = json::parse(runShell(lathectl("studies list --json --db " + db)).out);
+    REQUIRE(list.size() == 1);
+    CHECK(list[0].at("name") == "s1");
+    const auto text = runShell(lathectl("studies show s1 --db " + db));
+    CHECK_THAT(text.out, Catch::Contains("best: trial"));
+    CHECK_THAT(text.out, Catch::Contains("reproduce: lathectl train"));
+}
+
+TEST_CASE("an ASHA study prunes trials at its rungs and the pruned runs say so", "[cli][tune]") {
+    TempDir dir;
+    const std::string db = dir.file("lathe.db");
+    // lr up to 5 diverges or crawls: such trials fall behind at epoch 1 or 3 of 9.
+    const auto r = runShell(lathectl(
+        "tune --epochs 9 --trials 8 --parallel 2 --algo asha --min-budget 1 --eta 3 --study a1 --space "
+        "'lr=loguniform(1e-4,5)' --space 'hidden=choice([16],[64])'" +
+        kBase + " --json --db " + db));
+    INFO(r.err);
+    REQUIRE(r.exitCode == 0);
+    const auto j = json::parse(r.out);
+    CHECK(j.at("sampler") == "random");
+    CHECK(j.at("pruner") == "asha");
+    int pruned = 0, complete = 0;
+    for (const auto& t : j.at("trials")) {
+        const auto state = t.at("state").get<std::string>();
+        CHECK((state == "complete" || state == "pruned"));
+        if (state == "complete") ++complete;
+        if (state != "pruned") continue;
+        ++pruned;
+        const double at = t.at("pruned_at").get<double>();
+        CHECK((at == 1.0 || at == 3.0));
+        CHECK_THAT(t.at("error").get<std::string>(), Catch::Contains("is not in the best"));
+        // The run stopped early, and says why.
+        const auto run =
+            json::parse(runShell(lathectl("runs show " + std::to_string(t.at("run_id").get<int64_t>()) +
+                                          " --json --db " + db))
+                            .out);
+        CHECK(run.at("status") == "stopped");
+        CHECK(run.at("study").at("state") == "pruned");
+        CHECK(run.at("metrics").at("train/epoch").get<double>() < 9);
+        bool says = false;
+        for (const auto& l : run.at("logs"))
+            says |= l.at("msg").get<std::string>().find("pruned by study a1") != std::string::npos;
+        CHECK(says);
+    }
+    CHECK(pruned >= 1);
+    CHECK(complete >= 1);
+}
+
+TEST_CASE("a study killed mid-trial resumes without repeating finished trials", "[cli][tune]") {
+    TempDir dir;
+    const std::string db = dir.file("lathe.db");
+    // Trials of about 3 s (30 epochs of 90 steps), so that the kill lands inside the third.
+    const std::string cmd = lathectl(
+        "tune --epochs 30 --batch 16 --trials 4 --parallel 1 --algo random --study k1 --model mlp --data "
+        "digits --threads 1 --seed 3" +
+        kSpace + " --checkpoint-every 1 --db " + db);
+    const auto bg = runShell(cmd + " > " + dir.file("tune.out") + " 2>&1 & echo $!");
+    const int pid = std::stoi(bg.out);
+    // Wait until two trials are complete and the third has a run with at least one epoch.
+    lathe::core::Studies studies(db);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    std::vector<lathe::core::TrialRecord> before;
+    for (;;) {
+        REQUIRE(std::chrono::steady_clock::now() < deadline);
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        const auto s = studies.study("k1");
+        if (!s) continue;
+        before = studies.trials(s->id);
+        REQUIRE(before.size() <= 3);  // the kill must land in the third trial
+        if (before.size() == 3 && before[2].runId > 0) {
+            lathe::core::Store store(db);
+            if (!store.metrics(before[2].runId, "train/epoch").empty()) break;
+        }
+    }
+    ::kill(pid, SIGKILL);
+    const auto r = runShell(lathectl("tune --resume k1 --json --db " + db));
+    INFO(r.err);
+    REQUIRE(r.exitCode == 0);
+    const auto j = json::parse(r.out);
+    REQUIRE(j.at("trials").size() == 4);
+    for (const auto& t : j.at("trials")) CHECK(t.at("state") == "complete");
+    // The two finished trials kept their runs; the interrupted one continued its own run from its
+    // checkpoint, with the same parameters.
+    for (int i = 0; i < 3; ++i) {
+        CHECK(j.at("trials")[i].at("run_id").get<int64_t>() == before[i].runId);
+        for (const auto& [k, v] : before[i].params) CHECK(j.at("trials")[i].at("params").at(k) == v);
+    }
+    lathe::core::Store store(db);
+    CHECK(store.listRuns().size() == 4);  // nothing ran twice
+    bool resumed = false;
+    for (const auto& l : store.logs(before[2].runId))
+        resumed |= l.text.find("resumed from") != std::string::npos;
+    CHECK(resumed);
+    CHECK(store.lastMetrics(before[2].runId).at("train/epoch") == 30);
+}
+
+TEST_CASE("a PPO study's agent changes lr and batch during its runs and learns from each trial",
+          "[cli][tune]") {
+    TempDir dir;
+    const std::string db = dir.file("lathe.db");
+    const auto r = runShell(lathectl("tune --epochs 4 --trials 3 --parallel 1 --algo ppo --study p1" + kBase +
+                                     " --space 'hidden=choice([16],[64])' --json --db " + db));
+    INFO(r.err);
+    REQUIRE(r.exitCode == 0);
+    const auto j = json::parse(r.out);
+    CHECK(j.at("sampler") == "ppo");
+    CHECK(j.at("state").at("updates").get<int>() == 3);  // one update per finished trial
+    CHECK(std::filesystem::exists(j.at("state").at("policy").get<std::string>()));
+    lathe::core::Store store(db);
+    for (const auto& t : j.at("trials")) {
+        CHECK(t.at("state") == "complete");
+        const auto run = t.at("run_id").get<int64_t>();
+        CHECK(store.metrics(run, "ppo/lr").size() == 4);  // the schedule of every epoch
+        CHECK(store.metrics(run, "ppo/batch").size() == 4);
+        CHECK(store.metrics(run, "ppo/action").size() == 3);  // a decision after each epoch but the last
+        CHECK(store.metrics(run, "ppo/reward").size() == 3);
+        // The run's config names its own copy of the policy, so it can be run again as it was.
+        CHECK(store.params(run).at("ppo_policy").find("trial-") != std::string::npos);
+    }
+}
