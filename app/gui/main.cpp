@@ -49,7 +49,8 @@ int main(int argc, char** argv) {
     parser.addOption(selectOption);
     QCommandLineOption pageOption(
         QStringLiteral("page"),
-        QStringLiteral("Page to show on start: its tab's title (Runs, Models, Hosts, Data sets, Studies, Graph)."),
+        QStringLiteral(
+            "Page to show on start: its tab's title (Runs, Models, Hosts, Data sets, Studies, Graph)."),
         QStringLiteral("NAME"));
     parser.addOption(pageOption);
     QCommandLineOption viewOption(
