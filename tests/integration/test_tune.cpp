@@ -27,6 +27,18 @@ std::string lathectl(const std::string& args) { return binPath("lathectl") + " "
 const std::string kBase = " --model mlp --data digits --batch 64 --threads 1 --seed 3";
 const std::string kSpace = " --space 'lr=loguniform(1e-3,0.5)' --space 'hidden=choice([16],[64])'";
 
+// Trains again from run `runId`'s recorded config (a new run) and returns its val/accuracy.
+double rerun(const std::string& db, int64_t runId, const TempDir& dir) {
+    const auto show = runShell(lathectl("runs show " + std::to_string(runId) + " --json --db " + db));
+    REQUIRE(show.exitCode == 0);
+    const std::string file = dir.file("again-" + std::to_string(runId) + ".toml");
+    lathe::test::writeFile(file, json::parse(show.out).at("config").get<std::string>());
+    const auto r = runShell(lathectl("train " + file + " --json -q --db " + db));
+    INFO(r.err);
+    REQUIRE(r.exitCode == 0);
+    return json::parse(r.out).at("val/accuracy").get<double>();
+}
+
 json studyJson(const std::string& db, const std::string& name) {
     const auto r = runShell(lathectl("studies show " + name + " --json --db " + db));
     INFO(r.err);
@@ -163,6 +175,9 @@ TEST_CASE("an ASHA study prunes trials at its rungs and the pruned runs say so",
     }
     CHECK(pruned >= 1);
     CHECK(complete >= 1);
+    // The best trial, trained again from its run's recorded config, gets the same accuracy.
+    CHECK(rerun(db, j.at("best_run_id").get<int64_t>(), dir) ==
+          Approx(j.at("best_value").get<double>()).margin(1e-9));
 }
 
 TEST_CASE("a study killed mid-trial resumes without repeating finished trials", "[cli][tune]") {

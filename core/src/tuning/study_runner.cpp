@@ -146,6 +146,10 @@ pid_t spawn(const std::string& program, const std::vector<std::string>& args, co
     const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
     if (pid == 0) {
+        // The study blocks SIGCHLD to wait for it; the trial starts with no signal blocked.
+        sigset_t none;
+        sigemptyset(&none);
+        ::sigprocmask(SIG_SETMASK, &none, nullptr);
         // The trial stops (gracefully, recorded as stopped) when the study's process dies.
         ::prctl(PR_SET_PDEATHSIG, SIGINT);
         if (::getppid() != parent) ::_exit(130);
@@ -208,6 +212,21 @@ public:
 
     TuneOutcome run() {
         TuneOutcome outcome;
+        // A trial's end wakes the loop at once (SIGCHLD, blocked here and taken by sigtimedwait)
+        // rather than at the next poll; the poll still paces ASHA's watch.
+        sigset_t chld, old;
+        sigemptyset(&chld);
+        sigaddset(&chld, SIGCHLD);
+        ::pthread_sigmask(SIG_BLOCK, &chld, &old);
+        struct Restore {
+            sigset_t mask;
+            ~Restore() { ::pthread_sigmask(SIG_SETMASK, &mask, nullptr); }
+        } restore{old};
+        const auto wait = [&] {
+            const double s = m_options.pollSeconds;
+            timespec ts{static_cast<time_t>(s), static_cast<long>((s - std::floor(s)) * 1e9)};
+            ::sigtimedwait(&chld, nullptr, &ts);  // a child ended, the time passed, or a signal (Ctrl+C)
+        };
         m_studies.setStatus(m_study.id, "running");
         if (m_study.sampler == "ppo") preparePolicy();
         recoverInterrupted();
@@ -230,7 +249,7 @@ public:
             if (m_children.empty()) break;
             reap();
             if (!m_rungs.empty()) watchRungs();
-            std::this_thread::sleep_for(std::chrono::duration<double>(m_options.pollSeconds));
+            wait();
         }
         m_studies.setStatus(m_study.id, "completed");
         return outcome;
@@ -264,7 +283,11 @@ private:
     // The episode a PPO trial's run recorded: each decision's state, action, log-probability and
     // value with the reward recorded after it; a decision with no reward yet (the run ended or
     // was stopped first) is dropped.
-    tuning::PpoEpisode episodeOf(int64_t runId) const {
+    // A run that failed after a decision (diverged: lr too high) ends its episode with this
+    // reward for that decision, so the agent learns to avoid what killed it.
+    static constexpr float kFailedReward = -1.0f;
+
+    tuning::PpoEpisode episodeOf(int64_t runId, bool failed) const {
         tuning::PpoEpisode ep;
         const auto actions = m_store.metrics(runId, "ppo/action");
         if (actions.empty()) return ep;
@@ -278,8 +301,10 @@ private:
             const int64_t step = actions[k].step;
             const auto reward = std::find_if(rewards.begin(), rewards.end(),
                                              [&](const MetricPoint& p) { return p.step > step; });
-            if (reward == rewards.end() || k >= logps.size() || k >= values.size()) break;
-            if (k + 1 < actions.size() && reward->step > actions[k + 1].step) break;
+            if (k >= logps.size() || k >= values.size()) break;
+            const bool last = k + 1 == actions.size();
+            if (reward == rewards.end() && !(failed && last)) break;
+            if (reward != rewards.end() && k + 1 < actions.size() && reward->step > actions[k + 1].step) break;
             tuning::PpoStep st;
             for (const auto& s : states) {
                 if (k >= s.size()) return ep;
@@ -288,7 +313,7 @@ private:
             st.action = static_cast<int>(actions[k].value);
             st.logProb = static_cast<float>(logps[k].value);
             st.value = static_cast<float>(values[k].value);
-            st.reward = static_cast<float>(reward->value);
+            st.reward = reward != rewards.end() ? static_cast<float>(reward->value) : kFailedReward;
             ep.steps.push_back(std::move(st));
         }
         return ep;
@@ -297,7 +322,7 @@ private:
     // One PPO update from a finished trial's episode (trials as episodes, in the order they end).
     void learnFrom(const TrialRecord& t) {
         if (m_study.sampler != "ppo" || t.runId == 0) return;
-        auto ep = episodeOf(t.runId);
+        auto ep = episodeOf(t.runId, t.state == TrialState::Failed);
         if (ep.steps.empty()) return;
         auto state = parseJson(m_study.state, "the study's state");
         const auto stats = torchBackend().ppoUpdatePolicy(policyPath(), {ep},

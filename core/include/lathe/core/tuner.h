@@ -34,7 +34,7 @@ struct TuneOptions {
     const std::atomic<bool>* stop = nullptr;
     /// One line per event (trial started, pruned, finished, failed), for a terminal.
     std::function<void(const std::string&)> progress;
-    double pollSeconds = 0.2;
+    double pollSeconds = 0.05;  // ASHA's watch of running trials; a trial's end is seen at once
 };
 
 struct TuneOutcome {
