@@ -304,7 +304,8 @@ private:
             if (k >= logps.size() || k >= values.size()) break;
             const bool last = k + 1 == actions.size();
             if (reward == rewards.end() && !(failed && last)) break;
-            if (reward != rewards.end() && k + 1 < actions.size() && reward->step > actions[k + 1].step) break;
+            if (reward != rewards.end() && k + 1 < actions.size() && reward->step > actions[k + 1].step)
+                break;
             tuning::PpoStep st;
             for (const auto& s : states) {
                 if (k >= s.size()) return ep;
