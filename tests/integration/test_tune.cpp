@@ -228,6 +228,52 @@ TEST_CASE("a study killed mid-trial resumes without repeating finished trials", 
     CHECK(store.lastMetrics(before[2].runId).at("train/epoch") == 30);
 }
 
+TEST_CASE("a trial whose process crashes is recorded as failed and the study goes on", "[cli][tune]") {
+    TempDir dir;
+    const std::string db = dir.file("lathe.db");
+    const std::string cmd = lathectl(
+        "tune --epochs 30 --batch 16 --trials 3 --parallel 1 --algo random --study c1 "
+        "--model mlp --data digits --threads 1 --seed 3" +
+        kSpace + " --json --db " + db);
+    const auto bg =
+        runShell(cmd + " > " + dir.file("tune.json") + " 2> " + dir.file("tune.err") + " & echo $!");
+    REQUIRE(bg.exitCode == 0);
+    // Trial 1, once it trains: SIGSEGV, as a crash in native code would end it.
+    lathe::core::Studies studies(db);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    for (bool killed = false; !killed;) {
+        REQUIRE(std::chrono::steady_clock::now() < deadline);
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        const auto s = studies.study("c1");
+        if (!s) continue;
+        const auto trials = studies.trials(s->id);
+        REQUIRE(trials.size() <= 2);
+        if (trials.size() == 2 && trials[1].runId > 0 && trials[1].pid > 0) {
+            lathe::core::Store store(db);
+            if (store.metrics(trials[1].runId, "train/epoch").empty()) continue;
+            REQUIRE(::kill(static_cast<pid_t>(trials[1].pid), SIGSEGV) == 0);
+            killed = true;
+        }
+    }
+    // The study finishes by itself: its summary is the last thing it prints.
+    std::string out;
+    for (;;) {
+        REQUIRE(std::chrono::steady_clock::now() < deadline);
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        out = lathe::test::readFile(dir.file("tune.json"));
+        if (!out.empty() && out.back() == '\n' && json::accept(out)) break;
+    }
+    INFO(lathe::test::readFile(dir.file("tune.err")));
+    const auto j = json::parse(out);
+    REQUIRE(j.at("trials").size() == 3);
+    CHECK(j.at("trials")[0].at("state") == "complete");
+    CHECK(j.at("trials")[1].at("state") == "failed");
+    CHECK_THAT(j.at("trials")[1].at("error").get<std::string>(),
+               Catch::Contains("crashed") && Catch::Contains("SIGSEGV"));
+    CHECK(j.at("trials")[2].at("state") == "complete");
+    CHECK(j.at("status") == "completed");
+}
+
 TEST_CASE("a PPO study's agent changes lr and batch during its runs and learns from each trial",
           "[cli][tune]") {
     TempDir dir;
