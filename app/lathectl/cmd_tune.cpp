@@ -269,16 +269,21 @@ void registerTune(CLI::App& app, int& exitCode) {
                     "a searched key: KEY=uniform(A,B) | loguniform(A,B) | int(A,B) | logint(A,B) | "
                     "choice(V1,V2,...) (repeat for each key; e.g. 'hidden=choice([64],[128,128])')")
         ->allow_extra_args(false);
-    cmd->add_option("--objective", st->objective, "the metric to optimise (default val/accuracy)");
-    cmd->add_option("--direction", st->direction, "max or min (default max)");
+    std::string objectives;
+    for (const auto& k : core::objectiveMetrics()) objectives += (objectives.empty() ? "" : "|") + k;
+    cmd->add_option("--objective", st->objective, "the metric to optimise (default val/accuracy)")
+        ->type_name(objectives);
+    cmd->add_option("--direction", st->direction, "max or min (default max)")->type_name("max|min");
     cmd->add_option("--trials", st->trials, "trials in the study (default 20)");
     cmd->add_option("--parallel", st->parallel, "trials at a time, each its own process (default 1)");
     cmd->add_option(
-        "--algo", st->algo,
-        "random | tpe (default) | asha (random search with ASHA) | ppo (TPE for the static keys, the "
-        "PPO agent changes lr and batch during each run)");
+           "--algo", st->algo,
+           "random | tpe (default) | asha (random search with ASHA) | ppo (TPE for the static keys, the "
+           "PPO agent changes lr and batch during each run)")
+        ->type_name("random|tpe|asha|ppo");
     cmd->add_option("--pruner", st->pruner,
-                    "none | asha: stop trials early at ASHA's rungs (with any --algo)");
+                    "none | asha: stop trials early at ASHA's rungs (with any --algo)")
+        ->type_name("none|asha");
     cmd->add_option("--startup-trials", st->startupTrials,
                     "TPE: random trials before the model takes over (default 10, as Optuna)");
     cmd->add_option("--budget-key", st->budgetKey, "ASHA's budget (default epochs)");

@@ -13,6 +13,7 @@
 #include "lathe/core/data_versions.h"
 #include "lathe/core/registry.h"
 #include "lathe/core/store.h"
+#include "lathe/core/studies.h"
 #include "suggest.h"
 
 namespace lathe::cli {
@@ -70,12 +71,13 @@ bool isFlag(const CLI::Option* opt, const char* longName) { return opt->check_na
 
 // ---- completion ----------------------------------------------------------------------------
 
-enum class Kind { None, Run, Model, Host, DataSet };
+enum class Kind { None, Run, Model, Host, DataSet, Study };
 
 Kind valueKind(const std::string& path, const CLI::Option* opt) {
     if ((path == "train" && isFlag(opt, "--resume")) || (path == "models register" && isFlag(opt, "--run")))
         return Kind::Run;
     if (path == "serve" && isFlag(opt, "--model")) return Kind::Model;
+    if (path == "tune" && isFlag(opt, "--resume")) return Kind::Study;
     return Kind::None;
 }
 
@@ -91,6 +93,8 @@ Kind positionalKind(const std::string& path, int index) {
         if (path == p) return Kind::DataSet;
     for (const char* p : {"hosts check", "hosts trust", "hosts remove"})
         if (path == p) return Kind::Host;
+    for (const char* p : {"studies show", "studies remove"})
+        if (path == p) return Kind::Study;
     return Kind::None;
 }
 
@@ -111,6 +115,9 @@ std::vector<std::string> workspaceNames(Kind kind, const std::string& db) {
     } else if (kind == Kind::DataSet) {
         const core::DataSets sets(path);
         for (const auto& v : sets.list()) out.push_back(v.name);
+    } else if (kind == Kind::Study) {
+        const core::Studies studies(path);
+        for (const auto& s : studies.list()) out.push_back(s.name);
     } else {
         const core::Registry registry(path);
         for (const auto& model : registry.listModels()) out.push_back(model.name);

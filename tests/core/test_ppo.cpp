@@ -107,7 +107,7 @@ TEST_CASE("a new PPO policy is near uniform and acts deterministically for an rn
     CHECK_THROWS_AS(policy.act(std::vector<float>(kPpoStateSize - 1), rng), Error);
 }
 
-TEST_CASE("a PPO policy survives save and load; a damaged file is refused by name", "[ppo]") {
+TEST_CASE("a PPO policy survives save and load and a damaged file is refused by name", "[ppo]") {
     OneThread oneThread;
     TempDir dir;
     auto policy = PpoPolicy::create(7);

@@ -214,7 +214,8 @@ TEST_CASE("a schema-1 workspace is migrated forward and keeps its runs", "[store
         "DROP TABLE deployments; DROP TABLE serving_metrics; DROP TABLE alerts; DROP TABLE workspace; "
         "DROP TABLE hosts; DROP TABLE deployment_tokens; DROP TABLE rollout_decisions; DROP TABLE rollouts; "
         "DROP TABLE dataset_history; DROP TABLE dataset_files; DROP TABLE dataset_versions; DROP TABLE "
-        "datasets; ALTER TABLE runs DROP COLUMN data_version_id; PRAGMA user_version = 1;");
+        "datasets; DROP TABLE trial_rungs; DROP TABLE trials; DROP TABLE studies; ALTER TABLE runs DROP "
+        "COLUMN data_version_id; PRAGMA user_version = 1;");
     Store s(path);
     CHECK(s.schemaVersion() == Store::kSchemaVersion);
     CHECK(s.run(id)->name == "from-v1");
@@ -424,7 +425,8 @@ TEST_CASE("a schema-5 workspace is migrated forward and gets an empty hosts tabl
             "ALTER TABLE model_versions DROP COLUMN parent_model; ALTER TABLE model_versions DROP COLUMN "
             "derivation; ALTER TABLE model_versions DROP COLUMN report; DROP TABLE rollout_decisions; "
             "DROP TABLE rollouts; DROP TABLE dataset_history; DROP TABLE dataset_files; DROP TABLE "
-            "dataset_versions; DROP TABLE datasets; ALTER TABLE runs DROP COLUMN data_version_id; PRAGMA "
+            "dataset_versions; DROP TABLE datasets; DROP TABLE trial_rungs; DROP TABLE trials; DROP TABLE "
+            "studies; ALTER TABLE runs DROP COLUMN data_version_id; PRAGMA "
             "user_version = 5;");
     Store s(path);
     CHECK(s.schemaVersion() == Store::kSchemaVersion);
@@ -453,7 +455,8 @@ TEST_CASE("a schema-6 workspace is migrated to 7, keeps its deployments and gets
             "action, started_at, instance) VALUES('digits', 1, 'local', 'http://127.0.0.1:8500', 42, 'user', "
             "'deploy', 1.0, 'nonce'); DROP TABLE rollout_decisions; DROP TABLE rollouts; "
             "DROP TABLE dataset_history; DROP TABLE dataset_files; DROP TABLE dataset_versions; DROP TABLE "
-            "datasets; ALTER TABLE runs DROP COLUMN data_version_id; PRAGMA user_version = 6;");
+            "datasets; DROP TABLE trial_rungs; DROP TABLE trials; DROP TABLE studies; ALTER TABLE runs DROP "
+            "COLUMN data_version_id; PRAGMA user_version = 6;");
     {
         Store s(path);
         CHECK(s.schemaVersion() == Store::kSchemaVersion);

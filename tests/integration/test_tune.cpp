@@ -135,6 +135,10 @@ TEST_CASE(
     const auto text = runShell(lathectl("studies show s1 --db " + db));
     CHECK_THAT(text.out, Catch::Contains("best: trial"));
     CHECK_THAT(text.out, Catch::Contains("reproduce: lathectl train"));
+    // Completion offers the workspace's studies and the algorithms.
+    CHECK(runShell("LATHE_DB=" + db + " " + lathectl("__complete studies show ''")).out == "s1\n");
+    CHECK(runShell("LATHE_DB=" + db + " " + lathectl("__complete tune --resume ''")).out == "s1\n");
+    CHECK_THAT(runShell(lathectl("__complete tune --algo ''")).out, Catch::Contains("asha"));
 }
 
 TEST_CASE("an ASHA study prunes trials at its rungs and the pruned runs say so", "[cli][tune]") {
