@@ -37,6 +37,8 @@ struct TuneState {
     int64_t seed = 0;
     int startupTrials = 10;
     std::string hosts;
+    double timeout = 0;
+    std::optional<double> stopAt;
     bool quiet = false;
 };
 
@@ -147,6 +149,8 @@ void printStudy(const std::string& workspace, const core::StudyRecord& s,
 }
 
 int runTune(TuneState& st) {
+    if (st.timeout < 0) throw UsageError("--timeout must be a number of seconds >= 0 (0: no limit)");
+    if (st.stopAt && !std::isfinite(*st.stopAt)) throw UsageError("--stop-at must be a finite number");
     const std::string ws = core::Store::resolvePath(st.common.db);
     {
         auto store = openStore(st.common);  // creates / migrates the workspace; a bad file is exit 2
@@ -222,6 +226,8 @@ int runTune(TuneState& st) {
     o.lathectl = core::siblingProgram("lathectl");
     if (!st.resume.empty() && st.parallel > 0) o.parallel = st.parallel;
     if (!st.resume.empty() && !st.hosts.empty()) o.hosts = splitList(st.hosts);
+    o.timeoutSeconds = st.timeout;
+    o.stopAt = st.stopAt;
     o.stop = &installStopHandler();
     const bool humanOut = !st.common.json;
     if (!st.quiet)
@@ -235,9 +241,12 @@ int runTune(TuneState& st) {
 
     const auto s = studies->study(name);
     const auto trials = studies->trials(s->id);
-    if (st.common.json)
-        std::cout << studyJson(*s, trials).dump() << std::endl;
-    else {
+    static const char* const kEnded[] = {"trials", "timeout", "target", "interrupted"};
+    if (st.common.json) {
+        auto j = studyJson(*s, trials);
+        j["ended"] = kEnded[static_cast<int>(outcome.ended)];  // why this call ended
+        std::cout << j.dump() << std::endl;
+    } else {
         std::printf("\n");
         printStudy(ws, *s, trials);
     }
@@ -298,6 +307,13 @@ void registerTune(CLI::App& app, int& exitCode) {
         "--hosts", st->hosts,
         "run each trial on a host of the inventory over SSH: NAME:SLOTS[,NAME:SLOTS...], one trial at a "
         "time per entry");
+    cmd->add_option("--timeout", st->timeout,
+                    "start no trial after SECONDS; the running ones finish (--resume runs the rest)")
+        ->type_name("SECONDS");
+    cmd->add_option("--stop-at", st->stopAt,
+                    "start no trial once a complete trial's objective reaches VALUE (>= for max, <= for "
+                    "min); the running ones finish")
+        ->type_name("VALUE");
     cmd->add_flag("--quiet,-q", st->quiet, "no progress lines");
     cmd->callback([st, &exitCode] { exitCode = runTune(*st); });
 

@@ -110,6 +110,27 @@ TEST_CASE("TPE finds a narrow optimum better than random search on the same budg
     CHECK(adamw > 20);  // of the last 30 (random would give about 10)
 }
 
+TEST_CASE("TPE ranks a pruned trial's low-fidelity value below every complete trial", "[tuning]") {
+    // Ten complete trials of sgd at 0.5, ten of adam pruned at rung 3 with 0.9 (a value after 3
+    // epochs, not comparable with one after the full budget): the good set is the complete ones.
+    SearchSpace c{{parseParam("optimizer=choice(sgd,adam)")}};
+    std::vector<Observation> h;
+    for (int i = 0; i < 10; ++i) h.push_back({{{"optimizer", "sgd"}}, 0.5 + 0.001 * i, std::nullopt});
+    for (int i = 0; i < 10; ++i) h.push_back({{{"optimizer", "adam"}}, 0.9, 3.0});
+    // Among pruned trials a later rung ranks first: adam stopped at 9 beats sgd stopped at 3.
+    std::vector<Observation> pruned;
+    for (int i = 0; i < 10; ++i) pruned.push_back({{{"optimizer", "sgd"}}, 0.95, 3.0});
+    for (int i = 0; i < 10; ++i) pruned.push_back({{{"optimizer", "adam"}}, 0.6, 9.0});
+    std::mt19937_64 rng(5);
+    int sgd = 0, adam = 0;
+    for (int t = 0; t < 40; ++t) {
+        sgd += sampleTpe(c, h, Direction::Maximize, rng).at("optimizer") == "sgd" ? 1 : 0;
+        adam += sampleTpe(c, pruned, Direction::Maximize, rng).at("optimizer") == "adam" ? 1 : 0;
+    }
+    CHECK(sgd >= 35);  // by value alone the pruned adam trials would be the good set
+    CHECK(adam >= 35);
+}
+
 TEST_CASE("ASHA's rungs and its asynchronous promotion rule", "[tuning]") {
     Asha a{1, 27, 3};
     CHECK(a.rungs() == std::vector<double>{1, 3, 9, 27});

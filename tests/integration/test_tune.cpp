@@ -65,6 +65,8 @@ TEST_CASE("lathectl tune refuses bad input with exit 2 before any trial starts",
         {" --space 'lr=loguniform(1e-3,0.1)' --space 'lr=uniform(0.1,0.2)'", "lr"},
         {" --space 'epochs=int(1,3)' --algo asha", "budget"},
         {" --space 'lr=loguniform(1e-3,0.1)' --study 'bad name'", "bad name"},
+        {" --space 'lr=loguniform(1e-3,0.1)' --timeout -5", "--timeout"},
+        {" --space 'lr=loguniform(1e-3,0.1)' --stop-at inf", "--stop-at"},
     };
     for (const auto& c : cases) {
         const auto r = runShell(lathectl("tune --epochs 2 --trials 2" + kBase + c.args + db));
@@ -139,6 +141,49 @@ TEST_CASE(
     CHECK(runShell("LATHE_DB=" + db + " " + lathectl("__complete studies show ''")).out == "s1\n");
     CHECK(runShell("LATHE_DB=" + db + " " + lathectl("__complete tune --resume ''")).out == "s1\n");
     CHECK_THAT(runShell(lathectl("__complete tune --algo ''")).out, Catch::Contains("asha"));
+}
+
+TEST_CASE("a study ends early at its target or timeout and resuming it runs the trials it has left",
+          "[cli][tune]") {
+    TempDir dir;
+    const std::string db = dir.file("lathe.db");
+    // Every val/accuracy is >= 0: the first complete trial meets the target.
+    auto r = runShell(lathectl("tune --epochs 1 --trials 4 --study early --stop-at 0" + kBase + kSpace +
+                               " --json --db " + db));
+    INFO(r.err);
+    REQUIRE(r.exitCode == 0);
+    auto j = json::parse(r.out);
+    CHECK(j.at("ended") == "target");
+    CHECK(j.at("status") == "stopped");
+    REQUIRE(j.at("trials").size() == 1);
+    CHECK(j.at("trials")[0].at("state") == "complete");
+    CHECK_THAT(r.err, Catch::Contains("reached its target"));
+    CHECK_THAT(r.err, Catch::Contains("ran 1 of its 4 trials"));
+    // Resumed without a target, it runs the other three.
+    r = runShell(lathectl("tune --resume early --json --db " + db));
+    INFO(r.err);
+    REQUIRE(r.exitCode == 0);
+    j = json::parse(r.out);
+    CHECK(j.at("ended") == "trials");
+    CHECK(j.at("status") == "completed");
+    CHECK(j.at("trials").size() == 4);
+    // A target no trial reaches changes nothing.
+    r = runShell(lathectl("tune --epochs 1 --trials 2 --study never --stop-at 1.5" + kBase + kSpace +
+                          " --json -q --db " + db));
+    REQUIRE(r.exitCode == 0);
+    CHECK(json::parse(r.out).at("ended") == "trials");
+    CHECK(json::parse(r.out).at("trials").size() == 2);
+    // --timeout: the first two start at once (two slots), none after the time has passed; the
+    // running ones finish.
+    r = runShell(lathectl("tune --epochs 1 --trials 6 --parallel 2 --study timed --timeout 0.001" + kBase +
+                          kSpace + " --json --db " + db));
+    INFO(r.err);
+    REQUIRE(r.exitCode == 0);
+    j = json::parse(r.out);
+    CHECK(j.at("ended") == "timeout");
+    CHECK(j.at("status") == "stopped");
+    REQUIRE(j.at("trials").size() == 2);
+    for (const auto& t : j.at("trials")) CHECK(t.at("state") == "complete");
 }
 
 TEST_CASE("an ASHA study prunes trials at its rungs and the pruned runs say so", "[cli][tune]") {

@@ -253,8 +253,12 @@ Assignment sampleTpe(const SearchSpace& space, const std::vector<Observation>& h
     for (const auto& o : history)
         if (o.value && std::isfinite(*o.value)) done.push_back(&o);
     if (static_cast<int>(done.size()) < options.startupTrials) return sampleRandom(space, rng);
-    // Best first.
+    // Best first: complete trials, then pruned ones by the rung they reached (later first), by
+    // value within each.
     std::stable_sort(done.begin(), done.end(), [&](const Observation* a, const Observation* b) {
+        const double fa = a->prunedAt ? *a->prunedAt : std::numeric_limits<double>::infinity();
+        const double fb = b->prunedAt ? *b->prunedAt : std::numeric_limits<double>::infinity();
+        if (fa != fb) return fa > fb;
         return direction == Direction::Maximize ? *a->value > *b->value : *a->value < *b->value;
     });
     const size_t n = done.size();

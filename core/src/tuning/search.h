@@ -44,6 +44,9 @@ using Assignment = std::map<std::string, std::string>;
 struct Observation {
     Assignment params;
     std::optional<double> value;  // the objective; none while running, or when failed/pruned early
+    /// A pruned trial: the budget of the rung where it stopped (its value is the one there, a
+    /// lower fidelity than a complete trial's). None for a complete trial.
+    std::optional<double> prunedAt;
 };
 
 enum class Direction { Maximize, Minimize };
@@ -59,7 +62,9 @@ struct TpeOptions {
     double priorWeight = 1.0;
 };
 /// TPE: with fewer than startupTrials observed values, random; else per parameter, the
-/// observations split into the best gamma(n) = min(ceil(0.1 n), 25) and the rest, a Parzen
+/// observations ranked — complete trials by value, then pruned ones, those stopped at a later rung
+/// first and by value within a rung (as Optuna: a value at 3 epochs is not comparable with one at
+/// 81) — split into the best gamma(n) = min(ceil(0.1 n), 25) and the rest, a Parzen
 /// estimator of each (truncated Gaussians on the encoded scale — log for log kinds — with
 /// bandwidths from the neighbours' distances, plus a prior over the whole range; categorical:
 /// smoothed counts), and of `candidates` draws from the good one, the one maximising

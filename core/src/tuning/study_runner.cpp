@@ -232,16 +232,39 @@ public:
         recoverInterrupted();
         const int slots = m_settings.hosts.empty() ? std::max(1, m_settings.parallel)
                                                    : static_cast<int>(m_settings.hosts.size());
+        const auto started = std::chrono::steady_clock::now();
+        bool closing = false;  // --timeout or --stop-at: no new trials, the running ones finish
         for (;;) {
             if (m_options.stop && m_options.stop->load()) {
                 stopAll();
                 outcome.stopped = true;
+                outcome.ended = TuneOutcome::Ended::Interrupted;
                 m_studies.setStatus(m_study.id, "stopped");
                 say("study " + m_study.name + " stopped: lathectl tune --resume " + m_study.name +
                     " continues it");
                 return outcome;
             }
-            while (static_cast<int>(m_children.size()) < slots &&
+            if (!closing) {
+                const double elapsed =
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+                if (m_reached) {
+                    closing = true;
+                    outcome.ended = TuneOutcome::Ended::Target;
+                    say("study " + m_study.name + " reached its target (" + *m_reached + "): no new trials" +
+                        (m_children.empty()
+                             ? std::string()
+                             : ", waiting for the " + std::to_string(m_children.size()) + " running"));
+                } else if (m_options.timeoutSeconds > 0 && elapsed >= m_options.timeoutSeconds) {
+                    closing = true;
+                    outcome.ended = TuneOutcome::Ended::Timeout;
+                    say("study " + m_study.name + ": --timeout " + fmt(m_options.timeoutSeconds) +
+                        " s passed: no new trials" +
+                        (m_children.empty()
+                             ? std::string()
+                             : ", waiting for the " + std::to_string(m_children.size()) + " running"));
+                }
+            }
+            while (!closing && static_cast<int>(m_children.size()) < slots &&
                    (!m_toResume.empty() || m_next < m_settings.trials)) {
                 launchNext();
                 ++outcome.started;
@@ -251,7 +274,14 @@ public:
             if (!m_rungs.empty()) watchRungs();
             wait();
         }
-        m_studies.setStatus(m_study.id, "completed");
+        // Ended early (--timeout, --stop-at) with trials still to run: stopped, and --resume
+        // runs the rest.
+        const bool all = m_toResume.empty() && m_next >= m_settings.trials;
+        m_studies.setStatus(m_study.id, all ? "completed" : "stopped");
+        if (!all)
+            say("study " + m_study.name + " ran " + std::to_string(m_next) + " of its " +
+                std::to_string(m_settings.trials) + " trials: lathectl tune --resume " + m_study.name +
+                " runs the rest");
         return outcome;
     }
 
@@ -348,6 +378,7 @@ private:
             tuning::Observation o;
             o.params = t.params;
             if (t.state == TrialState::Complete || t.state == TrialState::Pruned) o.value = t.value;
+            if (t.state == TrialState::Pruned) o.prunedAt = t.prunedAt;
             history.push_back(std::move(o));
         }
         tuning::TpeOptions tpe;
@@ -484,6 +515,13 @@ private:
             m_studies.finishTrial(c.trialId, TrialState::Complete, v->second, "");
             say(label + " complete: " + m_study.objective + " " + fmt(v->second) + " (run " +
                 std::to_string(runId) + ")");
+            if (m_options.stopAt && !m_reached &&
+                (directionOf(m_study) == tuning::Direction::Maximize ? v->second >= *m_options.stopAt
+                                                                     : v->second <= *m_options.stopAt))
+                m_reached = "trial " + std::to_string(c.number) + "'s " + m_study.objective + " " +
+                            fmt(v->second) +
+                            (directionOf(m_study) == tuning::Direction::Maximize ? " >= " : " <= ") +
+                            fmt(*m_options.stopAt);
             if (const auto done = m_studies.trial(c.trialId)) learnFrom(*done);
             return;
         }
@@ -609,6 +647,7 @@ private:
     RunSpec m_base;
     std::string m_dir, m_basePath;
     std::vector<double> m_rungs;
+    std::optional<std::string> m_reached;  // the trial that met --stop-at
     std::vector<Child> m_children;
     std::vector<TrialRecord> m_toResume;
     int64_t m_next = 0;

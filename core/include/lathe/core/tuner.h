@@ -9,6 +9,7 @@
 // was: finished trials are kept, interrupted ones continue from their checkpoints.
 #include <atomic>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,15 +36,25 @@ struct TuneOptions {
     /// One line per event (trial started, pruned, finished, failed), for a terminal.
     std::function<void(const std::string&)> progress;
     double pollSeconds = 0.05;  // ASHA's watch of running trials; a trial's end is seen at once
+    /// No new trials once this many seconds have passed since the call began (0: no limit); the
+    /// running ones finish (as Optuna's optimize(timeout=)).
+    double timeoutSeconds = 0;
+    /// No new trials once a complete trial's objective reaches this (>= when maximising, <= when
+    /// minimising); the running ones finish.
+    std::optional<double> stopAt;
 };
 
 struct TuneOutcome {
+    enum class Ended { Trials, Timeout, Target, Interrupted };
     bool stopped = false;  // stop was set: running trials were stopped and will resume
     int started = 0;       // trials started (or continued) by this call
+    Ended ended = Ended::Trials;
 };
 
-/// Runs study `name` of the workspace until it has its number of trials in a final state, or
-/// `stop` is set. Throws ConfigError for an unknown study, Error when a trial cannot be started.
+/// Runs study `name` of the workspace until it has its number of trials in a final state, `stop`
+/// is set, or the timeout or target of `options` ends it early (the study is then "stopped", and
+/// resuming it runs the trials it has left). Throws ConfigError for an unknown study, Error when a trial
+/// cannot be started.
 TuneOutcome runStudy(const std::string& workspacePath, const std::string& name, const TuneOptions& options);
 
 }  // namespace lathe::core
