@@ -52,6 +52,8 @@
 #include "lathe/widgets/run_view.h"
 #include "lathe/widgets/serving_dashboard.h"
 #include "lathe/widgets/studies_view.h"
+#include "lathe/widgets/study_dialog.h"
+#include "study_processes.h"
 #include "training_session.h"
 
 namespace lathe::app {
@@ -194,6 +196,35 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
             [this, selectTrialRuns](const QList<qint64>& runIds) {
                 m_pages->setCurrentIndex(0);
                 selectTrialRuns(runIds);
+            });
+    // Studies started here run as `lathectl tune` processes; the page shows them as they go.
+    m_studyProcs = std::make_unique<StudyProcesses>();
+    connect(m_studies, &widgets::StudiesView::newStudyRequested, this, [this] { openStudyDialog(); });
+    connect(m_studies, &widgets::StudiesView::stopStudyRequested, this, [this](const QString& name) {
+        if (m_studyProcs->stop(name)) statusBar()->showMessage(tr("Stopping study %1…").arg(name));
+    });
+    connect(m_studies, &widgets::StudiesView::resumeStudyRequested, this, [this](const QString& name) {
+        const QString error = m_studyProcs->resume(name, QString::fromStdString(m_store->path()));
+        if (!error.isEmpty()) {
+            showError(tr("Cannot resume the study"), error);
+            return;
+        }
+        statusBar()->showMessage(tr("Resuming study %1…").arg(name), 8000);
+    });
+    connect(m_studyProcs.get(), &StudyProcesses::changed, this, [this] {
+        m_studies->setActiveStudies(m_studyProcs->running(QString::fromStdString(m_store->path())));
+        m_studies->refresh();
+    });
+    connect(m_studyProcs.get(), &StudyProcesses::finished, this,
+            [this](const QString& name, int code, const QString& error) {
+                if (code == 0)
+                    statusBar()->showMessage(tr("Study %1 finished").arg(name), 10000);
+                else if (code == 130)
+                    statusBar()->showMessage(tr("Study %1 stopped: Resume continues it").arg(name), 10000);
+                else
+                    showError(tr("Study %1 failed").arg(name),
+                              error.isEmpty() ? tr("lathectl tune exited with status %1").arg(code)
+                                              : error.right(1500));
             });
     m_graphPage = new widgets::GraphView;
     m_graphPage->setObjectName(QStringLiteral("graphPage"));
@@ -356,6 +387,42 @@ bool MainWindow::showModelGraph(const QString& model, qint64 version) {
         showError(tr("Cannot show the graph"), QString::fromUtf8(e.what()));
         return false;
     }
+}
+
+widgets::StudyDialog* MainWindow::studyDialog() const { return m_studyDialog.data(); }
+
+widgets::StudyDialog* MainWindow::openStudyDialog() {
+    if (!m_form->isValid()) {
+        showError(tr("Cannot start a study"),
+                  tr("The run form has errors: a study tunes the run form's configuration, so fix them on "
+                     "the Runs page first."));
+        return nullptr;
+    }
+    auto* dialog = new widgets::StudyDialog(m_form->spec(), m_studies->studyNames(), this);
+    dialog->setAttribute(Qt::WA_DeleteOnClose);
+    connect(dialog, &QDialog::accepted, this, [this, dialog] {
+        const auto study = dialog->study();
+        const QString name = QString::fromStdString(study.name);
+        const QString error =
+            m_studyProcs->startNew(name, QString::fromStdString(study.baseConfig), dialog->tuneArguments(),
+                                   QString::fromStdString(m_store->path()));
+        if (!error.isEmpty()) {
+            showError(tr("Cannot start the study"), error);
+            return;
+        }
+        statusBar()->showMessage(tr("Study %1 started").arg(name), 8000);
+        m_pages->setCurrentWidget(m_studies);
+        // Selected once its first read lists it.
+        auto once = std::make_shared<QMetaObject::Connection>();
+        *once = connect(m_studies, &widgets::StudiesView::refreshed, this, [this, name, once] {
+            if (!m_studies->studyNames().contains(name)) return;
+            m_studies->selectStudy(name);
+            disconnect(*once);
+        });
+    });
+    m_studyDialog = dialog;
+    dialog->show();
+    return dialog;
 }
 
 widgets::CompressDialog* MainWindow::openCompressDialog(const QString& model, qint64 version) {
@@ -690,6 +757,7 @@ bool MainWindow::openWorkspace(const QString& path) {
     offerDataSets();
     m_dataSets->setWorkspace(QString::fromStdString(m_store->path()));
     m_studies->setWorkspace(QString::fromStdString(m_store->path()));
+    m_studies->setActiveStudies(m_studyProcs->running(QString::fromStdString(m_store->path())));
     updateTitle();
     showNewStore(path);
     return true;
@@ -726,6 +794,11 @@ void MainWindow::exportChartsDialog() {
 }
 
 void MainWindow::closeEvent(QCloseEvent* event) {
+    if (!m_studyProcs->running(QString::fromStdString(m_store->path())).isEmpty()) {
+        // Their trials stop with their runs, recorded: Resume (or lathectl tune --resume) continues.
+        statusBar()->showMessage(tr("Stopping the studies…"));
+        m_studyProcs->stopAll();
+    }
     if (m_session->isRunning()) {
         statusBar()->showMessage(tr("Stopping the run…"));
         m_session->stopAndWait();

@@ -35,12 +35,14 @@ class ModelsView;
 class RunForm;
 class RunListModel;
 class StudiesView;
+class StudyDialog;
 }  // namespace lathe::widgets
 
 namespace lathe::app {
 
 class DeploySession;
 struct DeployOutcome;
+class StudyProcesses;
 class TrainingSession;
 
 class MainWindow : public QMainWindow {
@@ -87,6 +89,14 @@ public:
     widgets::CompressDialog* openCompressDialog(const QString& model, qint64 version);
     /// The last one opened, while it is open.
     widgets::CompressDialog* compressDialog() const;
+    /// The New Study dialog (Studies page → New study…) for the run form's configuration: on
+    /// Start, a `lathectl tune` process runs the study (studyProcesses()) and the page shows it.
+    /// Null, with the error shown, while the run form has errors.
+    widgets::StudyDialog* openStudyDialog();
+    /// The last one opened, while it is open.
+    widgets::StudyDialog* studyDialog() const;
+    /// The studies running from this window.
+    StudyProcesses* studyProcesses() const { return m_studyProcs.get(); }
     /// The last error shown to the user (for tests and the status bar).
     QString lastError() const { return m_lastError; }
 
@@ -151,6 +161,8 @@ private:
     std::unique_ptr<core::Store> m_store;
     std::unique_ptr<TrainingSession> m_session;
     QPointer<widgets::CompressDialog> m_compressDialog;
+    QPointer<widgets::StudyDialog> m_studyDialog;
+    std::unique_ptr<StudyProcesses> m_studyProcs;
     std::shared_ptr<core::Registry> m_registry;
     widgets::GraphView* m_graphPage = nullptr;
     std::unique_ptr<DeploySession> m_deploy;

@@ -237,7 +237,6 @@ int runTrain(const TrainState& st) {
                 "strategy = \"hierarchical\" groups ranks by host and needs the same slots on every host "
                 "(got " +
                 placement + ")");
-        if (spec.nproc < 2) throw UsageError("--hosts: a run across hosts needs at least 2 slots in all");
         if (const auto problems = core::validate(spec); !problems.empty()) {
             std::string all;
             for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;

@@ -197,10 +197,6 @@ int runTune(TuneState& st) {
         if (!st.hosts.empty()) settings["hosts"] = splitList(st.hosts);
         s.settings = settings.dump();
         core::checkStudy(s, base);
-        if (s.sampler == "ppo" && !st.hosts.empty())
-            throw UsageError(
-                "--algo ppo runs its trials on this machine (the agent's policy file is local); drop "
-                "--hosts");
         if (!st.hosts.empty()) {
             auto store = openStore(st.common);
             for (const auto& h : splitList(st.hosts)) {
@@ -212,10 +208,12 @@ int runTune(TuneState& st) {
                 const auto colon = h.rfind(':');
                 const int slots = colon == std::string::npos ? static_cast<int>(rec->slots)
                                                              : std::atoi(h.c_str() + colon + 1);
-                if (slots < 2)
+                if (slots < 1) throw UsageError("--hosts " + h + ": a trial needs at least 1 slot (NAME:1)");
+                // The agent steers one process: its decisions are not shared across ranks.
+                if (s.sampler == "ppo" && slots != 1)
                     throw UsageError("--hosts " + h +
-                                     ": a trial on a host is a run across its slots, which needs at "
-                                     "least 2 (NAME:2); run 1-slot trials here with --parallel");
+                                     ": --algo ppo trials are single-process runs; give each host 1 slot (" +
+                                     hostName + ":1)");
             }
         }
         studies->create(s);

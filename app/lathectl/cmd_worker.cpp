@@ -88,6 +88,10 @@ core::CheckpointOwner parseOwner(const std::string& text) {
 }
 
 int runWorker(const WorkerState& st) {
+    // A peer that dies closes its sockets: writing to one must fail the collective with an error
+    // this rank reports, not kill it by SIGPIPE, which would make it look like the rank that died
+    // (the launcher names the first rank killed by a signal as the cause).
+    std::signal(SIGPIPE, SIG_IGN);
     const core::RunSpec spec = buildSpec(st.spec);
     const core::DistEnv dist = core::distEnvFromEnvironment();
     if (spec.nproc > 1 && !dist.distributed())

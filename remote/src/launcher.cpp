@@ -12,6 +12,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -25,6 +26,7 @@
 #include "lathe/core/checkpoint.h"
 #include "lathe/core/error.h"
 #include "lathe/core/executable.h"
+#include "lathe/core/run_spec.h"
 #include "lathe/core/sha256.h"
 #include "lathe/remote/sftp.h"
 #include "lathe/remote/ssh_session.h"
@@ -623,6 +625,34 @@ core::LaunchResult launchChecked(const core::LaunchOptions& base, const RemoteLa
 
     const std::string resumeName =
         base.resumeFrom.empty() ? "" : fs::path(base.resumeFrom).filename().string();
+    // Files the run reads by a path in its config (the PPO agent's policy, a distillation
+    // teacher) travel with it: uploaded into the run's directory, the config pointed at the copies.
+    std::string configToSend = base.configPath;
+    std::vector<std::pair<std::string, std::string>> inputs;  // local path, remote path
+    struct RemoveFile {
+        std::string path;
+        ~RemoveFile() {
+            std::error_code ec;
+            if (!path.empty()) fs::remove(path, ec);
+        }
+    } rewritten;
+    if (!base.inputFiles.empty()) {
+        std::ifstream in(base.configPath, std::ios::binary);
+        std::stringstream text;
+        text << in.rdbuf();
+        if (!in) throw core::Error("cannot read " + base.configPath);
+        auto spec = core::parseRunSpec(text.str(), base.configPath, false);
+        for (const auto& [key, local] : base.inputFiles) {
+            const std::string there = runDir + "/inputs/" + key + "-" + fs::path(local).filename().string();
+            core::setSpecValue(spec, key, there);
+            inputs.emplace_back(local, there);
+        }
+        rewritten.path = base.configPath + ".remote-" + tag;
+        std::ofstream out(rewritten.path, std::ios::binary | std::ios::trunc);
+        out << core::toToml(spec);
+        if (!out) throw core::Error("cannot write " + rewritten.path);
+        configToSend = rewritten.path;
+    }
     {
         // One thread per host: each uses only its own session.
         std::vector<std::string> errors(hosts.size());
@@ -630,7 +660,8 @@ core::LaunchResult launchChecked(const core::LaunchOptions& base, const RemoteLa
         for (size_t i = 0; i < hosts.size(); ++i)
             threads.emplace_back([&, i] {
                 try {
-                    upload(*hosts[i]->control, base.configPath, runDir + "/config.toml");
+                    upload(*hosts[i]->control, configToSend, runDir + "/config.toml");
+                    for (const auto& [local, there] : inputs) upload(*hosts[i]->control, local, there);
                     if (!base.resumeFrom.empty())
                         upload(*hosts[i]->control, base.resumeFrom, runDir + "/resume/" + resumeName);
                 } catch (const std::exception& ex) {

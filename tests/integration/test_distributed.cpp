@@ -131,10 +131,12 @@ TEST_CASE("Ctrl+C on a multi-process run stops every rank and records it as stop
         "(" + lathectl("train --nproc 2 --epochs 100000 -q --json --db " + db) +
         " & pid=$!; for i in $(seq 600); do " + lathectl("runs list --db " + db) +
         " 2>/dev/null | grep -q running && break; sleep 0.1; done; sleep 2; kill -INT $pid; wait $pid)");
+    INFO(r.err);  // train's own stderr: why it ended, if not by the SIGINT
     CHECK(r.exitCode == 130);
     CHECK(json::parse(r.out).at("status") == "stopped");
     CHECK(workerPids(dir.file("l.db-files/artifacts/run-1/config.toml")).empty());
     lathe::core::Store store(db);
+    REQUIRE(store.run(1));
     CHECK(store.run(1)->status == lathe::core::RunStatus::Stopped);
 }
 

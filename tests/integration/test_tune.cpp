@@ -277,6 +277,50 @@ TEST_CASE("a study killed mid-trial resumes without repeating finished trials", 
     CHECK(store.lastMetrics(before[2].runId).at("train/epoch") == 30);
 }
 
+TEST_CASE("a trial stopped before its first checkpoint starts again as a new run on resume", "[cli][tune]") {
+    TempDir dir;
+    const std::string db = dir.file("lathe.db");
+    // One epoch of 1,437 steps of batch 1 (about 2 s): Ctrl+C lands inside it.
+    const auto bg =
+        runShell(lathectl("tune --epochs 1 --batch 1 --trials 1 --algo random --study c1 --model mlp "
+                          "--data digits --threads 1 --seed 3 --space 'lr=loguniform(1e-3,1e-2)' "
+                          "--db " +
+                          db) +
+                 " > " + dir.file("tune.out") + " 2>&1 & echo $!");
+    const int pid = std::stoi(bg.out);
+    lathe::core::Studies studies(db);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    int64_t firstRun = 0;
+    while (firstRun == 0) {
+        REQUIRE(std::chrono::steady_clock::now() < deadline);
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        if (const auto s = studies.study("c1"))
+            if (const auto t = studies.trials(s->id); !t.empty()) firstRun = t[0].runId;
+    }
+    ::kill(pid, SIGINT);
+    for (int i = 0; i < 300 && ::kill(pid, 0) == 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    {
+        lathe::core::Store store(db);
+        REQUIRE(store.run(firstRun));
+        REQUIRE(store.run(firstRun)->status == lathe::core::RunStatus::Stopped);
+        REQUIRE(store.artifacts(firstRun).empty());  // stopped inside its first epoch
+    }
+    const auto r = runShell(lathectl("tune --resume c1 --json --db " + db));
+    INFO(r.err);
+    REQUIRE(r.exitCode == 0);
+    const auto j = json::parse(r.out);
+    REQUIRE(j.at("trials").size() == 1);
+    CHECK(j.at("trials")[0].at("state") == "complete");
+    const auto again = j.at("trials")[0].at("run_id").get<int64_t>();
+    CHECK(again != firstRun);  // a new run: there was nothing to continue
+    lathe::core::Store store(db);
+    bool said = false;
+    for (const auto& l : store.logs(firstRun))
+        said |= l.text.find("stopped before its first checkpoint") != std::string::npos;
+    CHECK(said);
+}
+
 TEST_CASE("a trial whose process crashes is recorded as failed and the study goes on", "[cli][tune]") {
     TempDir dir;
     const std::string db = dir.file("lathe.db");

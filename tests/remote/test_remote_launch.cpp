@@ -463,10 +463,39 @@ TEST_CASE("a study runs its trials on the inventory's hosts, one trial per host 
         CHECK(placed);
     }
     CHECK(hosts == std::set<std::string>{"gpu-a", "gpu-b"});
-    // A 1-slot placement cannot hold a run across a host: refused before anything starts.
-    const auto bad =
-        c.run("tune --epochs 2 --trials 1 --space 'lr=loguniform(1e-3,0.1)' --hosts gpu-a:1 --study r2");
+
+    // One slot each: every trial is a single-process run on its host. Under PPO the agent's
+    // policy travels with the trial (uploaded, the uploaded config pointed at the copy), and its
+    // decisions come back as the run's metrics, which the study learns from.
+    const auto p = c.run(
+        "tune --epochs 3 --seed 5 --threads 1 --trials 3 --algo ppo --study p1 --space "
+        "'hidden=choice([16],[64])' --hosts gpu-a:1,gpu-b:1 --json");
+    INFO(p.err << p.out);
+    REQUIRE(p.exitCode == 0);
+    const auto pj = json::parse(p.out);
+    REQUIRE(pj.at("trials").size() == 3);
+    CHECK(pj.at("state").at("updates").get<int>() == 3);
+    hosts.clear();
+    for (const auto& t : pj.at("trials")) {
+        CHECK(t.at("state") == "complete");
+        hosts.insert(t.at("host").get<std::string>());
+        const auto run = t.at("run_id").get<int64_t>();
+        CHECK(store.metrics(run, "ppo/action").size() == 2);  // after each epoch but the last
+        CHECK(store.metrics(run, "ppo/reward").size() == 2);
+        // Recorded with this machine's copy of the policy, so the run can be repeated here.
+        CHECK(store.params(run).at("ppo_policy").find(c.db) == 0);
+        bool placed = false;
+        for (const auto& l : store.logs(run))
+            placed |=
+                l.text.find("host " + t.at("host").get<std::string>() + " (127.0.0.") != std::string::npos;
+        CHECK(placed);
+    }
+    CHECK(hosts == std::set<std::string>{"gpu-a", "gpu-b"});
+    // The agent steers one process: a 2-slot placement is refused before anything starts.
+    const auto bad = c.run(
+        "tune --epochs 2 --trials 1 --algo ppo --space 'hidden=choice([16],[64])' "
+        "--hosts gpu-a:2 --study p2");
     CHECK(bad.exitCode == 2);
-    CHECK_THAT(bad.err, Catch::Contains("at least 2"));
+    CHECK_THAT(bad.err, Catch::Contains("gpu-a:1"));
     CHECK(rankPids(ws).empty());
 }

@@ -244,7 +244,8 @@ StudiesView::StudiesView(QWidget* parent) : QWidget(parent) {
     m_empty->setTextInteractionFlags(Qt::TextSelectableByMouse);
     m_empty->setText(
         tr("<p>No studies in this workspace yet.</p>"
-           "<p>A study searches hyper-parameters over many runs: start one with<br>"
+           "<p>A study searches hyper-parameters over many runs: start one with <b>New study…</b> "
+           "(it tunes the run form's configuration) or<br>"
            "<code>lathectl tune</code> (see <code>lathectl tune --help</code>).</p>"
            "<p>Each trial is an ordinary run: it shows on the Runs page too.</p>"));
 
@@ -260,9 +261,34 @@ StudiesView::StudiesView(QWidget* parent) : QWidget(parent) {
     m_refresh->setToolTip(tr("Re-read the studies of this workspace (lathectl tune changes them)"));
     m_refresh->setEnabled(false);
 
+    m_new = new QPushButton(tr("New study…"), this);
+    m_new->setObjectName(QStringLiteral("newStudyButton"));
+    m_new->setToolTip(tr("Search hyper-parameters of the run form's configuration: a study of many runs"));
+    m_new->setEnabled(false);
+    m_stop = new QPushButton(tr("Stop"), this);
+    m_stop->setObjectName(QStringLiteral("stopStudyButton"));
+    m_stop->setToolTip(tr("Stop the selected study: its running trials stop and can be resumed"));
+    m_stop->setEnabled(false);
+    m_resume = new QPushButton(tr("Resume"), this);
+    m_resume->setObjectName(QStringLiteral("resumeStudyButton"));
+    m_resume->setToolTip(
+        tr("Continue the selected study (lathectl tune --resume): finished trials are "
+           "kept, interrupted ones continue from their checkpoints"));
+    m_resume->setEnabled(false);
+    connect(m_new, &QPushButton::clicked, this, &StudiesView::newStudyRequested);
+    connect(m_stop, &QPushButton::clicked, this, [this] {
+        if (!selectedStudy().isEmpty()) Q_EMIT stopStudyRequested(selectedStudy());
+    });
+    connect(m_resume, &QPushButton::clicked, this, [this] {
+        if (!selectedStudy().isEmpty()) Q_EMIT resumeStudyRequested(selectedStudy());
+    });
+
     auto* buttons = new QHBoxLayout;
     buttons->setContentsMargins(4, 2, 4, 2);
     buttons->addWidget(m_status, 1);
+    buttons->addWidget(m_new);
+    buttons->addWidget(m_stop);
+    buttons->addWidget(m_resume);
     buttons->addWidget(m_refresh);
     auto* layout = new QVBoxLayout(this);
     layout->setContentsMargins(0, 0, 0, 0);
@@ -278,8 +304,10 @@ StudiesView::StudiesView(QWidget* parent) : QWidget(parent) {
     m_poll->start();
 
     connect(m_refresh, &QPushButton::clicked, this, &StudiesView::refresh);
-    connect(m_list->selectionModel(), &QItemSelectionModel::selectionChanged, this,
-            [this] { loadStudy(false); });
+    connect(m_list->selectionModel(), &QItemSelectionModel::selectionChanged, this, [this] {
+        loadStudy(false);
+        updateControls();
+    });
     connect(m_table->selectionModel(), &QItemSelectionModel::selectionChanged, this,
             &StudiesView::onTrialSelectionChanged);
     connect(m_table, &QTableView::doubleClicked, this, [this](const QModelIndex& index) {
@@ -326,6 +354,7 @@ void StudiesView::setWorkspace(const QString& path) {
     m_stack->setCurrentIndex(m_source ? 0 : 1);
     setStatusText(m_source ? tr("Reading the studies…") : QString());
     m_refresh->setEnabled(m_source != nullptr);
+    updateControls();
     if (isVisible()) refresh();
 }
 
@@ -409,7 +438,7 @@ void StudiesView::applyRefresh(uint64_t generation, const std::shared_ptr<ListRe
             if (firstFill)
                 for (int c = 0; c < StudyColumnCount - 1; ++c) m_list->resizeColumnToContents(c);
         }
-        m_anyRunning = running > 0;
+        m_anyRunning = running > 0 || !m_active.isEmpty();
         const int n = int(read->studies.size());
         m_stack->setCurrentWidget(n == 0 ? static_cast<QWidget*>(m_empty) : m_stack->widget(0));
         setStatusText(n == 0        ? tr("No studies yet.")
@@ -418,8 +447,27 @@ void StudiesView::applyRefresh(uint64_t generation, const std::shared_ptr<ListRe
         // Trials finished since the last read show too.
         loadStudy(true);
     }
+    updateControls();
     Q_EMIT refreshed();
     if (m_refreshAgain) refresh();
+}
+
+void StudiesView::setActiveStudies(const QStringList& names) {
+    m_active = names;
+    // A study started here is running: keep re-reading while it is.
+    if (!names.isEmpty()) m_anyRunning = true;
+    updateControls();
+}
+
+void StudiesView::updateControls() {
+    m_new->setEnabled(!m_path.isEmpty());
+    const QString name = selectedStudy();
+    QString status;
+    if (const auto items = m_list->selectedItems(); !items.isEmpty()) status = items.first()->text(ColStatus);
+    const bool ours = !name.isEmpty() && m_active.contains(name);
+    m_stop->setEnabled(ours);
+    // Not completed and not run from here: stopped, or left "running" by a process that died.
+    m_resume->setEnabled(!name.isEmpty() && !ours && status != QLatin1String("completed"));
 }
 
 QString StudiesView::selectedStudy() const {

@@ -1,4 +1,3 @@
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "durable_file.h"
 #include "lathe/core/error.h"
 #include "lathe/core/sha256.h"
 #include "training/checkpoint_file.h"
@@ -19,18 +19,6 @@ namespace {
 
 constexpr const char* kMagic = "LATHE-CHECKPOINT";
 constexpr size_t kMaxHeader = 4096;
-
-void writeAll(int fd, const char* p, size_t n, const std::string& path) {
-    while (n > 0) {
-        const ssize_t w = ::write(fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            throw CheckpointError("writing checkpoint " + path + " failed: " + std::strerror(errno));
-        }
-        p += w;
-        n -= static_cast<size_t>(w);
-    }
-}
 
 // The checksum covers the header's epoch and step as well as the payload, so a flipped digit
 // in the header is caught too.
@@ -139,34 +127,11 @@ CheckpointInfo writeCheckpointFile(const std::string& path, int64_t epoch, int64
     header << "\nsha256 " << info.sha256 << "\n\n";
     const std::string head = header.str();
 
+    if (const auto failed = writeFileDurably(path, {head, payload}); !failed.empty())
+        throw CheckpointError("checkpoint: " + failed);
     std::error_code ec;
-    fs::create_directories(fs::path(path).parent_path(), ec);
-    const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) throw CheckpointError("cannot write checkpoint " + tmp + ": " + std::strerror(errno));
-    try {
-        writeAll(fd, head.data(), head.size(), tmp);
-        writeAll(fd, payload.data(), payload.size(), tmp);
-        if (::fsync(fd) != 0) throw CheckpointError("fsync of " + tmp + " failed: " + std::strerror(errno));
-    } catch (...) {
-        ::close(fd);
-        ::unlink(tmp.c_str());
-        throw;
-    }
-    ::close(fd);
-    if (::rename(tmp.c_str(), path.c_str()) != 0) {
-        const std::string err = std::strerror(errno);
-        ::unlink(tmp.c_str());
-        throw CheckpointError("cannot move checkpoint into place at " + path + ": " + err);
-    }
-    // The rename itself is durable only once the directory is: without this a power cut may
-    // bring the previous checkpoint back.
     const auto dir = fs::path(path).parent_path();
-    if (const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        dfd >= 0) {
-        ::fsync(dfd);
-        ::close(dfd);
-    }
+    const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
     // Temporaries of writers that were killed mid-write (another pid) are of no use to anyone.
     for (const auto& entry : fs::directory_iterator(dir.empty() ? fs::path(".") : dir, ec)) {
         const auto name = entry.path().filename().string();

@@ -74,6 +74,9 @@ TrainResult trainInWorkers(Store& store, int64_t runId, const RunSpec& spec, con
     lo.owner = topts.owner;
     lo.dataCacheDir = topts.dataCacheDir;
     lo.dataVersion = topts.dataVersion;
+    if (!spec.ppoPolicy.empty()) lo.inputFiles["ppo_policy"] = spec.ppoPolicy;
+    if (!spec.teacher.empty() && std::filesystem::is_regular_file(spec.teacher, ec))
+        lo.inputFiles["teacher"] = spec.teacher;
     lo.stop = options.stop;
     LaunchResult launched;
     if (options.launch) {
@@ -279,7 +282,8 @@ RecordedRun trainAndRecord(Store& store, const RunSpec& given, const RecordOptio
         sink(Event::error(message));
     };
     try {
-        if (spec.nproc > 1)
+        // A launcher given (other hosts) runs even one rank through it.
+        if (spec.nproc > 1 || options.launch)
             rec.result = trainInWorkers(store, rec.runId, bound.used, topts, options, sink);
         else
             rec.result = train(bound.used, topts, sink);

@@ -1,13 +1,8 @@
 // The PPO agent (ppo.h): the actor-critic network, its file, acting and the PPO update.
 #include "tuning/ppo.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <numeric>
 #include <sstream>
@@ -15,6 +10,7 @@
 
 #include <torch/torch.h>
 
+#include "durable_file.h"
 #include "lathe/core/error.h"
 
 namespace lathe::core::tuning {
@@ -108,44 +104,10 @@ void initialise(PpoNet& net, uint64_t seed) {
 
 std::string firstLine(const std::string& text) { return text.substr(0, text.find('\n')); }
 
-void writeAll(int fd, const std::string& data, const std::string& path) {
-    size_t done = 0;
-    while (done < data.size()) {
-        const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) throw Error("cannot write PPO policy " + path + ": " + std::strerror(errno));
-        done += static_cast<size_t>(n);
-    }
-}
-
-// Writes `data` to path + ".tmp", syncs, renames it over `path` and syncs the directory, so a
-// crash leaves the old policy or the new one, never half of one.
+// Replaces the policy file whole: a crash leaves the old policy or the new one, never half.
 void writeAtomically(const std::string& path, const std::string& data) {
-    const fs::path dir = fs::path(path).parent_path();
-    std::error_code ec;
-    if (!dir.empty()) fs::create_directories(dir, ec);
-    const std::string tmp = path + ".tmp";
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) throw Error("cannot write PPO policy " + tmp + ": " + std::strerror(errno));
-    try {
-        writeAll(fd, data, tmp);
-        if (::fsync(fd) != 0) throw Error("fsync of PPO policy " + tmp + " failed: " + std::strerror(errno));
-    } catch (...) {
-        ::close(fd);
-        ::unlink(tmp.c_str());
-        throw;
-    }
-    ::close(fd);
-    if (::rename(tmp.c_str(), path.c_str()) != 0) {
-        const std::string err = std::strerror(errno);
-        ::unlink(tmp.c_str());
-        throw Error("cannot move PPO policy into place at " + path + ": " + err);
-    }
-    if (const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        dfd >= 0) {
-        ::fsync(dfd);
-        ::close(dfd);
-    }
+    if (const auto failed = writeFileDurably(path, {data}); !failed.empty())
+        throw Error("PPO policy: " + failed);
 }
 
 void checkState(const std::vector<float>& state, const std::string& where) {

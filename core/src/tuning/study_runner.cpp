@@ -121,6 +121,7 @@ struct Child {
     int64_t trialId = 0;
     int64_t number = 0;
     std::string host;  // placement ("" = local)
+    int slot = -1;     // its index in the study's hosts (an entry may be named twice: gpu-a:1,gpu-a:1)
     std::string errPath;
     bool pruning = false;  // we stopped it at a rung
     double prunedAt = 0;
@@ -402,12 +403,14 @@ private:
         }
         // The slot: a host placement not in use, else this machine.
         std::string host;
+        int slot = -1;
         if (!m_settings.hosts.empty()) {
-            std::set<std::string> busy;
-            for (const auto& c : m_children) busy.insert(c.host);
-            for (const auto& h : m_settings.hosts)
-                if (!busy.count(h)) {
-                    host = h;
+            std::set<int> busy;
+            for (const auto& c : m_children) busy.insert(c.slot);
+            for (size_t i = 0; i < m_settings.hosts.size(); ++i)
+                if (!busy.count(static_cast<int>(i))) {
+                    host = m_settings.hosts[i];
+                    slot = static_cast<int>(i);
                     break;
                 }
         }
@@ -450,6 +453,7 @@ private:
         c.trialId = trialId;
         c.number = number;
         c.host = host;
+        c.slot = slot;
         c.errPath = trialFile(number, ".log");
         c.pid = spawn(m_options.lathectl, args, trialFile(number, ".json"), c.errPath);
         m_children.push_back(c);
@@ -634,6 +638,20 @@ private:
             auto again = t;
             if (!(run && (run->status == RunStatus::Stopped || run->status == RunStatus::Interrupted)))
                 again.runId = 0;
+            // Stopped before its first checkpoint (during its first epoch): nothing to continue
+            // from, so the trial starts again, as a new run with the same parameters.
+            if (again.runId > 0) {
+                const auto artifacts = m_store.artifacts(again.runId);
+                if (std::none_of(artifacts.begin(), artifacts.end(),
+                                 [](const ArtifactRecord& a) { return a.kind == "checkpoint"; })) {
+                    m_store.appendLog(again.runId, nowSeconds(), "info",
+                                      "study " + m_study.name + " (trial " + std::to_string(t.number) +
+                                          "): stopped before its first checkpoint; the trial starts again "
+                                          "as a new run");
+                    m_store.flush();
+                    again.runId = 0;
+                }
+            }
             m_toResume.push_back(again);
         }
     }

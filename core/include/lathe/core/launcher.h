@@ -2,6 +2,7 @@
 // Distributed data-parallel training, torch-free facade: the torchrun environment a worker
 // reads, and the local launcher that starts and owns N worker processes.
 #include <atomic>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -42,6 +43,10 @@ struct LaunchOptions {
     CheckpointOwner owner;     // written into the checkpoints (`lathectl worker --owner`)
     std::string dataCacheDir;  // the data pipeline's disk cache (`lathectl worker --data-cache`)
     std::string dataVersion;   // the data set version's root hash (`--data-version`): cache keys
+    /// Files the run reads through a path in its config, by spec key (ppo_policy: the PPO agent's
+    /// policy; teacher: a distillation teacher). Local ranks read them in place; a launch on other
+    /// hosts copies each there and points the key at the copy.
+    std::map<std::string, std::string> inputFiles;
     const std::atomic<bool>* stop = nullptr;
     int killGraceSec = 10;  // after a rank fails or a stop: SIGTERM, then SIGKILL after this
 };

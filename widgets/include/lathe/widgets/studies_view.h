@@ -106,6 +106,13 @@ public:
     QLabel* studyLabel() const { return m_studyLabel; }
     QLabel* emptyLabel() const { return m_empty; }
     QPushButton* refreshButton() const { return m_refresh; }
+    /// New study… (newStudyRequested()), Stop (a study this window runs) and Resume (a study
+    /// not completed that nothing here runs).
+    QPushButton* newStudyButton() const { return m_new; }
+    QPushButton* stopButton() const { return m_stop; }
+    QPushButton* resumeButton() const { return m_resume; }
+    /// The studies this window's `lathectl tune` processes run (Stop is offered for those).
+    void setActiveStudies(const QStringList& names);
     QTabWidget* chartTabs() const { return m_charts; }
     /// Whether the page shows its empty state (the workspace has no study).
     bool isEmptyShown() const;
@@ -133,6 +140,11 @@ Q_SIGNALS:
     void runsSelected(QList<qint64> runIds);
     /// A trial was double-clicked: show these runs (the selected trials') on the Runs page.
     void runsOpened(QList<qint64> runIds);
+    /// New study… was clicked.
+    void newStudyRequested();
+    /// Stop or Resume was clicked for study NAME.
+    void stopStudyRequested(const QString& name);
+    void resumeStudyRequested(const QString& name);
     /// After a read of the studies list was applied (also after a failed one: see statusText()).
     void refreshed();
     /// The selected study's trials and charts are shown.
@@ -152,6 +164,7 @@ private:
     void clearStudy(const QString& hint);
     void onTrialSelectionChanged();
     void setStatusText(const QString& text, bool error = false);
+    void updateControls();
 
     QString m_path;
     std::shared_ptr<Source> m_source;  // used only on m_pool's one thread
@@ -164,6 +177,10 @@ private:
     QLabel* m_empty = nullptr;
     QLabel* m_status = nullptr;
     QPushButton* m_refresh = nullptr;
+    QPushButton* m_new = nullptr;
+    QPushButton* m_stop = nullptr;
+    QPushButton* m_resume = nullptr;
+    QStringList m_active;  // studies this window's processes run
     QTabWidget* m_charts = nullptr;
     StudyHistoryChart* m_history = nullptr;
     ParallelCoordinatesChart* m_parallel = nullptr;
