@@ -129,6 +129,7 @@ TEST_CASE("A study started from the Studies page runs its trials, stops and resu
     dialog->trialsBox()->setValue(8);
     dialog->parallelBox()->setValue(1);
     REQUIRE(dialog->problem().isEmpty());
+    dialog->grab().save(outputPath("gui-study-dialog.png"));
     dialog->startButton()->click();
     REQUIRE(window->studyProcesses()->isRunning("gui-study"));
     CHECK(window->pageTabs()->currentWidget() == page);
