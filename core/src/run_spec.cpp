@@ -327,6 +327,21 @@ const std::vector<KeyDef>& keyDefs() {
                &RunSpec::errorFeedback, {"auto", "on", "off"});
         integer("compress_chunk", "elements per int8/int4 scale, 8..1048576, a multiple of 8",
                 &RunSpec::compressChunk, 8, 1 << 20);
+        integer("pipeline_stages",
+                "pipeline parallel: processes the model's layers are split over, 1..256 (nproc must be a "
+                "multiple: replicas x stages; nproc = 1 means one per stage)",
+                &RunSpec::pipelineStages, 1, 256);
+        integer("micro_batches",
+                "pipeline parallel: micro-batches each batch is split into, 1..4096 (more: a smaller bubble)",
+                &RunSpec::microBatches, 1, 4096);
+        choice("pipeline_schedule",
+               "pipeline parallel: gpipe (all forwards, then all backwards) or 1f1b (one forward, one "
+               "backward: at most one micro-batch per stage in flight)",
+               &RunSpec::pipelineSchedule, {"gpipe", "1f1b"});
+        choice("balance",
+               "pipeline parallel: balance the stages by parameter count (params) or by each layer's "
+               "measured forward and backward time (time)",
+               &RunSpec::balance, {"params", "time"});
         boolean("stochastic_rounding", "int8/int4: round stochastically (unbiased) instead of to nearest",
                 &RunSpec::stochasticRounding);
         integer("profile_repeat", "profiler: cycles, 0..100000000 (0 = until the run ends)",
@@ -502,6 +517,23 @@ std::vector<std::string> validate(const RunSpec& spec) {
         spec.nproc % spec.ranksPerHost != 0)
         problems.push_back("`ranks_per_host` must divide `nproc` (" + std::to_string(spec.nproc) + " % " +
                            std::to_string(spec.ranksPerHost) + " != 0)");
+    if (spec.pipelineStages > 1) {
+        if (spec.nproc > 1 && spec.nproc % spec.pipelineStages != 0)
+            problems.push_back("`nproc` must be a multiple of `pipeline_stages` (" +
+                               std::to_string(spec.nproc) + " % " + std::to_string(spec.pipelineStages) +
+                               " != 0): nproc = data-parallel replicas x stages");
+        if (spec.strategy == "hierarchical")
+            problems.push_back(
+                "`strategy` hierarchical is not combined with `pipeline_stages` yet; use ring or ps");
+        if (!spec.teacher.empty())
+            problems.push_back(
+                "`teacher` (distillation) needs the whole network in one process: set "
+                "pipeline_stages = 1");
+        if (!spec.ppoPolicy.empty())
+            problems.push_back(
+                "`ppo_policy` (the tuning agent) changes the batch size of a single process; "
+                "set pipeline_stages = 1");
+    }
     if (spec.compressChunk % 8 != 0)
         problems.push_back("`compress_chunk` must be a multiple of 8 (got " +
                            std::to_string(spec.compressChunk) + ")");
@@ -541,6 +573,11 @@ LossScaleMode lossScaleMode(const RunSpec& spec) {
         m.staticScale = std::strtod(v.c_str() + 7, nullptr);
     }
     return m;
+}
+
+RunSpec withParallelDefaults(RunSpec spec) {
+    if (spec.pipelineStages > 1 && spec.nproc == 1) spec.nproc = spec.pipelineStages;
+    return spec;
 }
 
 void validateOrThrow(const RunSpec& spec) {

@@ -1,5 +1,6 @@
 #include "lathe/widgets/profile_timeline.h"
 
+#include <QCoreApplication>
 #include <QMouseEvent>
 #include <QPainter>
 #include <QToolTip>
@@ -15,6 +16,16 @@
 namespace lathe::widgets {
 
 namespace {
+
+// Lane names: the training thread, its helper threads, and a pipeline's later stages (whose
+// spans come on threads stage * kStageLaneStride + t).
+QString laneName(int64_t thread) {
+    const int64_t stage = thread / core::kStageLaneStride, t = thread % core::kStageLaneStride;
+    const QString name = t == 0 ? QCoreApplication::translate("ProfileTimeline", "training")
+                                : QCoreApplication::translate("ProfileTimeline", "thread %1").arg(t);
+    if (thread < core::kStageLaneStride) return name;
+    return QCoreApplication::translate("ProfileTimeline", "stage %1 %2").arg(stage).arg(name);
+}
 
 constexpr int kGutter = 118;     // lane labels
 constexpr int kAxisHeight = 32;  // time axis and step labels
@@ -284,7 +295,7 @@ void ProfileTimeline::paintEvent(QPaintEvent*) {
         const int y = rowTop(int(r));
         const int h = rowHeight(row);
         if (y + h < area.top() || y > area.bottom()) continue;
-        const QString thread = row.thread == 0 ? tr("training") : tr("thread %1").arg(row.thread);
+        const QString thread = laneName(row.thread);
         const QString label = row.phases ? tr("%1 · phases").arg(thread) : tr("%1 · ops").arg(thread);
         QFont f = small;
         f.setBold(row.phases);
@@ -465,9 +476,7 @@ QString ProfileTimeline::describe(int spanIndex) const {
     QString text = QString::fromStdString(s.name);
     if (s.kind == core::ProfileSpan::Kind::Phase) text += tr(" (phase)");
     if (!s.shapes.empty()) text += tr("\nshapes %1").arg(QString::fromStdString(s.shapes));
-    text += tr("\nstep %1 · %2")
-                .arg(s.step)
-                .arg(s.thread == 0 ? tr("training thread") : tr("thread %1").arg(s.thread));
+    text += tr("\nstep %1 · %2").arg(s.step).arg(laneName(s.thread));
     text += tr("\nduration %1").arg(formatNs(double(s.durationNs)));
     if (s.cudaNs >= 0) text += tr(" (CUDA %1)").arg(formatNs(double(s.cudaNs)));
     text += tr("\nstarts at %1").arg(formatNs(double(s.startNs - m_layout->startNs)));

@@ -44,12 +44,17 @@ const char* const kPrecisionKeys[] = {"precision",
                                       "profile_active",
                                       "profile_repeat"};
 
-// Data-parallel training: the world size, the collective engine, the reducer's bucket size and how gradients
-// are compressed on the wire. Chunk, error feedback and stochastic rounding only apply to the quantizing
-// codecs (int8/int4).
+// Data- and pipeline-parallel training: the world size, the pipeline's stages and schedule, the
+// collective engine, the reducer's bucket size and how gradients are compressed on the wire. Chunk,
+// error feedback and stochastic rounding only apply to the quantizing codecs (int8/int4).
 const char* const kDistributedKeys[] = {
-    "nproc",     "backend",  "strategy",       "ranks_per_host", "ps_ranks",
-    "bucket_mb", "compress", "error_feedback", "compress_chunk", "stochastic_rounding"};
+    "nproc",    "pipeline_stages", "micro_batches",  "pipeline_schedule",  "balance",
+    "backend",  "strategy",        "ranks_per_host", "ps_ranks",           "bucket_mb",
+    "compress", "error_feedback",  "compress_chunk", "stochastic_rounding"};
+
+bool isPipelineParam(const std::string& key) {
+    return key == "micro_batches" || key == "pipeline_schedule" || key == "balance";
+}
 
 // The data pipeline: loader, image steps, caches (core/src/data/README.md).
 const char* const kDataKeys[] = {"loader_workers", "prefetch",        "resize",        "crop",
@@ -144,7 +149,9 @@ RunForm::RunForm(QWidget* parent) : QWidget(parent) {
 
     auto* distributedBox = new QGroupBox(tr("Distributed"), this);
     distributedBox->setObjectName(QStringLiteral("distributedGroup"));
-    distributedBox->setToolTip(tr("Data-parallel training over local worker processes (lathectl worker)"));
+    distributedBox->setToolTip(
+        tr("Data- and pipeline-parallel training over worker processes (lathectl worker): nproc = replicas "
+           "x pipeline stages"));
     auto* distributedLayout = new QFormLayout(distributedBox);
     distributedLayout->setFieldGrowthPolicy(QFormLayout::AllNonFixedFieldsGrow);
     for (const char* name : kDistributedKeys) {
@@ -425,6 +432,7 @@ void RunForm::updateDependentFields() {
     const bool quantizing = codec == QLatin1String("int8") || codec == QLatin1String("int4");
     const QString strategy = fieldText(QStringLiteral("strategy"));
     const bool teacherless = fieldText(QStringLiteral("teacher")).trimmed().isEmpty();
+    const bool pipelined = fieldText(QStringLiteral("pipeline_stages")).trimmed().toLongLong() > 1;
     for (auto& f : m_fields) {
         bool inactive = false;
         if (startsWith(f.key.name, "profile_")) inactive = !profiling;
@@ -432,6 +440,8 @@ void RunForm::updateDependentFields() {
         // Each exchange strategy's own parameter.
         if (f.key.name == "ranks_per_host") inactive = strategy != QLatin1String("hierarchical");
         if (f.key.name == "ps_ranks") inactive = strategy != QLatin1String("ps");
+        // The pipeline's micro-batches, schedule and balance only matter with stages.
+        if (isPipelineParam(f.key.name)) inactive = !pipelined;
         // Across hosts the ranks are the slots chosen under Target.
         if (f.key.name == "nproc") inactive = isTargetHosts();
         if (startsWith(f.key.name, "loss_scale_")) inactive = !dynamicScale;

@@ -275,6 +275,10 @@ LaunchResult superviseRanks(std::vector<std::unique_ptr<RankProcess>>& ranks, co
         } else if (e.type == Event::Type::Metric && e.key.rfind("comm/", 0) == 0) {
             e.key = "rank" + std::to_string(w.rank) + "/" + e.key;
             deliver(e);
+        } else if (e.type == Event::Type::Metric && e.key.rfind("pipe/stage", 0) == 0) {
+            deliver(e);  // a pipeline stage's own figures, named by stage
+        } else if (e.type == Event::Type::Span && spanStage(e.span) > 0) {
+            deliver(e);  // a pipeline stage's lane of the timeline
         }
     };
 

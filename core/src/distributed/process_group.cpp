@@ -70,6 +70,26 @@ void DistContext::initHierarchy(int ranksPerHost) {
     if (m_env.rank % ranksPerHost == 0) m_impl->leaders = group("lathe/leaders", host, world / ranksPerHost);
 }
 
+std::unique_ptr<DistContext> DistContext::subgroup(const std::string& name, int rank, int size) {
+    if (rank < 0 || rank >= size)
+        throw Error("subgroup " + name + ": rank " + std::to_string(rank) + " of " + std::to_string(size));
+    std::unique_ptr<DistContext> sub(new DistContext());
+    sub->m_env = m_env;
+    sub->m_env.rank = rank;
+    sub->m_env.worldSize = size;
+    sub->m_backend = m_backend;
+    sub->m_device = m_device;
+    sub->m_impl = std::make_unique<Impl>();
+    auto& i = *sub->m_impl;
+    i.store = m_impl->store;
+    i.timeout = m_impl->timeout;
+    i.masterAddr = m_impl->masterAddr;
+    i.bindAddr = m_impl->bindAddr;
+    i.nccl = m_impl->nccl;
+    i.pg = i.group(c10::make_intrusive<c10d::PrefixStore>("lathe/" + name, m_impl->store), rank, size);
+    return sub;
+}
+
 // Tensors travel on the context's device: a tensor elsewhere goes through a copy there and back.
 void DistContext::broadcast(std::vector<torch::Tensor>& tensors, int root) {
     c10d::BroadcastOptions o;

@@ -39,11 +39,17 @@ public:
     /// (local rank 0). Throws ConfigError when ranksPerHost does not divide the world.
     void initHierarchy(int ranksPerHost);
     int ranksPerHost() const { return m_ranksPerHost; }
+    /// A context over a subgroup of this one's ranks, on the same rendezvous store: every member
+    /// calls it with the same `name` and its own `rank` in 0..size-1; non-members do not call it.
+    /// Collectives on the result involve the members only (a pipeline's stages, one stage's
+    /// data-parallel replicas).
+    std::unique_ptr<DistContext> subgroup(const std::string& name, int rank, int size);
 
     struct Impl;
     Impl& impl() { return *m_impl; }
 
 private:
+    DistContext() = default;  // subgroup()
     DistEnv m_env;
     std::string m_backend = "gloo";
     torch::Device m_device = torch::kCPU;

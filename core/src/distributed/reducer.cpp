@@ -28,6 +28,7 @@ struct Reducer::Impl {
     std::unique_ptr<ExchangeStrategy> strategy;
     std::vector<torch::Tensor> params;
     std::vector<Bucket> buckets;
+    bool overlap = true;                           // backward hooks fill the buckets
     std::vector<size_t> sparse;                    // params with sparse gradients (not in buckets)
     std::vector<std::pair<size_t, size_t>> where;  // param -> (bucket, slot)
     size_t nextToLaunch = 0;
@@ -149,9 +150,10 @@ struct Reducer::Impl {
 };
 
 Reducer::Reducer(DistContext& ctx, std::vector<torch::Tensor> params, double bucketMb,
-                 CompressOptions compress, std::vector<size_t> sparse)
+                 CompressOptions compress, std::vector<size_t> sparse, bool overlap)
     : m_impl(std::make_unique<Impl>()) {
     auto& d = *m_impl;
+    d.overlap = overlap;
     d.ctx = &ctx;
     d.compress = compress;
     d.codec = std::make_unique<Codec>(compress, ctx.commDevice());
@@ -194,7 +196,7 @@ Reducer::Reducer(DistContext& ctx, std::vector<torch::Tensor> params, double buc
         b.buffer = torch::zeros({n}, torch::TensorOptions().dtype(torch::kFloat).device(ctx.commDevice()));
     }
     if (!d.strategy->asynchronous()) d.commThread = std::thread([impl = m_impl.get()] { impl->commLoop(); });
-    for (size_t k = 0; k < d.params.size(); ++k)
+    for (size_t k = 0; k < d.params.size() && overlap; ++k)
         if (!isSparse(k))
             d.params[k].register_hook(
                 [impl = m_impl.get(), k](const torch::Tensor& grad) { impl->onGrad(k, grad); });
@@ -296,6 +298,11 @@ Reducer::Stats Reducer::finish() {
     auto& d = *m_impl;
     const auto backwardEnd = Clock::now();
     Stats s;
+    if (!d.overlap)  // the accumulated gradients, in bucket order (reverse registration)
+        for (size_t k = d.params.size(); k-- > 0;)
+            if (d.params[k].grad().defined() &&
+                std::find(d.sparse.begin(), d.sparse.end(), k) == d.sparse.end())
+                d.onGrad(k, d.params[k].grad());
     {
         std::lock_guard<std::mutex> lk(d.mutex);
         // A parameter that took no part in this step's graph: contribute zeros, so that the

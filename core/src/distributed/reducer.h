@@ -37,8 +37,10 @@ public:
     /// `sparse`: indices of parameters with sparse gradients (embedding tables). With the ps
     /// strategy only their touched rows travel: every rank pushes (row, value) pairs to the
     /// server, which sums them and sends back the union of touched rows.
+    /// `overlap` false: no backward hooks; finish() takes the gradients as they stand (after
+    /// several backward passes have accumulated them: a pipeline's micro-batches).
     Reducer(DistContext& ctx, std::vector<torch::Tensor> params, double bucketMb,
-            CompressOptions compress = {}, std::vector<size_t> sparse = {});
+            CompressOptions compress = {}, std::vector<size_t> sparse = {}, bool overlap = true);
     ~Reducer();
     /// Before backward. `step` seeds stochastic rounding.
     void prepare(int64_t step = 0);

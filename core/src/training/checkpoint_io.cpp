@@ -4,6 +4,7 @@
 
 #include <sstream>
 
+#include "distributed/pipeline.h"
 #include "lathe/core/error.h"
 #include "training/checkpoint_file.h"
 
@@ -74,8 +75,43 @@ CheckpointInfo loadCheckpoint(const std::string& path, torch::nn::Module& model,
 }
 
 CheckpointInfo loadModelWeights(const std::string& path, torch::nn::Module& model) {
-    return restoreFrom(path, "this model",
-                       [&](torch::serialize::InputArchive& archive) { model.load(archive); });
+    torch::Tensor bounds;
+    const auto info = restoreFrom(path, "this model", [&](torch::serialize::InputArchive& archive) {
+        if (!archive.try_read("lathe.pipe.bounds", bounds)) model.load(archive);
+    });
+    if (!bounds.defined()) return info;
+    // Stage files hold their layers under the whole network's names ("3.weight"): each loads
+    // into a view of those layers of `model`.
+    auto whole = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model.shared_from_this());
+    if (!whole)
+        throw CheckpointError("checkpoint " + path +
+                              " holds pipeline stages, which only a sequential network takes");
+    torch::nn::Sequential seq(whole);
+    const auto stages = bounds.numel() - 1;
+    if (stages < 1 || bounds[stages].item<int64_t>() != static_cast<int64_t>(seq->size()))
+        throw CheckpointError("checkpoint " + path + " was cut into stages of another network (" +
+                              std::to_string(bounds[std::max<int64_t>(stages, 0)].item<int64_t>()) +
+                              " layers, this one " + std::to_string(seq->size()) + ")");
+    for (int64_t k = 0; k < stages; ++k) {
+        auto stage = stageModel(seq, bounds[k].item<int64_t>(), bounds[k + 1].item<int64_t>());
+        const std::string file = stageCheckpointPath(path, static_cast<int>(k));
+        const auto stageInfo =
+            restoreFrom(file, "this model's pipeline stage",
+                        [&](torch::serialize::InputArchive& archive) { stage->load(archive); });
+        if (stageInfo.step != info.step)
+            throw CheckpointError("checkpoint " + file + " (pipeline stage " + std::to_string(k) +
+                                  ") is of step " + std::to_string(stageInfo.step) + ", stage 0's of step " +
+                                  std::to_string(info.step) + ": the stages were not written together");
+    }
+    return info;
+}
+
+bool readCheckpointExtra(const std::string& path, const std::string& name, torch::Tensor& out) {
+    bool found = false;
+    restoreFrom(path, "a Lathe checkpoint", [&](torch::serialize::InputArchive& archive) {
+        found = archive.try_read("lathe." + name, out);
+    });
+    return found;
 }
 
 }  // namespace lathe::core

@@ -25,6 +25,11 @@ CheckpointInfo loadCheckpoint(const std::string& path, torch::nn::Module& model,
                               const std::string& extrasPrefix = {});
 
 /// Verifies the checksum and restores only the model's parameters and buffers (for export).
+/// A pipeline-parallel run's checkpoint (stage 0's file, which names the stage bounds) is merged:
+/// every stage's file beside it fills its layers of `model`, the whole network.
 CheckpointInfo loadModelWeights(const std::string& path, torch::nn::Module& model);
+
+/// Reads one named extra (saved as `extras[name]`) after verifying the file; false when absent.
+bool readCheckpointExtra(const std::string& path, const std::string& name, torch::Tensor& out);
 
 }  // namespace lathe::core

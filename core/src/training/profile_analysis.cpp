@@ -84,7 +84,7 @@ std::vector<OpSummary> topOps(const std::vector<ProfileSpan>& spans, int top) {
 std::vector<PhaseSummary> phasesByStep(const std::vector<ProfileSpan>& spans) {
     std::map<int64_t, PhaseSummary> steps;
     for (const auto& s : spans) {
-        if (s.kind != ProfileSpan::Kind::Phase) continue;
+        if (s.kind != ProfileSpan::Kind::Phase || spanStage(s) != 0) continue;
         auto& ps = steps[s.step];
         ps.step = s.step;
         auto it = std::find_if(ps.phases.begin(), ps.phases.end(),

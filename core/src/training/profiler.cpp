@@ -242,6 +242,8 @@ std::vector<ProfileSpan> Profiler::takeSpans() {
         m_freeEvents.push_back(d.start);
         m_freeEvents.push_back(d.end);
     }
+    if (m_laneOffset != 0)
+        for (auto& span : out) span.thread += m_laneOffset;
     return out;
 }
 

@@ -41,6 +41,8 @@ public:
     /// with use_cuda did). -1: off.
     void setDeviceOps(int cudaDevice) { m_cudaDevice = cudaDevice; }
     int cudaDevice() const { return m_cudaDevice; }
+    /// Added to every span's thread number (a pipeline stage's lanes: kStageLaneStride * stage).
+    void setLaneOffset(int64_t offset) { m_laneOffset = offset; }
 
     // Used by the RecordFunction callbacks.
     void addOp(ProfileSpan&& span, void* startEvent = nullptr, void* endEvent = nullptr);
@@ -63,6 +65,7 @@ private:
     std::vector<ProfileSpan> m_spans;
     std::function<void()> m_sync;
     int m_cudaDevice = -1;
+    int64_t m_laneOffset = 0;
     struct DeviceTimed {
         size_t span;  // index into m_spans
         void* start;

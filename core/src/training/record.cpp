@@ -119,6 +119,9 @@ bool mayChangeOnResume(const std::string& key) {
                                             "device",
                                             "backend",
                                             "bucket_mb",
+                                            "micro_batches",
+                                            "pipeline_schedule",
+                                            "balance",
                                             "activation_checkpointing",
                                             "inject_nonfinite",
                                             "profile",
@@ -155,8 +158,9 @@ void lockRun(std::optional<FileLock>& lock, const Store& store, int64_t runId) {
 
 }  // namespace
 
-RecordedRun trainAndRecord(Store& store, const RunSpec& given, const RecordOptions& options,
+RecordedRun trainAndRecord(Store& store, const RunSpec& givenSpec, const RecordOptions& options,
                            const EventSink& observer) {
+    const RunSpec given = withParallelDefaults(givenSpec);
     checkRunnable(given);  // a spec this machine cannot run is a usage error, not a failed run
     // data = "dataset:NAME[:V]": the run records the exact version (`spec`) and trains on where
     // its files are (`bound.used`); a data set whose folder changed is refused here, before a run.

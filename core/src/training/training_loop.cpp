@@ -9,6 +9,8 @@
 #include <random>
 
 #include "data/raw.h"
+#include "distributed/pipeline.h"
+#include "distributed/process_group.h"
 #include "distributed/reducer.h"
 #include "lathe/core/error.h"
 #include "lathe/kernels/cuda_device.h"
@@ -248,6 +250,14 @@ void TrainingLoop::setUp() {
         m_rank = m_options.dist.rank;
         m_world = m_options.dist.worldSize;
     }
+    m_stages = static_cast<int>(m_spec.pipelineStages);
+    if (m_stages > 1 && (!m_options.dist.distributed() || m_world % m_stages != 0))
+        throw ConfigError("`pipeline_stages` " + std::to_string(m_stages) + " needs a multiple of " +
+                          std::to_string(m_stages) + " processes (this one has " + std::to_string(m_world) +
+                          "); start it with `lathectl train`, which launches one per stage");
+    m_replicas = m_world / m_stages;
+    m_stage = m_rank / m_replicas;
+    m_replica = m_rank % m_replicas;
 
     data::SourceOptions sourceOptions;
     sourceOptions.cacheDir = m_options.dataCacheDir;
@@ -290,6 +300,9 @@ void TrainingLoop::setUp() {
         emit(Event::log("info", "weights from " + m_spec.initFrom));
     }
     m_model->to(m_device);  // parameters stay FP32: autocast casts per op (FP32 master weights)
+    m_networkParameters = parameterCount(*m_model);
+    m_batch = m_spec.batch;
+    if (m_stages > 1) setUpPipeline();
     m_params = m_model->parameters();
     for (auto& h : m_hooks) {
         for (auto& p : h->parameters(*this)) m_params.push_back(p);
@@ -306,14 +319,17 @@ void TrainingLoop::setUp() {
             // Per-op device time needs Lathe's CUDA runtime (kernels/); a build without it skips it.
             if (kernels::cuda::deviceCount() > 0) m_profiler->setDeviceOps(m_device.index());
         }
+        // Pipeline stages after the first show on lanes of their own in the run's timeline
+        // (replica 0's; the launcher keeps other ranks' spans only on such lanes).
+        if (m_stages > 1 && m_replica == 0) m_profiler->setLaneOffset(m_stage * kStageLaneStride);
     }
 
-    // Like DistributedSampler: the epoch's order padded to a multiple of the world size, and
-    // rank r takes every world-th index from r, so the ranks' batches together form the batch
-    // a single process would take with batch * world.
+    // Like DistributedSampler: the epoch's order padded to a multiple of the replica count, and
+    // replica r takes every replicas-th index from r, so the replicas' batches together form the
+    // batch a single process would take with batch * replicas (a pipeline's stages all take
+    // their replica's batches).
     const int64_t nTrain = m_trainSource->size();
-    m_perRank = (nTrain + m_world - 1) / m_world;
-    m_batch = m_spec.batch;
+    m_perRank = (nTrain + m_replicas - 1) / m_replicas;
     m_stepsPerEpoch = (m_perRank + m_batch - 1) / m_batch;
     m_totalSteps = m_stepsPerEpoch * m_spec.epochs;
     phaseDone(TrainingPhase::SetUp);
@@ -322,8 +338,20 @@ void TrainingLoop::setUp() {
 void TrainingLoop::resume() {
     CheckpointExtras extras = m_scaler->state();
     for (const auto& h : m_hooks) h->saveState(extras);  // the names to look for
-    const auto info = loadCheckpoint(m_options.resumeFrom, *m_model, *m_optimizer, &extras,
-                                     Reducer::residualPrefix(m_rank));
+    const auto info = loadCheckpoint(stageCheckpointPath(m_options.resumeFrom, m_stage), *m_model,
+                                     *m_optimizer, &extras, Reducer::residualPrefix(m_replica));
+    if (m_pipe) {
+        // Stage files are written together; a set of different steps (a crash between two
+        // stages' writes) cannot be resumed as one network.
+        auto t = torch::tensor({static_cast<double>(info.step), static_cast<double>(info.step * info.step)},
+                               torch::kDouble);
+        m_dist->allreduceSum(t);
+        const double n = m_world, mean = t[0].item<double>() / n;
+        if (std::abs(t[1].item<double>() / n - mean * mean) > 1e-6)
+            throw CheckpointError("the pipeline stages' checkpoints beside " + m_options.resumeFrom +
+                                  " are of different steps (this stage's: " + std::to_string(info.step) +
+                                  "); they were not written together");
+    }
     m_scaler->restore(extras);
     for (auto& h : m_hooks) h->restoreState(extras);
     m_resumedExtras = std::move(extras);
@@ -334,8 +362,8 @@ void TrainingLoop::resume() {
     phaseDone(TrainingPhase::Resume);
 }
 
-// Data parallel: every rank starts from rank 0's parameters and trains on its own shard.
-void TrainingLoop::broadcast() {
+void TrainingLoop::connect() {
+    if (m_dist) return;
     const DistEnv& denv = m_options.dist;
     emit(Event::log("info", "rank " + std::to_string(m_rank) + " of " + std::to_string(m_world) +
                                 ": rendezvous at " + denv.masterAddr + ":" +
@@ -344,18 +372,91 @@ void TrainingLoop::broadcast() {
     emit(Event::log("info", "collectives: " + backend + (m_device.is_cuda() ? " on " + m_device.str() : "")));
     m_dist = std::make_unique<DistContext>(denv, backend,
                                            backend == "nccl" ? m_device : torch::Device(torch::kCPU));
+}
+
+// Every rank builds the whole network from the same seed; rank 0 decides where the stages start
+// (by parameters, by measured time, or as the checkpoint being resumed had them) and each rank
+// keeps its stage's layers.
+void TrainingLoop::setUpPipeline() {
+    connect();
+    const auto units = pipelineUnits(m_model);
+    const int unitCount = static_cast<int>(units.size()) - 1;
+    if (unitCount < m_stages)  // every rank refuses, so none waits for rank 0's bounds
+        balanceStages(units, std::vector<double>(static_cast<size_t>(unitCount), 1.0), m_stages);
+    const int64_t micro = std::max<int64_t>(1, m_batch / m_spec.microBatches);
+    auto boundsT = torch::zeros({m_stages + 1}, torch::kLong);
+    if (m_rank == 0) {
+        StageBounds bounds;
+        if (!m_options.resumeFrom.empty()) {
+            torch::Tensor recorded;
+            if (!readCheckpointExtra(m_options.resumeFrom, "pipe.bounds", recorded))
+                throw CheckpointError("checkpoint " + m_options.resumeFrom +
+                                      " was not written by a pipeline-parallel run (no stage bounds)");
+            if (recorded.numel() != m_stages + 1)
+                throw CheckpointError("checkpoint " + m_options.resumeFrom + " has " +
+                                      std::to_string(recorded.numel() - 1) + " pipeline stages, this run " +
+                                      std::to_string(m_stages));
+            for (int64_t i = 0; i < recorded.numel(); ++i) bounds.push_back(recorded[i].item<int64_t>());
+        } else if (m_spec.balance == "time") {
+            bounds = balanceStages(units, unitTimeWeights(m_model, units, trainSamples(micro)), m_stages);
+        } else {
+            bounds = balanceStages(units, unitParameterWeights(m_model, units), m_stages);
+        }
+        for (int i = 0; i <= m_stages; ++i) boundsT[i] = bounds[static_cast<size_t>(i)];
+    }
+    {
+        std::vector<torch::Tensor> one{boundsT};
+        m_dist->broadcast(one, 0);
+    }
+    m_stageBounds.clear();
+    for (int i = 0; i <= m_stages; ++i) m_stageBounds.push_back(boundsT[i].item<int64_t>());
+    auto boundaries = boundaryShapes(m_model, m_stageBounds, trainSamples(1), m_autocast, m_device.type());
+    auto stage = stageModel(m_model, m_stageBounds[static_cast<size_t>(m_stage)],
+                            m_stageBounds[static_cast<size_t>(m_stage) + 1]);
+    m_model = stage;
+    m_stageGroup = m_dist->subgroup("pipe/" + std::to_string(m_replica), m_stage, m_stages);
+    if (m_replicas > 1)
+        m_replicaGroup = m_dist->subgroup("replicas/" + std::to_string(m_stage), m_replica, m_replicas);
+    PipelineStage::Options o;
+    o.schedule = m_spec.pipelineSchedule;
+    o.microBatches = static_cast<int>(m_spec.microBatches);
+    o.forward.checkpoint = m_spec.activationCheckpointing;
+    o.forward.autocast = m_autocast;
+    o.forward.device = m_device.type();
+    o.device = m_device;
+    m_pipe = std::make_unique<PipelineStage>(*m_stageGroup, m_model, std::move(boundaries), o);
+    std::string layers;
+    for (const auto& item : m_model->named_children()) layers += (layers.empty() ? "" : ",") + item.key();
+    emit(Event::log("info", "pipeline stage " + std::to_string(m_stage) + " of " + std::to_string(m_stages) +
+                                (m_replicas > 1 ? " (replica " + std::to_string(m_replica) + " of " +
+                                                      std::to_string(m_replicas) + ")"
+                                                : std::string()) +
+                                ": layers " + layers + ", " + std::to_string(parameterCount(*m_model)) +
+                                " parameters; " + std::to_string(m_spec.microBatches) + " micro-batches, " +
+                                m_spec.pipelineSchedule + ", balanced by " + m_spec.balance));
+}
+
+// Data parallel: every rank starts from rank 0's parameters and trains on its own shard (a
+// pipeline stage from its first replica's).
+void TrainingLoop::broadcast() {
+    connect();
+    if (m_stages > 1 && m_replicas == 1) {
+        phaseDone(TrainingPhase::Broadcast);
+        return;
+    }
+    DistContext& group = m_stages > 1 ? *m_replicaGroup : *m_dist;
     auto p = m_params;  // the network's and the hooks'
     for (auto& b : m_model->buffers()) p.push_back(b);
     {
         torch::NoGradGuard noGrad;
-        m_dist->broadcast(p, 0);
+        group.broadcast(p, 0);
     }
     CompressOptions compress;
     compress.strategy = m_spec.strategy;
     compress.psRanks = static_cast<int>(m_spec.psRanks);
     if (m_spec.strategy == "hierarchical")
         m_dist->initHierarchy(
-            static_cast<int>(m_spec.ranksPerHost > 0 ? m_spec.ranksPerHost : denv.localWorldSize));
+            static_cast<int>(m_spec.ranksPerHost > 0 ? m_spec.ranksPerHost : m_options.dist.localWorldSize));
     compress.format = m_spec.compress;
     compress.errorFeedback =
         m_spec.errorFeedback == "on" ||
@@ -363,10 +464,11 @@ void TrainingLoop::broadcast() {
     compress.chunk = m_spec.compressChunk;
     compress.stochastic = m_spec.stochasticRounding;
     compress.seed = static_cast<uint64_t>(m_spec.seed);
-    m_reducer = std::make_unique<Reducer>(*m_dist, m_params, m_spec.bucketMb, compress,
-                                          sparseParameterIndices(m_model));
+    // A pipeline's gradients accumulate over its micro-batches: they are exchanged once all are in.
+    m_reducer = std::make_unique<Reducer>(group, m_params, m_spec.bucketMb, compress,
+                                          sparseParameterIndices(m_model), /*overlap=*/m_stages == 1);
     if (compress.errorFeedback && !m_options.resumeFrom.empty()) {
-        const auto prefix = Reducer::residualPrefix(m_rank);
+        const auto prefix = Reducer::residualPrefix(m_replica);
         const bool has = std::any_of(m_resumedExtras.begin(), m_resumedExtras.end(),
                                      [&](const auto& kv) { return kv.first.rfind(prefix, 0) == 0; });
         if (has)
@@ -389,16 +491,16 @@ void TrainingLoop::announce() {
     running.step = m_step;
     running.value = static_cast<double>(m_totalSteps);
     emit(running);
-    emit(Event::log("info",
-                    m_spec.model + " (" + std::to_string(parameterCount(*m_model)) + " parameters) on " +
-                        m_spec.data + ": " + std::to_string(m_trainSource->size()) + " training / " +
-                        std::to_string(m_valSource->size()) + " validation samples, " +
-                        std::to_string(m_numClasses) + " classes, " + std::to_string(m_stepsPerEpoch) +
-                        " steps per epoch; " + m_device.str() + ", " + m_spec.precision +
-                        (m_scaler->enabled() ? ", loss scale " + fmt(m_scaler->scale(), 8) + " (" +
-                                                   m_scaler->implementation() + ")"
-                                             : std::string()) +
-                        (m_spec.activationCheckpointing ? ", activation checkpointing" : "")));
+    emit(Event::log("info", m_spec.model + " (" + std::to_string(m_networkParameters) + " parameters) on " +
+                                m_spec.data + ": " + std::to_string(m_trainSource->size()) + " training / " +
+                                std::to_string(m_valSource->size()) + " validation samples, " +
+                                std::to_string(m_numClasses) + " classes, " +
+                                std::to_string(m_stepsPerEpoch) + " steps per epoch; " + m_device.str() +
+                                ", " + m_spec.precision +
+                                (m_scaler->enabled() ? ", loss scale " + fmt(m_scaler->scale(), 8) + " (" +
+                                                           m_scaler->implementation() + ")"
+                                                     : std::string()) +
+                                (m_spec.activationCheckpointing ? ", activation checkpointing" : "")));
     emit(Event::log("info",
                     "data: " + m_trainSource->describe() + "; loader: " +
                         (m_spec.loaderWorkers > 0 ? std::to_string(m_spec.loaderWorkers) + " workers, " +
@@ -416,10 +518,10 @@ std::vector<int64_t> TrainingLoop::epochOrder(int64_t epoch) const {
     std::iota(order.begin(), order.end(), 0);
     std::mt19937_64 rng(static_cast<uint64_t>(m_spec.seed) * 1000003ull + static_cast<uint64_t>(epoch));
     std::shuffle(order.begin(), order.end(), rng);
-    if (m_world > 1) {
+    if (m_replicas > 1) {
         std::vector<int64_t> shard;
         shard.reserve(static_cast<size_t>(m_perRank));
-        for (int64_t i = m_rank; i < m_perRank * m_world; i += m_world)
+        for (int64_t i = m_replica; i < m_perRank * m_replicas; i += m_replicas)
             shard.push_back(order[static_cast<size_t>(i % nTrain)]);
         order.swap(shard);
     }
@@ -554,33 +656,60 @@ TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, EpochTal
     }
     m_optimizer->zero_grad();
     if (sampleMemory) memory.emplace();  // after zero_grad, which may free gradients
-    {
-        PhaseScope phase(profiler, "forward");
-        {
-            std::optional<AutocastGuard> autocast;
-            if (m_autocast) autocast.emplace(m_device.type(), *m_autocast);
-            ForwardOptions fwd;
-            fwd.checkpoint = m_spec.activationCheckpointing;
-            fwd.autocast = m_autocast;
-            fwd.device = m_device.type();
-            if (m_wantBlocks)
-                out = forwardWithBlocks(m_model, batch.x, batch.blocks);
-            else
-                out = forwardModel(m_model, batch.x, fwd);
-        }
-        // The loss in FP32, outside autocast, as torch.autocast recommends.
-        loss = classificationLoss(out.to(torch::kFloat), batch.y);
-        for (auto& h : m_hooks) loss = h->loss(*this, batch, out, loss);
-    }
     Reducer::Stats comm;
-    {
-        PhaseScope phase(profiler, "backward");
+    double lossValue = 0;
+    int64_t correct = 0;
+    PipelineStage::StepStats pipe;
+    if (m_pipe) {
+        // The stage's share of the schedule: its micro-batches' forward and backward passes, with
+        // activations and gradients to and from its neighbours; the loss only on the last stage.
         if (m_reducer) m_reducer->prepare(thisStep);
-        scaler.scaleLoss(loss).backward();
-    }
-    if (m_reducer) {
-        PhaseScope phase(profiler, "communication");
-        comm = m_reducer->finish();
+        pipe = m_pipe->step(
+            batch.x, batch.y, batch.x.size(0),
+            [](const torch::Tensor& logits, const torch::Tensor& labels) {
+                return classificationLoss(logits, labels);
+            },
+            [&scaler](const torch::Tensor& l) { return scaler.scaleLoss(l); }, profiler);
+        if (m_reducer) {
+            PhaseScope phase(profiler, "communication");
+            comm = m_reducer->finish();
+        }
+        // Every stage learns the loss (the others add zeros): for the loss window and for a
+        // non-finite loss that must stop every rank with the same message.
+        auto l = torch::tensor({m_pipe->last() ? pipe.loss : 0.0}, torch::kDouble);
+        m_stageGroup->allreduceSum(l);
+        lossValue = l.item<double>();
+        correct = pipe.correct;
+    } else {
+        {
+            PhaseScope phase(profiler, "forward");
+            {
+                std::optional<AutocastGuard> autocast;
+                if (m_autocast) autocast.emplace(m_device.type(), *m_autocast);
+                ForwardOptions fwd;
+                fwd.checkpoint = m_spec.activationCheckpointing;
+                fwd.autocast = m_autocast;
+                fwd.device = m_device.type();
+                if (m_wantBlocks)
+                    out = forwardWithBlocks(m_model, batch.x, batch.blocks);
+                else
+                    out = forwardModel(m_model, batch.x, fwd);
+            }
+            // The loss in FP32, outside autocast, as torch.autocast recommends.
+            loss = classificationLoss(out.to(torch::kFloat), batch.y);
+            for (auto& h : m_hooks) loss = h->loss(*this, batch, out, loss);
+        }
+        {
+            PhaseScope phase(profiler, "backward");
+            if (m_reducer) m_reducer->prepare(thisStep);
+            scaler.scaleLoss(loss).backward();
+        }
+        if (m_reducer) {
+            PhaseScope phase(profiler, "communication");
+            comm = m_reducer->finish();
+        }
+        lossValue = loss.item<double>();
+        correct = out.detach().argmax(1).eq(batch.y).sum().item<int64_t>();
     }
     if (memory) {
         tally.activationBytes = memory->peakBytes();
@@ -596,7 +725,6 @@ TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, EpochTal
                 break;
             }
     }
-    const double lossValue = loss.item<double>();
     bool skip = false, lossBad = false;
     double norm = 0;
     const double usedScale = scaler.scale();
@@ -610,6 +738,11 @@ TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, EpochTal
         bool foundInf = scaler.unscaleAndCheck(m_params) || (scaler.enabled() && lossBad);
         if (m_dist && scaler.enabled()) foundInf = m_dist->any(foundInf);
         norm = gradNorm(m_params);
+        if (m_stageGroup) {  // the whole network's norm: every stage's share of it
+            auto sq = torch::tensor({norm * norm}, torch::kDouble);
+            m_stageGroup->allreduceSum(sq);
+            norm = std::sqrt(sq.item<double>());
+        }
         skip = scaler.enabled() && foundInf;
         if (!skip) {
             if (m_spec.clipGradNorm > 0 && std::isfinite(norm) && norm > m_spec.clipGradNorm) {
@@ -625,8 +758,10 @@ TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, EpochTal
         if (m_reducer && scaler.enabled() && scaler.scale() != usedScale)
             m_reducer->rescaleResiduals(scaler.scale() / usedScale);
     }
-    tally.correct += out.detach().argmax(1).eq(batch.y).sum().item<int64_t>();
-    tally.seen += batch.x.size(0);
+    // Predictions are the last stage's: only it counts them (and the loss).
+    const bool countsOutput = !m_pipe || m_pipe->last();
+    tally.correct += correct;
+    if (countsOutput) tally.seen += batch.x.size(0);
     ++m_step;
     ++tally.steps;
     // The step's time includes handing its profile spans on: what the profiler costs a run.
@@ -640,6 +775,21 @@ TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, EpochTal
         recordMetric("comm/overlap",
                      comm.commMs > 0 ? std::clamp(1.0 - comm.exposedMs / comm.commMs, 0.0, 1.0) : 0.0);
         recordMetric("comm/compression_ratio", comm.compressionRatio);
+    }
+    if (m_pipe && m_replica == 0) {
+        const std::string stage = "pipe/stage" + std::to_string(m_stage) + "/";
+        recordMetric(stage + "bubble", pipe.bubble);
+        recordMetric(stage + "forward_ms", pipe.forwardMs);
+        recordMetric(stage + "backward_ms", pipe.backwardMs);
+        recordMetric(stage + "bytes_sent", static_cast<double>(pipe.bytesSent));
+        recordMetric(stage + "in_flight", static_cast<double>(pipe.maxInFlight));
+        if (b == 0 && tally.activationBytes > 0)
+            recordMetric(stage + "activation_mb", static_cast<double>(tally.activationBytes) / 1e6);
+        // The mean over stages on rank 0 (the run's summary figure).
+        auto t = torch::tensor({pipe.bubble}, torch::kDouble);
+        m_stageGroup->allreduceSum(t);
+        if (m_rank == 0) recordMetric("pipe/bubble", t.item<double>() / m_stages);
+        if (m_rank == 0) recordMetric("pipe/micro_batches", static_cast<double>(pipe.microBatches));
     }
     if (scaler.enabled()) {
         recordMetric("amp/loss_scale", usedScale);
@@ -691,7 +841,18 @@ void TrainingLoop::evaluation(int64_t epoch, EpochTally& tally) {
         seen = static_cast<int64_t>(t[1].item<double>());
     }
     recordMetric("train/accuracy", static_cast<double>(correct) / static_cast<double>(seen));
-    if (m_rank == 0 && !m_stopped) {  // the ranks hold identical models: one validation pass is enough
+    if (m_pipe && m_replica == 0 && !m_stopped) {
+        const auto val = validatePipelined();
+        if (m_rank == 0) {
+            if (val.skipped > 0) {
+                m_skippedSamples += val.skipped;
+                recordMetric("data/skipped", static_cast<double>(m_skippedSamples));
+            }
+            recordMetric("val/loss", val.loss);
+            recordMetric("val/accuracy", val.accuracy);
+        }
+    } else if (!m_pipe && m_rank == 0 && !m_stopped) {
+        // the ranks hold identical models: one validation pass is enough
         const auto val = evaluate(m_model, *m_valLoader, m_sampleShape, m_autocast, m_device);
         if (val.skipped > 0) {
             m_skippedSamples += val.skipped;
@@ -709,6 +870,37 @@ void TrainingLoop::evaluation(int64_t epoch, EpochTally& tally) {
     phaseDone(TrainingPhase::Evaluation);
 }
 
+// Every stage of replica 0 reads the same validation batches (the first stage needs the inputs,
+// the last the labels); the last stage's sums reach rank 0 through the stage group.
+TrainingLoop::ValResult TrainingLoop::validatePipelined() {
+    m_model->eval();
+    double lossSum = 0;
+    int64_t correct = 0, n = 0, skipped = 0;
+    std::vector<int64_t> order(static_cast<size_t>(m_valSource->size()));
+    std::iota(order.begin(), order.end(), 0);
+    m_valLoader->start(std::move(order), 1024, data::SampleMode::Eval, 0, 0);
+    data::LoadedBatch loaded;
+    while (m_valLoader->next(loaded)) {
+        const auto batch = toBatch(loaded, m_sampleShape, m_device);
+        const auto out = m_pipe->forward(batch.x, loaded.rows);
+        if (m_pipe->last()) {
+            lossSum += classificationLoss(out, batch.y, torch::kSum).item<double>();
+            correct += out.argmax(1).eq(batch.y).sum().item<int64_t>();
+        }
+        n += loaded.rows;
+        skipped += loaded.tally.skipped;
+    }
+    m_model->train();
+    auto t = torch::tensor({lossSum, static_cast<double>(correct)}, torch::kDouble);
+    m_stageGroup->allreduceSum(t);
+    ValResult r;
+    const double rows = static_cast<double>(std::max<int64_t>(n, 1));
+    r.loss = t[0].item<double>() / rows;
+    r.accuracy = t[1].item<double>() / rows;
+    r.skipped = skipped;
+    return r;
+}
+
 void TrainingLoop::checkpoint(int64_t epochsDone) {
     if (m_options.checkpointDir.empty()) return;
     auto extras = m_scaler->state();
@@ -717,9 +909,24 @@ void TrainingLoop::checkpoint(int64_t epochsDone) {
     // compressed run carries the error the uninterrupted one would.
     if (m_reducer)
         for (auto& [name, t] : m_reducer->gatherResiduals()) extras[name] = std::move(t);
-    if (m_rank == 0) {
-        const auto info = saveCheckpoint(m_options.checkpointDir + "/last.ckpt", *m_model, *m_optimizer,
-                                         epochsDone, m_step, extras, m_options.owner);
+    const std::string path = m_options.checkpointDir + "/last.ckpt";
+    if (m_pipe) {
+        // One file per stage (the first replica's), each with its layers under the whole
+        // network's names; stage 0's also holds the bounds, so a resume or an export finds the
+        // others. The run records stage 0's once every stage has written its own.
+        CheckpointInfo info;
+        if (m_replica == 0) {
+            if (m_stage == 0)
+                extras["pipe.bounds"] = torch::tensor(
+                    std::vector<int64_t>(m_stageBounds.begin(), m_stageBounds.end()), torch::kLong);
+            info = saveCheckpoint(stageCheckpointPath(path, m_stage), *m_model, *m_optimizer, epochsDone,
+                                  m_step, extras, m_options.owner);
+        }
+        m_dist->any(false);  // every stage has written its file
+        if (m_rank == 0) emit(Event::checkpoint(info.path, info.sha256, m_step, epochsDone));
+    } else if (m_rank == 0) {
+        const auto info =
+            saveCheckpoint(path, *m_model, *m_optimizer, epochsDone, m_step, extras, m_options.owner);
         emit(Event::checkpoint(info.path, info.sha256, m_step, epochsDone));
     }
     phaseDone(TrainingPhase::Checkpoint);

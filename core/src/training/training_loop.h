@@ -31,6 +31,7 @@ namespace lathe::core {
 
 class DistContext;
 class LossScaler;
+class PipelineStage;
 class Profiler;
 class Reducer;
 
@@ -120,6 +121,11 @@ private:
     void setUp();
     void resume();
     void broadcast();
+    /// Rendezvous of every rank (once): the world's process group.
+    void connect();
+    /// Pipeline parallel: the stage bounds (rank 0's, broadcast), this rank's stage of the network,
+    /// its pipeline and replica groups.
+    void setUpPipeline();
     void announce();
     void epoch(int64_t epoch, EpochTally& tally);
     StepEnd trainStep(int64_t epoch, int64_t b, EpochTally& tally);
@@ -127,6 +133,13 @@ private:
     Batch nextBatch(EpochTally& tally);
     void drainWarnings();
     void evaluation(int64_t epoch, EpochTally& tally);
+    /// Pipeline parallel: one validation pass through the stages of replica 0 (every one of its
+    /// stages takes part; the result is the last stage's, summed into every stage).
+    struct ValResult {
+        double loss = 0, accuracy = 0;
+        int64_t skipped = 0;
+    };
+    ValResult validatePipelined();
     void checkpoint(int64_t epochsDone);
 
     /// The epoch's sample order on this rank: depends only on (seed, epoch), so a resumed run
@@ -164,6 +177,16 @@ private:
     int m_rank = 0, m_world = 1;
     std::unique_ptr<DistContext> m_dist;
     std::unique_ptr<Reducer> m_reducer;
+
+    // Pipeline parallel: rank = stage * replicas + replica (the replicas of a stage are
+    // neighbours, so its data-parallel exchange stays within a host where it can). Without
+    // stages every rank is a replica of the one stage.
+    int m_stages = 1, m_stage = 0, m_replicas = 1, m_replica = 0;
+    std::vector<int64_t> m_stageBounds;           // first layer of each stage, then the layer count
+    std::unique_ptr<DistContext> m_stageGroup;    // this replica's stages
+    std::unique_ptr<DistContext> m_replicaGroup;  // this stage's replicas (when more than one)
+    std::unique_ptr<PipelineStage> m_pipe;
+    int64_t m_networkParameters = 0;  // the whole network's, before it was cut into stages
 
     int64_t m_startEpoch = 0, m_epochsDone = 0, m_step = 0;
     int64_t m_stepsPerEpoch = 0, m_totalSteps = 0, m_perRank = 0;

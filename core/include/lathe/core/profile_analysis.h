@@ -9,6 +9,11 @@
 
 namespace lathe::core {
 
+/// Spans of pipeline stage s > 0 (its first replica's process) are on threads
+/// s * kStageLaneStride + t, so a run's timeline has lanes per stage; thread t < kStageLaneStride
+/// is rank 0's (stage 0).
+constexpr int64_t kStageLaneStride = 1000;
+
 struct ProfileSpan {
     enum class Kind { Op, Phase };
     Kind kind = Kind::Op;
@@ -21,6 +26,8 @@ struct ProfileSpan {
     int64_t durationNs = 0;
     int64_t cudaNs = -1;  // device time when measured on a GPU, else -1
 };
+
+inline int64_t spanStage(const ProfileSpan& s) { return s.thread / kStageLaneStride; }
 
 /// Profiler schedule, like torch.profiler.schedule: skip `wait` steps, run `warmup` steps with
 /// the callbacks attached but nothing kept, record `active` steps; repeat the cycle `repeat`
@@ -53,7 +60,8 @@ struct PhaseSummary {
 /// Heaviest ops by self time (all of them when top <= 0). Nesting is derived per thread from
 /// the intervals, so self times add up to the op time that is not covered by child ops.
 std::vector<OpSummary> topOps(const std::vector<ProfileSpan>& spans, int top = 0);
-/// Per-step phase durations (for the stacked bar of step phases).
+/// Per-step phase durations (for the stacked bar of step phases): rank 0's (a pipeline's first
+/// stage), not summed over stages.
 std::vector<PhaseSummary> phasesByStep(const std::vector<ProfileSpan>& spans);
 /// Chrome trace-event JSON ({"traceEvents": [...]} with complete "X" events, µs), which
 /// Perfetto and chrome://tracing open. Phases and ops share their thread's lane.

@@ -82,6 +82,12 @@ struct RunSpec {
     int64_t compressChunk = 2048;        // elements per int8/int4 scale
     bool stochasticRounding = false;
 
+    // Model parallelism (core/src/distributed/README.md): nproc = data-parallel replicas x stages.
+    int64_t pipelineStages = 1;             // consecutive layers split over this many processes
+    int64_t microBatches = 4;               // a stage's batch is split into this many micro-batches
+    std::string pipelineSchedule = "1f1b";  // gpipe | 1f1b
+    std::string balance = "params";         // params | time: what the stages are balanced by
+
     // Data pipeline (core/src/data/README.md): the loader, the sample caches, the image steps.
     int64_t loaderWorkers = 2;         // threads preparing batches (0: in the training thread)
     int64_t prefetch = 4;              // batches prepared ahead of the step
@@ -134,6 +140,9 @@ void setSpecValue(RunSpec& spec, const std::string& key, const std::string& valu
 std::string checkSpecValue(const std::string& key, const std::string& value);
 /// Cross-field and range checks; empty = valid. Each message names its key.
 std::vector<std::string> validate(const RunSpec& spec);
+/// nproc = 1 with pipeline stages means one process per stage: returns the spec with nproc set
+/// so (recorded runs keep the world they ran with).
+RunSpec withParallelDefaults(RunSpec spec);
 /// Throws ConfigError with the first message of validate().
 void validateOrThrow(const RunSpec& spec);
 /// The value of a key as text (the form shows it; params table stores it).
