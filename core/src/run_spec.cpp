@@ -327,6 +327,10 @@ const std::vector<KeyDef>& keyDefs() {
                &RunSpec::errorFeedback, {"auto", "on", "off"});
         integer("compress_chunk", "elements per int8/int4 scale, 8..1048576, a multiple of 8",
                 &RunSpec::compressChunk, 8, 1 << 20);
+        integer("tensor_parallel",
+                "tensor parallel: ranks each pair of Linear layers is split over (column, then row), 1..256 "
+                "(nproc must be a multiple of stages x this; nproc = 1 means exactly that many)",
+                &RunSpec::tensorParallel, 1, 256);
         integer("pipeline_stages",
                 "pipeline parallel: processes the model's layers are split over, 1..256 (nproc must be a "
                 "multiple: replicas x stages; nproc = 1 means one per stage)",
@@ -517,22 +521,31 @@ std::vector<std::string> validate(const RunSpec& spec) {
         spec.nproc % spec.ranksPerHost != 0)
         problems.push_back("`ranks_per_host` must divide `nproc` (" + std::to_string(spec.nproc) + " % " +
                            std::to_string(spec.ranksPerHost) + " != 0)");
-    if (spec.pipelineStages > 1) {
-        if (spec.nproc > 1 && spec.nproc % spec.pipelineStages != 0)
-            problems.push_back("`nproc` must be a multiple of `pipeline_stages` (" +
-                               std::to_string(spec.nproc) + " % " + std::to_string(spec.pipelineStages) +
-                               " != 0): nproc = data-parallel replicas x stages");
+    const int64_t split = spec.pipelineStages * spec.tensorParallel;
+    if (split > 1) {
+        const std::string what = spec.pipelineStages > 1 && spec.tensorParallel > 1
+                                     ? "pipeline_stages x tensor_parallel"
+                                 : spec.pipelineStages > 1 ? "pipeline_stages"
+                                                           : "tensor_parallel";
+        if (spec.nproc > 1 && spec.nproc % split != 0)
+            problems.push_back("`nproc` must be a multiple of `" + what + "` (" + std::to_string(spec.nproc) +
+                               " % " + std::to_string(split) +
+                               " != 0): nproc = data-parallel replicas x stages x " +
+                               "tensor-parallel ranks");
         if (spec.strategy == "hierarchical")
-            problems.push_back(
-                "`strategy` hierarchical is not combined with `pipeline_stages` yet; use ring or ps");
+            problems.push_back("`strategy` hierarchical is not combined with `" + what +
+                               "` yet; use ring or ps");
         if (!spec.teacher.empty())
-            problems.push_back(
-                "`teacher` (distillation) needs the whole network in one process: set "
-                "pipeline_stages = 1");
+            problems.push_back("`teacher` (distillation) needs the whole network in one process: set " +
+                               what + " to 1");
         if (!spec.ppoPolicy.empty())
             problems.push_back(
                 "`ppo_policy` (the tuning agent) changes the batch size of a single process; "
-                "set pipeline_stages = 1");
+                "set " +
+                what + " to 1");
+        if (spec.tensorParallel > 1 && spec.qat)
+            problems.push_back(
+                "`qat` layers are not split by `tensor_parallel` yet; set tensor_parallel = 1");
     }
     if (spec.compressChunk % 8 != 0)
         problems.push_back("`compress_chunk` must be a multiple of 8 (got " +
@@ -576,7 +589,7 @@ LossScaleMode lossScaleMode(const RunSpec& spec) {
 }
 
 RunSpec withParallelDefaults(RunSpec spec) {
-    if (spec.pipelineStages > 1 && spec.nproc == 1) spec.nproc = spec.pipelineStages;
+    if (spec.nproc == 1) spec.nproc = spec.pipelineStages * spec.tensorParallel;
     return spec;
 }
 

@@ -320,13 +320,15 @@ torch::Tensor PipelineStage::forward(const torch::Tensor& x, int64_t rows) {
     return out.to(torch::kFloat);
 }
 
-std::string stageCheckpointPath(const std::string& stage0Path, int stage) {
-    if (stage == 0) return stage0Path;
+std::string shardCheckpointPath(const std::string& firstPath, int stage, int shard) {
+    if (stage == 0 && shard == 0) return firstPath;
     const std::string ext = ".ckpt";
-    const bool hasExt = stage0Path.size() > ext.size() &&
-                        stage0Path.compare(stage0Path.size() - ext.size(), ext.size(), ext) == 0;
-    const std::string stem = hasExt ? stage0Path.substr(0, stage0Path.size() - ext.size()) : stage0Path;
-    return stem + ".stage" + std::to_string(stage) + ext;
+    const bool hasExt = firstPath.size() > ext.size() &&
+                        firstPath.compare(firstPath.size() - ext.size(), ext.size(), ext) == 0;
+    std::string path = hasExt ? firstPath.substr(0, firstPath.size() - ext.size()) : firstPath;
+    if (stage > 0) path += ".stage" + std::to_string(stage);
+    if (shard > 0) path += ".tp" + std::to_string(shard);
+    return path + ext;
 }
 
 }  // namespace lathe::core

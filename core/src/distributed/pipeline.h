@@ -123,7 +123,9 @@ private:
     int64_t m_bytesSent = 0;
 };
 
-/// `<dir>/last.ckpt` for stage 0 and `<dir>/last.stage<k>.ckpt` for stage k.
-std::string stageCheckpointPath(const std::string& stage0Path, int stage);
+/// The checkpoint file of pipeline stage `stage`, tensor-parallel shard `shard`: `<dir>/last.ckpt`
+/// for stage 0's first shard, `<dir>/last.stage<s>.ckpt`, `<dir>/last.tp<t>.ckpt` or
+/// `<dir>/last.stage<s>.tp<t>.ckpt` for the others.
+std::string shardCheckpointPath(const std::string& firstPath, int stage, int shard = 0);
 
 }  // namespace lathe::core

@@ -4,7 +4,10 @@
 
 #include <sstream>
 
+#include <filesystem>
+
 #include "distributed/pipeline.h"
+#include "distributed/tensor_parallel.h"
 #include "lathe/core/error.h"
 #include "training/checkpoint_file.h"
 
@@ -75,33 +78,70 @@ CheckpointInfo loadCheckpoint(const std::string& path, torch::nn::Module& model,
 }
 
 CheckpointInfo loadModelWeights(const std::string& path, torch::nn::Module& model) {
-    torch::Tensor bounds;
+    torch::Tensor bounds, plan;
     const auto info = restoreFrom(path, "this model", [&](torch::serialize::InputArchive& archive) {
-        if (!archive.try_read("lathe.pipe.bounds", bounds)) model.load(archive);
+        if (!archive.try_read("lathe.pipe.bounds", bounds)) {
+            model.load(archive);
+            return;
+        }
+        archive.try_read("lathe.tp.plan", plan);
     });
     if (!bounds.defined()) return info;
-    // Stage files hold their layers under the whole network's names ("3.weight"): each loads
-    // into a view of those layers of `model`.
+    // A model-parallel run's files hold their layers under the whole network's names ("3.weight"),
+    // a tensor-parallel shard its slice of the split ones: each stage loads into a view of its
+    // layers of `model`, or its shards are concatenated into them.
     auto whole = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model.shared_from_this());
     if (!whole)
-        throw CheckpointError("checkpoint " + path +
-                              " holds pipeline stages, which only a sequential network takes");
+        throw CheckpointError(
+            "checkpoint " + path +
+            " holds pipeline stages or tensor-parallel shards, which only a sequential network takes");
     torch::nn::Sequential seq(whole);
     const auto stages = bounds.numel() - 1;
     if (stages < 1 || bounds[stages].item<int64_t>() != static_cast<int64_t>(seq->size()))
         throw CheckpointError("checkpoint " + path + " was cut into stages of another network (" +
                               std::to_string(bounds[std::max<int64_t>(stages, 0)].item<int64_t>()) +
                               " layers, this one " + std::to_string(seq->size()) + ")");
+    std::vector<TpSplit> split;
+    if (plan.defined())
+        for (int64_t i = 0; i < plan.numel(); ++i)
+            split.push_back(static_cast<TpSplit>(plan[i].item<int64_t>()));
+    auto checkStep = [&](const std::string& file, const CheckpointInfo& got) {
+        if (got.step != info.step)
+            throw CheckpointError("checkpoint " + file + " is of step " + std::to_string(got.step) + ", " +
+                                  path + " of step " + std::to_string(info.step) +
+                                  ": they were not written together");
+    };
     for (int64_t k = 0; k < stages; ++k) {
-        auto stage = stageModel(seq, bounds[k].item<int64_t>(), bounds[k + 1].item<int64_t>());
-        const std::string file = stageCheckpointPath(path, static_cast<int>(k));
-        const auto stageInfo =
-            restoreFrom(file, "this model's pipeline stage",
-                        [&](torch::serialize::InputArchive& archive) { stage->load(archive); });
-        if (stageInfo.step != info.step)
-            throw CheckpointError("checkpoint " + file + " (pipeline stage " + std::to_string(k) +
-                                  ") is of step " + std::to_string(stageInfo.step) + ", stage 0's of step " +
-                                  std::to_string(info.step) + ": the stages were not written together");
+        const auto begin = bounds[k].item<int64_t>(), end = bounds[k + 1].item<int64_t>();
+        if (split.empty()) {
+            auto stage = stageModel(seq, begin, end);
+            const std::string file = shardCheckpointPath(path, static_cast<int>(k));
+            checkStep(file,
+                      restoreFrom(file, "this model's pipeline stage",
+                                  [&](torch::serialize::InputArchive& archive) { stage->load(archive); }));
+            continue;
+        }
+        // Shards until a file is missing: as many as the run had.
+        std::vector<ShardState> shards;
+        for (int t = 0;; ++t) {
+            const std::string file = shardCheckpointPath(path, static_cast<int>(k), t);
+            if (t > 0 && !std::filesystem::exists(file)) break;
+            ShardState state;
+            checkStep(file, restoreFrom(file, "a tensor-parallel shard",
+                                        [&](torch::serialize::InputArchive& archive) {
+                                            for (auto i = begin; i < end; ++i) {
+                                                torch::serialize::InputArchive layer;
+                                                if (!archive.try_read(std::to_string(i), layer)) continue;
+                                                for (const char* name : {"weight", "bias"}) {
+                                                    torch::Tensor t;
+                                                    if (layer.try_read(name, t))
+                                                        state[std::to_string(i)][name] = t;
+                                                }
+                                            }
+                                        }));
+            shards.push_back(std::move(state));
+        }
+        mergeTensorParallel(seq, split, begin, end, shards);
     }
     return info;
 }

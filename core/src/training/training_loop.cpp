@@ -12,6 +12,7 @@
 #include "distributed/pipeline.h"
 #include "distributed/process_group.h"
 #include "distributed/reducer.h"
+#include "distributed/tensor_parallel.h"
 #include "lathe/core/error.h"
 #include "lathe/kernels/cuda_device.h"
 #include "torch_backend.h"
@@ -88,13 +89,18 @@ c10::optional<c10::ScalarType> autocastType(const RunSpec& spec) {
     return c10::nullopt;
 }
 
-double gradNorm(const std::vector<torch::Tensor>& params) {
+// The squared L2 norm of the gradients of `params` whose `sharded` flag is `which` (all of them
+// when `sharded` is empty and `which` is false).
+double gradNormSquared(const std::vector<torch::Tensor>& params, const std::vector<bool>& sharded = {},
+                       bool which = false) {
     torch::NoGradGuard noGrad;
     std::vector<torch::Tensor> norms;
-    for (const auto& p : params)
-        if (p.grad().defined()) norms.push_back(p.grad().norm(2).to(torch::kDouble));
+    for (size_t i = 0; i < params.size(); ++i)
+        if (params[i].grad().defined() && (i < sharded.size() ? sharded[i] : false) == which)
+            norms.push_back(params[i].grad().norm(2).to(torch::kDouble));
     if (norms.empty()) return 0.0;
-    return torch::stack(norms).norm(2).item<double>();
+    const double n = torch::stack(norms).norm(2).item<double>();
+    return n * n;
 }
 
 struct EvalResult {
@@ -251,13 +257,20 @@ void TrainingLoop::setUp() {
         m_world = m_options.dist.worldSize;
     }
     m_stages = static_cast<int>(m_spec.pipelineStages);
-    if (m_stages > 1 && (!m_options.dist.distributed() || m_world % m_stages != 0))
-        throw ConfigError("`pipeline_stages` " + std::to_string(m_stages) + " needs a multiple of " +
-                          std::to_string(m_stages) + " processes (this one has " + std::to_string(m_world) +
-                          "); start it with `lathectl train`, which launches one per stage");
-    m_replicas = m_world / m_stages;
-    m_stage = m_rank / m_replicas;
-    m_replica = m_rank % m_replicas;
+    m_tp = static_cast<int>(m_spec.tensorParallel);
+    const int split = m_stages * m_tp;
+    if (split > 1 && (!m_options.dist.distributed() || m_world % split != 0))
+        throw ConfigError("`pipeline_stages` x `tensor_parallel` = " + std::to_string(split) +
+                          " needs a multiple of " + std::to_string(split) + " processes (this one has " +
+                          std::to_string(m_world) +
+                          "); start it with `lathectl train`, which launches one per stage and shard");
+    // rank = (stage * replicas + replica) * tensor_parallel + shard: a tensor-parallel group is
+    // consecutive ranks (one host, where its two all-reduces per layer pair are cheap), then a
+    // stage's replicas, then the stages (Megatron-LM's order).
+    m_replicas = m_world / split;
+    m_tpRank = m_rank % m_tp;
+    m_stage = (m_rank / m_tp) / m_replicas;
+    m_replica = (m_rank / m_tp) % m_replicas;
 
     data::SourceOptions sourceOptions;
     sourceOptions.cacheDir = m_options.dataCacheDir;
@@ -302,8 +315,9 @@ void TrainingLoop::setUp() {
     m_model->to(m_device);  // parameters stay FP32: autocast casts per op (FP32 master weights)
     m_networkParameters = parameterCount(*m_model);
     m_batch = m_spec.batch;
-    if (m_stages > 1) setUpPipeline();
+    if (split > 1) setUpModelParallel();
     m_params = m_model->parameters();
+    for (const auto& p : m_params) m_sharded.push_back(m_tpGroup && isShardedParameter(m_model, p));
     for (auto& h : m_hooks) {
         for (auto& p : h->parameters(*this)) m_params.push_back(p);
         m_wantBlocks = m_wantBlocks || h->wantsBlocks();
@@ -321,7 +335,8 @@ void TrainingLoop::setUp() {
         }
         // Pipeline stages after the first show on lanes of their own in the run's timeline
         // (replica 0's; the launcher keeps other ranks' spans only on such lanes).
-        if (m_stages > 1 && m_replica == 0) m_profiler->setLaneOffset(m_stage * kStageLaneStride);
+        if (m_stages > 1 && m_replica == 0 && m_tpRank == 0)
+            m_profiler->setLaneOffset(m_stage * kStageLaneStride);
     }
 
     // Like DistributedSampler: the epoch's order padded to a multiple of the replica count, and
@@ -338,9 +353,9 @@ void TrainingLoop::setUp() {
 void TrainingLoop::resume() {
     CheckpointExtras extras = m_scaler->state();
     for (const auto& h : m_hooks) h->saveState(extras);  // the names to look for
-    const auto info = loadCheckpoint(stageCheckpointPath(m_options.resumeFrom, m_stage), *m_model,
+    const auto info = loadCheckpoint(shardCheckpointPath(m_options.resumeFrom, m_stage, m_tpRank), *m_model,
                                      *m_optimizer, &extras, Reducer::residualPrefix(m_replica));
-    if (m_pipe) {
+    if (m_pipe || m_tpGroup) {
         // Stage files are written together; a set of different steps (a crash between two
         // stages' writes) cannot be resumed as one network.
         auto t = torch::tensor({static_cast<double>(info.step), static_cast<double>(info.step * info.step)},
@@ -376,9 +391,74 @@ void TrainingLoop::connect() {
 
 // Every rank builds the whole network from the same seed; rank 0 decides where the stages start
 // (by parameters, by measured time, or as the checkpoint being resumed had them) and each rank
-// keeps its stage's layers.
-void TrainingLoop::setUpPipeline() {
+// keeps its stage's layers, split over the tensor-parallel group when there is one.
+void TrainingLoop::setUpModelParallel() {
     connect();
+    const int lws = m_options.dist.localWorldSize;
+    if (m_tp > 1 && lws > 0 && lws % m_tp != 0)
+        throw ConfigError("`tensor_parallel` " + std::to_string(m_tp) +
+                          " keeps each group on one host, but a host runs " + std::to_string(lws) +
+                          " ranks; give each host a multiple of " + std::to_string(m_tp) + " slots");
+    if (m_stages == 1) {
+        m_stageBounds = {0, static_cast<int64_t>(m_model->size())};
+    } else {
+        pipelineBounds();
+    }
+    const auto begin = m_stageBounds[static_cast<size_t>(m_stage)];
+    const auto end = m_stageBounds[static_cast<size_t>(m_stage) + 1];
+    std::vector<BoundaryShape> boundaries;
+    if (m_stages > 1)
+        boundaries = boundaryShapes(m_model, m_stageBounds, trainSamples(1), m_autocast, m_device.type());
+    const std::string replica = std::to_string(m_replica), stage = std::to_string(m_stage),
+                      shard = std::to_string(m_tpRank);
+    std::string tpNote;
+    if (m_tp > 1) {
+        // The whole network's split (every stage's, as each stage plans its own layers): the
+        // checkpoint keeps it for the export that merges the shards.
+        m_tpPlan.assign(m_model->size(), TpSplit::None);
+        for (int k = 0; k < m_stages; ++k) {
+            const auto b = m_stageBounds[static_cast<size_t>(k)],
+                       e = m_stageBounds[static_cast<size_t>(k) + 1];
+            const auto part = planTensorParallel(m_model, b, e, m_tp);
+            std::copy(part.begin() + b, part.begin() + e, m_tpPlan.begin() + b);
+        }
+        m_tpGroup = m_dist->subgroup("tp/" + stage + "/" + replica, m_tpRank, m_tp);
+        m_model = tensorParallelModel(m_model, begin, end, m_tpPlan, *m_tpGroup);
+        for (auto i = begin; i < end; ++i)
+            if (m_tpPlan[static_cast<size_t>(i)] != TpSplit::None)
+                tpNote += (tpNote.empty() ? "" : ", ") + std::to_string(i) + " " +
+                          toString(m_tpPlan[static_cast<size_t>(i)]);
+        emit(Event::log("info", "tensor parallel: shard " + shard + " of " + std::to_string(m_tp) +
+                                    (m_stages > 1 ? " in stage " + stage : std::string()) +
+                                    "; layers split: " + tpNote + "; " +
+                                    std::to_string(parameterCount(*m_model)) + " parameters here"));
+    } else {
+        m_model = stageModel(m_model, begin, end);
+    }
+    if (m_replicas > 1)
+        m_replicaGroup = m_dist->subgroup("replicas/" + stage + "/" + shard, m_replica, m_replicas);
+    if (m_stages == 1) return;
+    m_stageGroup = m_dist->subgroup("pipe/" + replica + "/" + shard, m_stage, m_stages);
+    PipelineStage::Options o;
+    o.schedule = m_spec.pipelineSchedule;
+    o.microBatches = static_cast<int>(m_spec.microBatches);
+    o.forward.checkpoint = m_spec.activationCheckpointing;
+    o.forward.autocast = m_autocast;
+    o.forward.device = m_device.type();
+    o.device = m_device;
+    m_pipe = std::make_unique<PipelineStage>(*m_stageGroup, m_model, std::move(boundaries), o);
+    std::string layers;
+    for (const auto& item : m_model->named_children()) layers += (layers.empty() ? "" : ",") + item.key();
+    emit(Event::log(
+        "info", "pipeline stage " + stage + " of " + std::to_string(m_stages) +
+                    (m_replicas > 1 ? " (replica " + replica + " of " + std::to_string(m_replicas) + ")"
+                                    : std::string()) +
+                    ": layers " + layers + ", " + std::to_string(parameterCount(*m_model)) + " parameters; " +
+                    std::to_string(m_spec.microBatches) + " micro-batches, " + m_spec.pipelineSchedule +
+                    ", balanced by " + m_spec.balance));
+}
+
+void TrainingLoop::pipelineBounds() {
     const auto units = pipelineUnits(m_model);
     const int unitCount = static_cast<int>(units.size()) - 1;
     if (unitCount < m_stages)  // every rank refuses, so none waits for rank 0's bounds
@@ -410,41 +490,18 @@ void TrainingLoop::setUpPipeline() {
     }
     m_stageBounds.clear();
     for (int i = 0; i <= m_stages; ++i) m_stageBounds.push_back(boundsT[i].item<int64_t>());
-    auto boundaries = boundaryShapes(m_model, m_stageBounds, trainSamples(1), m_autocast, m_device.type());
-    auto stage = stageModel(m_model, m_stageBounds[static_cast<size_t>(m_stage)],
-                            m_stageBounds[static_cast<size_t>(m_stage) + 1]);
-    m_model = stage;
-    m_stageGroup = m_dist->subgroup("pipe/" + std::to_string(m_replica), m_stage, m_stages);
-    if (m_replicas > 1)
-        m_replicaGroup = m_dist->subgroup("replicas/" + std::to_string(m_stage), m_replica, m_replicas);
-    PipelineStage::Options o;
-    o.schedule = m_spec.pipelineSchedule;
-    o.microBatches = static_cast<int>(m_spec.microBatches);
-    o.forward.checkpoint = m_spec.activationCheckpointing;
-    o.forward.autocast = m_autocast;
-    o.forward.device = m_device.type();
-    o.device = m_device;
-    m_pipe = std::make_unique<PipelineStage>(*m_stageGroup, m_model, std::move(boundaries), o);
-    std::string layers;
-    for (const auto& item : m_model->named_children()) layers += (layers.empty() ? "" : ",") + item.key();
-    emit(Event::log("info", "pipeline stage " + std::to_string(m_stage) + " of " + std::to_string(m_stages) +
-                                (m_replicas > 1 ? " (replica " + std::to_string(m_replica) + " of " +
-                                                      std::to_string(m_replicas) + ")"
-                                                : std::string()) +
-                                ": layers " + layers + ", " + std::to_string(parameterCount(*m_model)) +
-                                " parameters; " + std::to_string(m_spec.microBatches) + " micro-batches, " +
-                                m_spec.pipelineSchedule + ", balanced by " + m_spec.balance));
 }
 
 // Data parallel: every rank starts from rank 0's parameters and trains on its own shard (a
 // pipeline stage from its first replica's).
 void TrainingLoop::broadcast() {
     connect();
-    if (m_stages > 1 && m_replicas == 1) {
+    const bool modelParallel = m_stages > 1 || m_tp > 1;
+    if (modelParallel && m_replicas == 1) {
         phaseDone(TrainingPhase::Broadcast);
         return;
     }
-    DistContext& group = m_stages > 1 ? *m_replicaGroup : *m_dist;
+    DistContext& group = modelParallel ? *m_replicaGroup : *m_dist;
     auto p = m_params;  // the network's and the hooks'
     for (auto& b : m_model->buffers()) p.push_back(b);
     {
@@ -737,12 +794,20 @@ TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, EpochTal
         if (m_dist) lossBad = m_dist->any(lossBad);
         bool foundInf = scaler.unscaleAndCheck(m_params) || (scaler.enabled() && lossBad);
         if (m_dist && scaler.enabled()) foundInf = m_dist->any(foundInf);
-        norm = gradNorm(m_params);
-        if (m_stageGroup) {  // the whole network's norm: every stage's share of it
-            auto sq = torch::tensor({norm * norm}, torch::kDouble);
-            m_stageGroup->allreduceSum(sq);
-            norm = std::sqrt(sq.item<double>());
+        // The whole network's norm: every shard's share of the split layers, the replicated
+        // ones once, summed over the stages.
+        double sq = gradNormSquared(m_params, m_sharded, false);
+        if (m_tpGroup) {
+            auto t = torch::tensor({gradNormSquared(m_params, m_sharded, true)}, torch::kDouble);
+            m_tpGroup->allreduceSum(t);
+            sq += t.item<double>();
         }
+        if (m_stageGroup) {
+            auto t = torch::tensor({sq}, torch::kDouble);
+            m_stageGroup->allreduceSum(t);
+            sq = t.item<double>();
+        }
+        norm = std::sqrt(sq);
         skip = scaler.enabled() && foundInf;
         if (!skip) {
             if (m_spec.clipGradNorm > 0 && std::isfinite(norm) && norm > m_spec.clipGradNorm) {
@@ -759,9 +824,12 @@ TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, EpochTal
             m_reducer->rescaleResiduals(scaler.scale() / usedScale);
     }
     // Predictions are the last stage's: only it counts them (and the loss).
-    const bool countsOutput = !m_pipe || m_pipe->last();
-    tally.correct += correct;
-    if (countsOutput) tally.seen += batch.x.size(0);
+    // (and of a tensor-parallel group, whose ranks all compute them, only shard 0).
+    const bool countsOutput = (!m_pipe || m_pipe->last()) && m_tpRank == 0;
+    if (countsOutput) {
+        tally.correct += correct;
+        tally.seen += batch.x.size(0);
+    }
     ++m_step;
     ++tally.steps;
     // The step's time includes handing its profile spans on: what the profiler costs a run.
@@ -776,7 +844,7 @@ TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, EpochTal
                      comm.commMs > 0 ? std::clamp(1.0 - comm.exposedMs / comm.commMs, 0.0, 1.0) : 0.0);
         recordMetric("comm/compression_ratio", comm.compressionRatio);
     }
-    if (m_pipe && m_replica == 0) {
+    if (m_pipe && m_replica == 0 && m_tpRank == 0) {
         const std::string stage = "pipe/stage" + std::to_string(m_stage) + "/";
         recordMetric(stage + "bubble", pipe.bubble);
         recordMetric(stage + "forward_ms", pipe.forwardMs);
@@ -841,8 +909,16 @@ void TrainingLoop::evaluation(int64_t epoch, EpochTally& tally) {
         seen = static_cast<int64_t>(t[1].item<double>());
     }
     recordMetric("train/accuracy", static_cast<double>(correct) / static_cast<double>(seen));
-    if (m_pipe && m_replica == 0 && !m_stopped) {
-        const auto val = validatePipelined();
+    const bool modelParallel = m_pipe || m_tpGroup;
+    if (modelParallel && m_replica == 0 && !m_stopped) {
+        // Every stage and shard of replica 0 takes part (their collectives are in the forward pass).
+        ValResult val;
+        if (m_pipe) {
+            val = validatePipelined();
+        } else {
+            const auto e = evaluate(m_model, *m_valLoader, m_sampleShape, m_autocast, m_device);
+            val = {e.loss, e.accuracy, e.skipped};
+        }
         if (m_rank == 0) {
             if (val.skipped > 0) {
                 m_skippedSamples += val.skipped;
@@ -851,7 +927,7 @@ void TrainingLoop::evaluation(int64_t epoch, EpochTally& tally) {
             recordMetric("val/loss", val.loss);
             recordMetric("val/accuracy", val.accuracy);
         }
-    } else if (!m_pipe && m_rank == 0 && !m_stopped) {
+    } else if (!modelParallel && m_rank == 0 && !m_stopped) {
         // the ranks hold identical models: one validation pass is enough
         const auto val = evaluate(m_model, *m_valLoader, m_sampleShape, m_autocast, m_device);
         if (val.skipped > 0) {
@@ -910,19 +986,26 @@ void TrainingLoop::checkpoint(int64_t epochsDone) {
     if (m_reducer)
         for (auto& [name, t] : m_reducer->gatherResiduals()) extras[name] = std::move(t);
     const std::string path = m_options.checkpointDir + "/last.ckpt";
-    if (m_pipe) {
-        // One file per stage (the first replica's), each with its layers under the whole
-        // network's names; stage 0's also holds the bounds, so a resume or an export finds the
-        // others. The run records stage 0's once every stage has written its own.
+    if (m_pipe || m_tpGroup) {
+        // One file per stage and shard (the first replica's), each with its layers under the
+        // whole network's names; stage 0's first shard also holds the bounds and the split, so a
+        // resume or an export finds the others. The run records that one once every file is
+        // written.
         CheckpointInfo info;
         if (m_replica == 0) {
-            if (m_stage == 0)
+            if (m_stage == 0 && m_tpRank == 0) {
                 extras["pipe.bounds"] = torch::tensor(
                     std::vector<int64_t>(m_stageBounds.begin(), m_stageBounds.end()), torch::kLong);
-            info = saveCheckpoint(stageCheckpointPath(path, m_stage), *m_model, *m_optimizer, epochsDone,
-                                  m_step, extras, m_options.owner);
+                if (m_tpGroup) {
+                    std::vector<int64_t> plan;
+                    for (auto k : m_tpPlan) plan.push_back(static_cast<int64_t>(k));
+                    extras["tp.plan"] = torch::tensor(plan, torch::kLong);
+                }
+            }
+            info = saveCheckpoint(shardCheckpointPath(path, m_stage, m_tpRank), *m_model, *m_optimizer,
+                                  epochsDone, m_step, extras, m_options.owner);
         }
-        m_dist->any(false);  // every stage has written its file
+        m_dist->any(false);  // every stage and shard has written its file
         if (m_rank == 0) emit(Event::checkpoint(info.path, info.sha256, m_step, epochsDone));
     } else if (m_rank == 0) {
         const auto info =

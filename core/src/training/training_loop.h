@@ -32,6 +32,7 @@ namespace lathe::core {
 class DistContext;
 class LossScaler;
 class PipelineStage;
+enum class TpSplit : int64_t;
 class Profiler;
 class Reducer;
 
@@ -123,9 +124,11 @@ private:
     void broadcast();
     /// Rendezvous of every rank (once): the world's process group.
     void connect();
-    /// Pipeline parallel: the stage bounds (rank 0's, broadcast), this rank's stage of the network,
-    /// its pipeline and replica groups.
-    void setUpPipeline();
+    /// Pipeline and tensor parallel: this rank's stage of the network (its shard of it), its
+    /// pipeline, tensor-parallel and replica groups.
+    void setUpModelParallel();
+    /// The stage bounds: rank 0's (by parameters, by time, or the checkpoint's), broadcast.
+    void pipelineBounds();
     void announce();
     void epoch(int64_t epoch, EpochTally& tally);
     StepEnd trainStep(int64_t epoch, int64_t b, EpochTally& tally);
@@ -178,10 +181,13 @@ private:
     std::unique_ptr<DistContext> m_dist;
     std::unique_ptr<Reducer> m_reducer;
 
-    // Pipeline parallel: rank = stage * replicas + replica (the replicas of a stage are
-    // neighbours, so its data-parallel exchange stays within a host where it can). Without
-    // stages every rank is a replica of the one stage.
-    int m_stages = 1, m_stage = 0, m_replicas = 1, m_replica = 0;
+    // Model parallel: rank = (stage * replicas + replica) * tp + shard (a tensor-parallel group is
+    // consecutive ranks, then a stage's replicas are neighbours). Without stages or tensor
+    // parallelism every rank is a replica of the one stage.
+    int m_stages = 1, m_stage = 0, m_replicas = 1, m_replica = 0, m_tp = 1, m_tpRank = 0;
+    std::unique_ptr<DistContext> m_tpGroup;       // this stage's shards (tensor_parallel > 1)
+    std::vector<TpSplit> m_tpPlan;                // how each layer of the network is split
+    std::vector<bool> m_sharded;                  // per m_params: a shard (its norm summed over the group)
     std::vector<int64_t> m_stageBounds;           // first layer of each stage, then the layer count
     std::unique_ptr<DistContext> m_stageGroup;    // this replica's stages
     std::unique_ptr<DistContext> m_replicaGroup;  // this stage's replicas (when more than one)

@@ -82,7 +82,9 @@ struct RunSpec {
     int64_t compressChunk = 2048;        // elements per int8/int4 scale
     bool stochasticRounding = false;
 
-    // Model parallelism (core/src/distributed/README.md): nproc = data-parallel replicas x stages.
+    // Model parallelism (core/src/distributed/README.md): nproc = data-parallel replicas x
+    // pipeline stages x tensor-parallel ranks.
+    int64_t tensorParallel = 1;             // Linear layers split in column/row pairs over this many ranks
     int64_t pipelineStages = 1;             // consecutive layers split over this many processes
     int64_t microBatches = 4;               // a stage's batch is split into this many micro-batches
     std::string pipelineSchedule = "1f1b";  // gpipe | 1f1b
@@ -140,8 +142,9 @@ void setSpecValue(RunSpec& spec, const std::string& key, const std::string& valu
 std::string checkSpecValue(const std::string& key, const std::string& value);
 /// Cross-field and range checks; empty = valid. Each message names its key.
 std::vector<std::string> validate(const RunSpec& spec);
-/// nproc = 1 with pipeline stages means one process per stage: returns the spec with nproc set
-/// so (recorded runs keep the world they ran with).
+/// nproc = 1 with pipeline stages or tensor parallelism means one process per stage and
+/// tensor-parallel rank: returns the spec with nproc set so (recorded runs keep the world they ran
+/// with).
 RunSpec withParallelDefaults(RunSpec spec);
 /// Throws ConfigError with the first message of validate().
 void validateOrThrow(const RunSpec& spec);

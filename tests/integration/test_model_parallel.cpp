@@ -1,5 +1,5 @@
-// Pipeline parallelism: the schedules and the stage cuts in-process, and real stage processes on
-// loopback (Gloo) against one process on the same batches.
+// Model parallelism: pipeline schedules, stage cuts and tensor-parallel splits in-process, and real
+// stage and shard processes on loopback (Gloo) against one process on the same batches.
 #include <signal.h>
 #include <torch/script.h>
 #include <torch/torch.h>
@@ -14,12 +14,18 @@
 #include <thread>
 
 #include "distributed/pipeline.h"
+#include "distributed/tensor_parallel.h"
 #include "lathe/core/error.h"
 #include "lathe/core/model_artifact.h"
 #include "lathe/core/run_spec.h"
 #include "lathe/core/store.h"
 #include "run_process.h"
 #include "training/zoo.h"
+
+namespace lathe::core {
+// For Catch's messages.
+std::ostream& operator<<(std::ostream& out, TpSplit split) { return out << toString(split); }
+}  // namespace lathe::core
 
 using namespace lathe::core;
 using lathe::test::binPath;
@@ -152,8 +158,10 @@ TEST_CASE("stages are cut at layers with parameters and balanced exactly", "[pip
     REQUIRE(shapes.size() == 3);
     CHECK(shapes[1].shape == std::vector<int64_t>{64});
     CHECK(shapes[2].shape == std::vector<int64_t>{10});
-    CHECK(stageCheckpointPath("/w/run-3/last.ckpt", 0) == "/w/run-3/last.ckpt");
-    CHECK(stageCheckpointPath("/w/run-3/last.ckpt", 2) == "/w/run-3/last.stage2.ckpt");
+    CHECK(shardCheckpointPath("/w/run-3/last.ckpt", 0) == "/w/run-3/last.ckpt");
+    CHECK(shardCheckpointPath("/w/run-3/last.ckpt", 2) == "/w/run-3/last.stage2.ckpt");
+    CHECK(shardCheckpointPath("/w/run-3/last.ckpt", 0, 1) == "/w/run-3/last.tp1.ckpt");
+    CHECK(shardCheckpointPath("/w/run-3/last.ckpt", 2, 1) == "/w/run-3/last.stage2.tp1.ckpt");
 }
 
 TEST_CASE("2 and 4 pipeline stages, either schedule, train the same parameters as one process",
@@ -200,16 +208,19 @@ TEST_CASE("2 replicas of 2 stages (4 processes) with batch 32 follow one process
     CHECK(values(store, two.at("run_id").get<int64_t>(), "comm/bytes_sent").size() >= 20);
 }
 
-TEST_CASE("a pipeline run resumed from its stage checkpoints follows the uninterrupted one",
-          "[pipeline][distributed]") {
+TEST_CASE("a model-parallel run resumed from its stage and shard checkpoints follows the uninterrupted one",
+          "[pipeline][tensor][distributed]") {
     TempDir dir;
     const auto db = dir.file("l.db");
-    const std::string flags = " --batch 64 --pipeline-stages 2 --micro-batches 4";
+    const auto [flags, second] =
+        GENERATE(std::make_pair(" --batch 64 --pipeline-stages 2 --micro-batches 4", "last.stage1.ckpt"),
+                 std::make_pair(" --batch 64 --tensor-parallel 2", "last.tp1.ckpt"));
+    INFO(flags);
     train(db, flags, 2);                  // run 1: two epochs straight
     const auto first = train(db, flags);  // run 2: one epoch, then resumed to two
     const auto run = first.at("run_id").get<int64_t>();
     CHECK(std::filesystem::exists(dir.file("l.db-files/artifacts/run-2/last.ckpt")));
-    CHECK(std::filesystem::exists(dir.file("l.db-files/artifacts/run-2/last.stage1.ckpt")));
+    CHECK(std::filesystem::exists(dir.file(std::string("l.db-files/artifacts/run-2/") + second)));
     const auto resumed =
         runShell(lathectl("train --resume " + std::to_string(run) + " --epochs 2 -q --json --db " + db));
     INFO(resumed.err);
@@ -235,6 +246,16 @@ TEST_CASE("bad pipeline settings are refused with the reason", "[pipeline][distr
     r = runShell(lathectl("train --pipeline-stages 2 --pipeline-schedule zigzag -q --db " + db));
     CHECK(r.exitCode == 2);
     CHECK_THAT(r.err, Catch::Contains("pipeline_schedule"));
+    // Tensor parallelism needs widths it can split, and combinations it supports.
+    r = runShell(lathectl("train --hidden 30 --tensor-parallel 4 --epochs 1 -q --json --db " + db));
+    CHECK(r.exitCode == 1);
+    CHECK_THAT(r.out, Catch::Contains("is not a multiple of 4"));
+    r = runShell(lathectl("train --tensor-parallel 2 --qat -q --db " + db));
+    CHECK(r.exitCode == 2);
+    CHECK_THAT(r.err, Catch::Contains("`qat` layers are not split by `tensor_parallel`"));
+    r = runShell(lathectl("train --tensor-parallel 2 --pipeline-stages 2 --nproc 6 -q --db " + db));
+    CHECK(r.exitCode == 2);
+    CHECK_THAT(r.err, Catch::Contains("multiple of `pipeline_stages x tensor_parallel`"));
 }
 
 TEST_CASE("killing a pipeline stage fails the run on every rank and leaves no process behind",
@@ -280,4 +301,74 @@ TEST_CASE("a profiled pipeline run has a timeline lane per stage", "[pipeline][d
     // The step phases chart sums rank 0's phases only.
     const auto phases = phasesByStep(spans);
     REQUIRE_FALSE(phases.empty());
+}
+
+TEST_CASE("Linear layers pair up column then row within a stage, and bad widths are refused", "[tensor]") {
+    RunSpec spec;
+    spec.hidden = {64, 64, 64, 64};
+    auto model = makeModel(spec, {1, 8, 8}, 10);  // Flatten, (Linear, ReLU) x4, Linear
+    using S = TpSplit;
+    const auto whole = planTensorParallel(model, 0, 10, 2);
+    CHECK(whole == std::vector<S>{S::None, S::Column, S::None, S::Row, S::None, S::Column, S::None, S::Row,
+                                  S::None, S::None});  // the odd last Linear stays whole
+    // Within a pipeline stage of layers 5..9 only that stage's Linears pair up.
+    const auto stage = planTensorParallel(model, 5, 10, 2);
+    CHECK(stage[5] == S::Column);
+    CHECK(stage[7] == S::Row);
+    CHECK(stage[1] == S::None);
+    CHECK(planTensorParallel(model, 0, 10, 1) == std::vector<S>(10, S::None));
+    CHECK_THROWS_WITH(planTensorParallel(model, 0, 10, 3), Catch::Contains("is not a multiple of 3"));
+    CHECK_THROWS_WITH(planTensorParallel(model, 9, 10, 2), Catch::Contains("no pair of Linear layers"));
+    spec.model = "embed";
+    spec.hidden = {64, 64};
+    auto embed = makeModel(spec, {64}, 10);
+    CHECK(planTensorParallel(embed, 0, static_cast<int64_t>(embed->size()), 2)[0] == S::EmbeddingRows);
+}
+
+TEST_CASE("tensor parallel 2 trains the same parameters as one process, MLP and embedding table",
+          "[tensor][distributed]") {
+    TempDir dir;
+    const auto db = dir.file("l.db");
+    const std::string model =
+        GENERATE(as<std::string>{}, "", " --model embed --hidden 64,64 --embedding-rows 4096");
+    INFO("model flags:" << model);
+    const std::string net = model.empty() ? "" : model;
+    const auto run = [&](const std::string& flags) {
+        const auto r = runShell(lathectl("train --threads 1 -q --json --epochs 1 --batch 64" +
+                                         (net.empty() ? std::string(" --hidden 64,64,64,64") : net) + flags +
+                                         " --db " + db));
+        INFO(r.err);
+        REQUIRE(r.exitCode == 0);
+        return json::parse(r.out);
+    };
+    const auto one = run("");
+    const auto two = run(" --tensor-parallel 2");
+    const auto ra = one.at("run_id").get<int64_t>(), rb = two.at("run_id").get<int64_t>();
+    Store store(db);
+    checkSameTrajectory(store, ra, rb);
+    CHECK(two.at("val/loss").get<double>() == Approx(one.at("val/loss").get<double>()).epsilon(1e-5));
+    const auto a = exported(db, ra, dir.file("a.pt")), b = exported(db, rb, dir.file("b.pt"));
+    REQUIRE(a.size() == b.size());
+    for (const auto& [name, t] : a) {
+        INFO("parameter " << name);
+        CHECK((t - b.at(name)).abs().max().item<double>() <= 1e-5);
+    }
+    CHECK(std::filesystem::exists(
+        dir.file("l.db-files/artifacts/run-" + std::to_string(rb) + "/last.tp1.ckpt")));
+}
+
+TEST_CASE("combined: 2 stages x 2 shards, and 2 replicas x 2 shards, follow one process",
+          "[tensor][distributed]") {
+    TempDir dir;
+    const auto db = dir.file("l.db");
+    const auto one = train(db, " --batch 64");
+    const auto reference = exported(db, one.at("run_id").get<int64_t>(), dir.file("one.pt"));
+    const std::string flags =
+        GENERATE(as<std::string>{}, " --batch 64 --pipeline-stages 2 --tensor-parallel 2 --micro-batches 4",
+                 " --batch 32 --nproc 4 --tensor-parallel 2");
+    INFO(flags);
+    const auto j = train(db, flags);
+    Store store(db);
+    checkSameTrajectory(store, one.at("run_id").get<int64_t>(), j.at("run_id").get<int64_t>());
+    checkSameParameters(reference, exported(db, j.at("run_id").get<int64_t>(), dir.file("mp.pt")));
 }
