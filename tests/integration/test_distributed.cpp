@@ -17,6 +17,7 @@
 using lathe::test::binPath;
 using lathe::test::runShell;
 using lathe::test::TempDir;
+using lathe::test::workerPids;
 using nlohmann::json;
 
 namespace {
@@ -55,18 +56,6 @@ std::pair<json, json> oneAndTwoRanks(const std::string& db, const std::string& f
     INFO(two.err);
     REQUIRE(two.exitCode == 0);
     return {json::parse(one.out), json::parse(two.out)};
-}
-
-// Worker processes of a run, found by the config path only they have on their command line.
-std::vector<int> workerPids(const std::string& configPath) {
-    // [w]orker: the pattern must not match the shell that runs pgrep.
-    const auto r = runShell("pgrep -f -- '[w]orker " + configPath + "' || true");
-    std::vector<int> pids;
-    std::istringstream in(r.out);
-    int pid;
-    while (in >> pid) pids.push_back(pid);
-    std::sort(pids.begin(), pids.end());
-    return pids;
 }
 
 }  // namespace

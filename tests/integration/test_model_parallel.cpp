@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
@@ -31,6 +32,7 @@ using namespace lathe::core;
 using lathe::test::binPath;
 using lathe::test::runShell;
 using lathe::test::TempDir;
+using lathe::test::workerPids;
 using nlohmann::json;
 
 namespace {
@@ -86,15 +88,6 @@ void checkSameTrajectory(const Store& store, int64_t ra, int64_t rb) {
     }
 }
 
-std::vector<int> workerPids(const std::string& configPath) {
-    const auto r = runShell("pgrep -f -- '[w]orker " + configPath + "' || true");
-    std::vector<int> pids;
-    std::istringstream in(r.out);
-    int pid;
-    while (in >> pid) pids.push_back(pid);
-    std::sort(pids.begin(), pids.end());
-    return pids;
-}
 
 }  // namespace
 
@@ -258,32 +251,51 @@ TEST_CASE("bad pipeline settings are refused with the reason", "[pipeline][distr
     CHECK_THAT(r.err, Catch::Contains("multiple of `pipeline_stages x tensor_parallel`"));
 }
 
-TEST_CASE("killing a pipeline stage fails the run on every rank and leaves no process behind",
+TEST_CASE("killing a pipeline stage fails the run on every rank within 30 s and leaves no process behind",
           "[pipeline][distributed]") {
     TempDir dir;
     const auto db = dir.file("l.db");
     const auto config = dir.file("l.db-files/artifacts/run-1/config.toml");
+    std::atomic<bool> killed{false};
+    std::chrono::steady_clock::time_point killedAt;
     std::thread killer([&] {
         for (int i = 0; i < 300; ++i) {
             std::this_thread::sleep_for(std::chrono::milliseconds(100));
             const auto pids = workerPids(config);
             if (pids.size() == 2 && i > 20) {
+                killedAt = std::chrono::steady_clock::now();
                 ::kill(pids[1], SIGKILL);
+                killed = true;
                 return;
             }
         }
         runShell("pkill -f -- '[l]athectl train .*" + db + "'");
     });
-    const auto start = std::chrono::steady_clock::now();
     const auto r = runShell(lathectl("train --pipeline-stages 2 --epochs 100000 -q --json --db " + db));
+    const auto end = std::chrono::steady_clock::now();
     killer.join();
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    REQUIRE(killed);
+    CHECK(std::chrono::duration<double>(end - killedAt).count() < 30);
     CHECK(r.exitCode == 1);
     const auto j = json::parse(r.out);
     CHECK(j.at("status") == "failed");
     CHECK_THAT(j.at("error").get<std::string>(), Catch::Contains("rank 1 was killed by signal"));
-    CHECK(seconds < 60);
     CHECK(workerPids(config).empty());
+}
+
+TEST_CASE("mixed precision and activation checkpointing work per stage and per shard",
+          "[pipeline][tensor][distributed]") {
+    TempDir dir;
+    const auto db = dir.file("l.db");
+    const std::string amp = " --batch 64 --precision bf16 --loss-scale dynamic --activation-checkpointing";
+    const auto one = train(db, amp);
+    const std::string split = GENERATE(as<std::string>{}, " --pipeline-stages 2", " --tensor-parallel 2");
+    INFO(split);
+    const auto j = train(db, amp + split);
+    // bf16 matrix products of other shapes round differently: close, not equal.
+    CHECK(j.at("val/loss").get<double>() == Approx(one.at("val/loss").get<double>()).epsilon(1e-2));
+    Store store(db);
+    CHECK(values(store, j.at("run_id").get<int64_t>(), "amp/loss_scale").size() >= 20);
 }
 
 TEST_CASE("a profiled pipeline run has a timeline lane per stage", "[pipeline][distributed]") {

@@ -92,14 +92,7 @@ struct Cluster {
 // The run's worker processes on any of the hosts (all on this machine), by the owner flag only
 // they carry. [w]orker: the pattern must not match the shell running pgrep.
 std::vector<int> rankPids(const std::string& workspaceId) {
-    const auto r =
-        runShell("pgrep -f -- '[w]orker .*/config.toml --lifeline.*--owner " + workspaceId + ":' || true");
-    std::vector<int> pids;
-    std::istringstream in(r.out);
-    int pid;
-    while (in >> pid) pids.push_back(pid);
-    std::sort(pids.begin(), pids.end());
-    return pids;
+    return lathe::test::pidsMatching("[w]orker .*/config.toml --lifeline.*--owner " + workspaceId + ":");
 }
 
 // The pid among `pids` whose environment says RANK=`rank` (0 if none).

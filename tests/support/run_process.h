@@ -2,8 +2,11 @@
 // Runs a program through /bin/sh and captures its exit code, stdout and stderr.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "temp_dir.h"
 
@@ -31,5 +34,21 @@ inline ProcessResult runShell(const std::string& command) {
 }
 
 inline std::string binPath(const std::string& program) { return std::string(LATHE_BIN_DIR) + "/" + program; }
+
+/// The process ids (sorted) of the processes whose command line matches `pattern` (pgrep -f).
+/// Write one character of it in brackets ("[w]orker") so it does not match the shell running pgrep.
+inline std::vector<int> pidsMatching(const std::string& pattern) {
+    const auto r = runShell("pgrep -f -- '" + pattern + "' || true");
+    std::vector<int> pids;
+    std::istringstream in(r.out);
+    int pid;
+    while (in >> pid) pids.push_back(pid);
+    std::sort(pids.begin(), pids.end());
+    return pids;
+}
+
+/// Worker processes of a local multi-process run, found by the config path only they have on
+/// their command line.
+inline std::vector<int> workerPids(const std::string& configPath) { return pidsMatching("[w]orker " + configPath); }
 
 }  // namespace lathe::test

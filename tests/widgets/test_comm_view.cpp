@@ -59,6 +59,18 @@ TEST_CASE("CommView parses rank keys", "[widgets][comm]") {
     CHECK(CommView::keyFor(0, Metric::Ms) == "comm/ms");
     CHECK(CommView::keyFor(3, Metric::BytesSent) == "rank3/comm/bytes_sent");
     CHECK(CommView::rankColor(0) != CommView::rankColor(1));
+    // Pipeline stages are series of their own.
+    CHECK(CommView::parseKey("pipe/stage1/bubble") ==
+          std::make_pair(CommView::kStageSeries + 1, Metric::Bubble));
+    CHECK(CommView::parseKey("pipe/stage0/bytes_sent") ==
+          std::make_pair(CommView::kStageSeries, Metric::BytesSent));
+    CHECK(CommView::parseKey("pipe/stage12/forward_ms") ==
+          std::make_pair(CommView::kStageSeries + 12, Metric::ForwardMs));
+    CHECK_FALSE(CommView::parseKey("pipe/stage1/in_flight"));
+    CHECK_FALSE(CommView::parseKey("pipe/stagex/bubble"));
+    CHECK_FALSE(CommView::parseKey("pipe/bubble"));
+    CHECK_FALSE(CommView::parseKey("comm/bubble"));  // a rank has no bubble
+    CHECK(CommView::keyFor(CommView::kStageSeries + 2, Metric::BackwardMs) == "pipe/stage2/backward_ms");
 }
 
 TEST_CASE("CommView plots comm time, overlap, bytes and ratio per rank from the store", "[widgets][comm]") {
@@ -207,4 +219,53 @@ TEST_CASE("CommView stages live comm events and replots once per flush", "[widge
     view.forgetLive(id);
     view.showRun(store, id);
     CHECK(view.rankCount() == 0);
+}
+
+TEST_CASE("CommView shows a pipeline run's compute, bubble and traffic per stage", "[widgets][comm]") {
+    QTemporaryDir dir;
+    REQUIRE(dir.isValid());
+    lathe::core::Store store((dir.path() + "/ws.db").toStdString());
+    const int64_t id = store.createRun("default", "pipe-fixture", "mlp", "digits", "",
+                                       {{"pipeline_stages", "3"}}, "localhost");
+    auto bubble = [](int s, int64_t step) { return 0.2 + 0.05 * s + 0.02 * std::sin(double(step) / 5.0); };
+    for (int64_t step = 1; step <= kSteps; ++step)
+        for (int s = 0; s < 3; ++s) {
+            const int series = CommView::kStageSeries + s;
+            store.appendMetric(id, CommView::keyFor(series, Metric::Bubble), step, 0, bubble(s, step));
+            store.appendMetric(id, CommView::keyFor(series, Metric::ForwardMs), step, 0, 1.0 + 0.2 * s);
+            store.appendMetric(id, CommView::keyFor(series, Metric::BackwardMs), step, 0, 2.0 + 0.3 * s);
+            store.appendMetric(id, CommView::keyFor(series, Metric::BytesSent), step, 0,
+                               s == 0 || s == 2 ? 32768 : 65536);
+            store.appendMetric(id, "pipe/stage" + std::to_string(s) + "/in_flight", step, 0, 3 - s);
+        }
+    store.flush();
+
+    CommView view;
+    view.resize(1100, 700);
+    view.show();
+    view.showRun(store, id);
+    CHECK(view.rankCount() == 0);
+    REQUIRE(view.stageCount() == 3);
+    CHECK(view.stages() == std::vector<int>{0, 1, 2});
+    CHECK(view.graphCount() == 12);  // 4 figures x 3 stages
+    CHECK(view.plot()->graphCount() == 12);
+    CHECK(view.placeholderText().isEmpty());
+    const int s1 = CommView::kStageSeries + 1;
+    CHECK(view.pointCount(s1, Metric::Bubble) == int(kSteps));
+    CHECK(view.graph(s1, Metric::Ms) == nullptr);  // a stage has no gradient exchange of its own
+    CHECK(view.graph(s1, Metric::Bubble)->valueAxis()->axisRect() == view.overlapRect());
+    CHECK(view.graph(s1, Metric::ForwardMs)->valueAxis()->axisRect() == view.msRect());
+    CHECK(view.graph(s1, Metric::BytesSent)->valueAxis() == view.bytesRect()->axis(QCPAxis::atLeft));
+    CHECK(view.graph(s1, Metric::Bubble)->pen().color() == view.graph(s1, Metric::BackwardMs)->pen().color());
+    CHECK(view.graph(CommView::kStageSeries, Metric::Bubble)->pen().color() !=
+          view.graph(s1, Metric::Bubble)->pen().color());
+    CHECK(view.summaryText().contains("3 stages"));
+    CHECK(view.summaryText().contains("bubble 25%"));
+    view.rescale();
+    view.plot()->replot(QCustomPlot::rpImmediateRefresh);
+    QCPAxis* x = view.msRect()->axis(QCPAxis::atBottom);
+    const QString hover = view.hoverAt(QPointF(x->coordToPixel(50), view.msRect()->rect().center().y()));
+    CHECK(hover.contains("stage 1: forward 1.200 ms"));
+    CHECK(hover.contains("64.0 KiB"));
+    REQUIRE(view.savePng(outputPath("comm_view_pipeline.png"), 1100, 700));
 }

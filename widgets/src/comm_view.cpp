@@ -19,9 +19,25 @@ constexpr double kHoverRadiusPx = 20.0;
 // a KiB axis keeps tick labels short without a unit switch mid-run.
 constexpr double kBytesPerUnit = 1024.0;
 
-const char* const kMetricNames[CommView::kMetricCount] = {"ms", "overlap", "bytes_sent", "compression_ratio"};
+const char* const kMetricNames[CommView::kMetricCount] = {
+    "ms", "overlap", "bytes_sent", "compression_ratio", "bubble", "forward_ms", "backward_ms"};
 
 int metricIndex(CommView::Metric m) { return static_cast<int>(m); }
+
+bool isStage(int series) { return series >= CommView::kStageSeries; }
+
+// The figures a rank's or a stage's series has.
+bool hasMetric(int series, CommView::Metric m) {
+    using M = CommView::Metric;
+    if (isStage(series))
+        return m == M::Bubble || m == M::ForwardMs || m == M::BackwardMs || m == M::BytesSent;
+    return m == M::Ms || m == M::Overlap || m == M::BytesSent || m == M::CompressionRatio;
+}
+
+bool allDigits(const std::string& s) {
+    return !s.empty() && s.size() <= 6 &&
+           std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
 
 QString formatBytes(double b) {
     if (!std::isfinite(b)) return QStringLiteral("—");
@@ -53,6 +69,15 @@ double valueAt(const QCPGraph* g, double step) {
 }  // namespace
 
 std::optional<std::pair<int, CommView::Metric>> CommView::parseKey(const std::string& key) {
+    if (key.rfind("pipe/stage", 0) == 0) {
+        const size_t slash = key.find('/', 10);
+        if (slash == std::string::npos || !allDigits(key.substr(10, slash - 10))) return std::nullopt;
+        const int stage = std::stoi(key.substr(10, slash - 10));
+        const std::string name = key.substr(slash + 1);
+        for (Metric m : {Metric::Bubble, Metric::ForwardMs, Metric::BackwardMs, Metric::BytesSent})
+            if (name == kMetricNames[metricIndex(m)]) return std::make_pair(kStageSeries + stage, m);
+        return std::nullopt;
+    }
     int rank = 0;
     std::string rest = key;
     if (key.rfind("rank", 0) == 0) {
@@ -63,16 +88,20 @@ std::optional<std::pair<int, CommView::Metric>> CommView::parseKey(const std::st
             digits.size() > 6)
             return std::nullopt;
         rank = std::stoi(digits);
+        if (rank >= kStageSeries) return std::nullopt;
         rest = key.substr(slash + 1);
     }
     if (rest.rfind("comm/", 0) != 0) return std::nullopt;
     const std::string name = rest.substr(5);
     for (int i = 0; i < kMetricCount; ++i)
-        if (name == kMetricNames[i]) return std::make_pair(rank, static_cast<Metric>(i));
+        if (name == kMetricNames[i] && hasMetric(rank, static_cast<Metric>(i)))
+            return std::make_pair(rank, static_cast<Metric>(i));
     return std::nullopt;
 }
 
 std::string CommView::keyFor(int rank, Metric metric) {
+    if (isStage(rank))
+        return "pipe/stage" + std::to_string(rank - kStageSeries) + "/" + kMetricNames[metricIndex(metric)];
     std::string k = std::string("comm/") + kMetricNames[metricIndex(metric)];
     return rank == 0 ? k : "rank" + std::to_string(rank) + "/" + k;
 }
@@ -104,9 +133,9 @@ CommView::CommView(QWidget* parent)
     m_overlapRect->axis(QCPAxis::atRight)->setVisible(true);
     m_overlapRect->axis(QCPAxis::atRight)->setTickLabels(false);
 
-    m_msRect->axis(QCPAxis::atLeft)->setLabel(tr("comm ms / step"));
+    m_msRect->axis(QCPAxis::atLeft)->setLabel(tr("ms / step"));
     QCPAxis* overlapY = m_overlapRect->axis(QCPAxis::atLeft);
-    overlapY->setLabel(tr("overlap"));
+    overlapY->setLabel(tr("overlap · bubble"));
     overlapY->setRange(0, 1.05);
     QSharedPointer<QCPAxisTickerFixed> share(new QCPAxisTickerFixed);
     share->setTickStep(0.25);
@@ -130,35 +159,55 @@ CommView::RankGraphs& CommView::ensureRank(int rank) {
     auto it = m_ranks.find(rank);
     if (it != m_ranks.end()) return it->second;
     RankGraphs g;
-    const QColor color = rankColor(rank);
-    const QString name = tr("rank %1").arg(rank);
-    g.graphs[metricIndex(Metric::Ms)] =
-        m_plot->addGraph(m_msRect->axis(QCPAxis::atBottom), m_msRect->axis(QCPAxis::atLeft));
-    g.graphs[metricIndex(Metric::Overlap)] =
-        m_plot->addGraph(m_overlapRect->axis(QCPAxis::atBottom), m_overlapRect->axis(QCPAxis::atLeft));
-    g.graphs[metricIndex(Metric::BytesSent)] =
-        m_plot->addGraph(m_bytesRect->axis(QCPAxis::atBottom), m_bytesRect->axis(QCPAxis::atLeft));
-    g.graphs[metricIndex(Metric::CompressionRatio)] =
-        m_plot->addGraph(m_bytesRect->axis(QCPAxis::atBottom), m_bytesRect->axis(QCPAxis::atRight));
+    const bool stage = isStage(rank);
+    // Stages take the palette from its far end, so stage 0 and rank 0 differ in a run with both.
+    const QColor color = stage ? rankColor(9 - (rank - kStageSeries) % 10) : rankColor(rank);
+    const QString name = stage ? tr("stage %1").arg(rank - kStageSeries) : tr("rank %1").arg(rank);
+    auto add = [&](Metric m, QCPAxisRect* r, QCPAxis::AxisType value) {
+        g.graphs[metricIndex(m)] = m_plot->addGraph(r->axis(QCPAxis::atBottom), r->axis(value));
+    };
+    if (stage) {
+        add(Metric::BackwardMs, m_msRect, QCPAxis::atLeft);
+        add(Metric::ForwardMs, m_msRect, QCPAxis::atLeft);
+        add(Metric::Bubble, m_overlapRect, QCPAxis::atLeft);
+    } else {
+        add(Metric::Ms, m_msRect, QCPAxis::atLeft);
+        add(Metric::Overlap, m_overlapRect, QCPAxis::atLeft);
+        add(Metric::CompressionRatio, m_bytesRect, QCPAxis::atRight);
+    }
+    add(Metric::BytesSent, m_bytesRect, QCPAxis::atLeft);
+    // One legend entry per rank or stage (its colour is the same everywhere).
+    const Metric legendMetric = stage ? Metric::BackwardMs : Metric::Ms;
     for (int i = 0; i < kMetricCount; ++i) {
         QCPGraph* graph = g.graphs[i];
-        graph->setName(name);
+        if (!graph) continue;
+        graph->setName(stage && static_cast<Metric>(i) == Metric::BackwardMs
+                           ? tr("%1 (backward; forward dotted)").arg(name)
+                           : name);
         graph->setAdaptiveSampling(true);
         QPen pen(color, 1.3);
         if (static_cast<Metric>(i) == Metric::CompressionRatio) {
             pen.setStyle(Qt::DashLine);
             graph->setLineStyle(QCPGraph::lsStepLeft);  // the ratio is piecewise constant
         }
+        if (static_cast<Metric>(i) == Metric::ForwardMs) pen.setStyle(Qt::DotLine);
         graph->setPen(pen);
-        // One legend entry per rank (the colour is the rank everywhere).
-        if (i != metricIndex(Metric::Ms)) graph->removeFromLegend();
+        if (static_cast<Metric>(i) != legendMetric) graph->removeFromLegend();
     }
     return m_ranks.emplace(rank, g).first->second;
 }
 
 std::vector<int> CommView::ranks() const {
     std::vector<int> out;
-    for (const auto& [rank, g] : m_ranks) out.push_back(rank);
+    for (const auto& [rank, g] : m_ranks)
+        if (!isStage(rank)) out.push_back(rank);
+    return out;
+}
+
+std::vector<int> CommView::stages() const {
+    std::vector<int> out;
+    for (const auto& [series, g] : m_ranks)
+        if (isStage(series)) out.push_back(series - kStageSeries);
     return out;
 }
 
@@ -176,7 +225,7 @@ int CommView::graphCount() const {
     int n = 0;
     for (const auto& [rank, g] : m_ranks)
         for (QCPGraph* graph : g.graphs)
-            if (!graph->data()->isEmpty()) ++n;
+            if (graph && !graph->data()->isEmpty()) ++n;
     return n;
 }
 
@@ -190,7 +239,8 @@ void CommView::clear() {
     m_runId = 0;
     // Graphs are per rank and the next run may have another world size: drop them.
     for (auto& [rank, g] : m_ranks)
-        for (QCPGraph* graph : g.graphs) m_plot->removeGraph(graph);
+        for (QCPGraph* graph : g.graphs)
+            if (graph) m_plot->removeGraph(graph);
     m_ranks.clear();
     m_live.resetShown();
     m_follow = true;
@@ -208,7 +258,9 @@ void CommView::clear() {
 QString CommView::tabTitle() const { return tr("Communication"); }
 
 QString CommView::tabToolTip() const {
-    return tr("Gradient communication per step and rank of the first selected run (data-parallel runs)");
+    return tr(
+        "Communication per step of the first selected run: gradient exchange per rank (data parallel), "
+        "compute, bubble and traffic per stage (pipeline parallel)");
 }
 
 void CommView::showRuns(const core::Store& store, const std::vector<int64_t>& runIds) {
@@ -247,7 +299,8 @@ void CommView::addPoints(int rank, Metric metric, const std::vector<core::Metric
         keys << double(p.step);
         values << (std::isfinite(p.value) ? p.value / div : std::numeric_limits<double>::quiet_NaN());
     }
-    ensureRank(rank).graphs[metricIndex(metric)]->addData(keys, values, true);
+    QCPGraph* g = ensureRank(rank).graphs[metricIndex(metric)];
+    if (g) g->addData(keys, values, true);
 }
 
 void CommView::onEvents(int64_t runId, const std::vector<core::Event>& events) {
@@ -275,20 +328,24 @@ void CommView::flushStaged() {
 void CommView::applyAutoRange() {
     bool found = false;
     QCPRange keys;
-    auto valueRange = [this](Metric m, bool& any) {
+    auto valueRange = [this](std::initializer_list<Metric> metrics, bool& any) {
         QCPRange out;
         any = false;
-        for (const auto& [rank, g] : m_ranks) {
-            bool ok = false;
-            const QCPRange r = g.graphs[metricIndex(m)]->getValueRange(ok, QCP::sdBoth);
-            if (!ok) continue;
-            out = any ? QCPRange(std::min(out.lower, r.lower), std::max(out.upper, r.upper)) : r;
-            any = true;
-        }
+        for (const auto& [rank, g] : m_ranks)
+            for (Metric m : metrics) {
+                QCPGraph* graph = g.graphs[metricIndex(m)];
+                if (!graph) continue;
+                bool ok = false;
+                const QCPRange r = graph->getValueRange(ok, QCP::sdBoth);
+                if (!ok) continue;
+                out = any ? QCPRange(std::min(out.lower, r.lower), std::max(out.upper, r.upper)) : r;
+                any = true;
+            }
         return out;
     };
     for (const auto& [rank, g] : m_ranks)
         for (QCPGraph* graph : g.graphs) {
+            if (!graph) continue;
             bool ok = false;
             const QCPRange r = graph->getKeyRange(ok);
             if (!ok) continue;
@@ -301,11 +358,11 @@ void CommView::applyAutoRange() {
 
     // Times, bytes and ratios start at zero so ranks compare by height.
     bool ok = false;
-    QCPRange r = valueRange(Metric::Ms, ok);
+    QCPRange r = valueRange({Metric::Ms, Metric::ForwardMs, Metric::BackwardMs}, ok);
     if (ok) m_msRect->axis(QCPAxis::atLeft)->setRange(0, r.upper > 0 ? r.upper * 1.1 : 1.0);
-    r = valueRange(Metric::BytesSent, ok);
+    r = valueRange({Metric::BytesSent}, ok);
     if (ok) m_bytesRect->axis(QCPAxis::atLeft)->setRange(0, r.upper > 0 ? r.upper * 1.15 : 1.0);
-    r = valueRange(Metric::CompressionRatio, ok);
+    r = valueRange({Metric::CompressionRatio}, ok);
     if (ok) m_bytesRect->axis(QCPAxis::atRight)->setRange(0, std::max(1.0, r.upper) * 1.7);
     m_overlapRect->axis(QCPAxis::atLeft)->setRange(0, 1.05);
 }
@@ -322,7 +379,7 @@ void CommView::updateHint() {
         hint = tr("No run selected");
     else if (!hasCommData())
         hint = tr("Run %1 ran in one process — no gradient communication to show.\n"
-                  "Set Processes > 1 (Distributed) to train data-parallel.")
+                  "Set Processes > 1 (Distributed) to train data-parallel, or pipeline stages > 1.")
                    .arg(m_runId);
     m_hint->setText(hint);
     m_hint->setVisible(!hint.isEmpty());
@@ -331,10 +388,17 @@ void CommView::updateHint() {
     QString summary;
     if (hasCommData()) {
         // Means over all ranks: what an engineer compares between runs.
-        double ms = 0, overlap = 0, bytes = 0;
-        int nMs = 0, nOverlap = 0, nBytes = 0;
+        double ms = 0, overlap = 0, bytes = 0, bubble = 0, stageBytes = 0;
+        int nMs = 0, nOverlap = 0, nBytes = 0, nBubble = 0, nStageBytes = 0;
         double ratio = std::numeric_limits<double>::quiet_NaN();
         for (const auto& [rank, g] : m_ranks) {
+            if (isStage(rank)) {
+                const double b = meanOf(g.graphs[metricIndex(Metric::Bubble)]);
+                const double kb = meanOf(g.graphs[metricIndex(Metric::BytesSent)]);
+                if (std::isfinite(b)) bubble += b, ++nBubble;
+                if (std::isfinite(kb)) stageBytes += kb, ++nStageBytes;
+                continue;
+            }
             const double m = meanOf(g.graphs[metricIndex(Metric::Ms)]);
             const double o = meanOf(g.graphs[metricIndex(Metric::Overlap)]);
             const double b = meanOf(g.graphs[metricIndex(Metric::BytesSent)]);
@@ -342,11 +406,18 @@ void CommView::updateHint() {
             if (std::isfinite(o)) overlap += o, ++nOverlap;
             if (std::isfinite(b)) bytes += b, ++nBytes;
             const QCPGraph* rg = g.graphs[metricIndex(Metric::CompressionRatio)];
-            if (rank == m_ranks.begin()->first && !rg->data()->isEmpty())
+            if (rank == ranks().front() && !rg->data()->isEmpty())
                 ratio = (rg->data()->constEnd() - 1)->value;
         }
         QStringList parts;
-        parts << (m_ranks.size() == 1 ? tr("1 rank") : tr("%1 ranks").arg(m_ranks.size()));
+        const auto rankN = ranks().size(), stageN = stages().size();
+        if (stageN > 0) {
+            parts << tr("%1 stages").arg(stageN);
+            if (nBubble) parts << tr("bubble %1%").arg(100.0 * bubble / nBubble, 0, 'f', 0);
+            if (nStageBytes)
+                parts << tr("%1/step between stages").arg(formatBytes(stageBytes * kBytesPerUnit));
+        }
+        if (rankN > 0) parts << (rankN == 1 ? tr("1 rank") : tr("%1 ranks").arg(rankN));
         if (nMs) parts << tr("comm %1 ms/step").arg(ms / nMs, 0, 'f', 2);
         if (nOverlap) parts << tr("%1% hidden").arg(100.0 * overlap / nOverlap, 0, 'f', 0);
         if (nBytes) parts << tr("%1/step").arg(formatBytes(bytes / nBytes * kBytesPerUnit));
@@ -367,11 +438,29 @@ QString CommView::hoverAt(const QPointF& pos) {
         QCPAxis* x = rect->axis(QCPAxis::atBottom);
         // The nearest step any rank reported.
         std::vector<QCPGraph*> all;
-        for (const auto& [rank, g] : m_ranks) all.insert(all.end(), std::begin(g.graphs), std::end(g.graphs));
+        for (const auto& [rank, g] : m_ranks)
+            for (QCPGraph* graph : g.graphs)
+                if (graph) all.push_back(graph);
         const double best = nearestKey(all, x, pos.x(), kHoverRadiusPx);
         if (std::isfinite(best)) {
             text = tr("run %1 · step %2").arg(m_runId).arg(qint64(best));
             for (const auto& [rank, g] : m_ranks) {
+                if (isStage(rank)) {
+                    const double bu = valueAt(g.graphs[metricIndex(Metric::Bubble)], best);
+                    const double fw = valueAt(g.graphs[metricIndex(Metric::ForwardMs)], best);
+                    const double bw = valueAt(g.graphs[metricIndex(Metric::BackwardMs)], best);
+                    const double kb = valueAt(g.graphs[metricIndex(Metric::BytesSent)], best);
+                    auto num = [](double v, int prec) {
+                        return std::isfinite(v) ? QString::number(v, 'f', prec) : QStringLiteral("—");
+                    };
+                    text += tr("\nstage %1: forward %2 ms · backward %3 ms · bubble %4% · %5")
+                                .arg(rank - kStageSeries)
+                                .arg(num(fw, 3))
+                                .arg(num(bw, 3))
+                                .arg(num(100 * bu, 0))
+                                .arg(formatBytes(kb * kBytesPerUnit));
+                    continue;
+                }
                 const double ms = valueAt(g.graphs[metricIndex(Metric::Ms)], best);
                 const double ov = valueAt(g.graphs[metricIndex(Metric::Overlap)], best);
                 const double kb = valueAt(g.graphs[metricIndex(Metric::BytesSent)], best);

@@ -1,9 +1,11 @@
 #pragma once
-// Gradient communication of one data-parallel run, per step and per rank: the time spent
+// Communication of one distributed run, per step: for data parallel, per rank, the time spent
 // exchanging gradients (comm/ms), the share of it hidden under backward (comm/overlap, 0..1),
-// and the bytes each rank put on the wire with the compression ratio beside them. Three axis
-// rects share one linked step axis; each rank has one colour across all of them (rank 0's
-// figures are the plain `comm/*` keys, rank N's are `rankN/comm/*`). Live points are staged
+// and the bytes each rank put on the wire with the compression ratio beside them; for pipeline
+// parallel, per stage, its forward and backward compute time, its bubble (idle share of the
+// step, 0..1) and the activation and gradient bytes it sent. Three axis rects share one linked
+// step axis; each rank or stage has one colour across all of them (rank 0's figures are the
+// plain `comm/*` keys, rank N's are `rankN/comm/*`, stage S's `pipe/stageS/*`). Live points are staged
 // and moved into the graphs by a ~40 ms timer with one queued replot, like LossScaleView. The
 // "Communication" tab of the window (a RunView over the first selected run).
 #include <QColor>
@@ -32,12 +34,17 @@ class CommView : public ChartPanel, public RunView {
     Q_OBJECT
 public:
     /// The per-step communication figures a rank reports.
-    enum class Metric { Ms = 0, Overlap, BytesSent, CompressionRatio };
-    static constexpr int kMetricCount = 4;
+    /// The per-step figures: a rank's exchange (Ms, Overlap, BytesSent, CompressionRatio) or a
+    /// pipeline stage's (Bubble, ForwardMs, BackwardMs, BytesSent).
+    enum class Metric { Ms = 0, Overlap, BytesSent, CompressionRatio, Bubble, ForwardMs, BackwardMs };
+    static constexpr int kMetricCount = 7;
+    /// Series ids: a rank's is the rank, pipeline stage s's is kStageSeries + s.
+    static constexpr int kStageSeries = 100000;
 
-    /// "comm/ms" → (0, Ms); "rank3/comm/overlap" → (3, Overlap); anything else → nullopt.
+    /// "comm/ms" → (0, Ms); "rank3/comm/overlap" → (3, Overlap); "pipe/stage1/bubble" →
+    /// (kStageSeries + 1, Bubble); anything else → nullopt.
     static std::optional<std::pair<int, Metric>> parseKey(const std::string& key);
-    static std::string keyFor(int rank, Metric metric);
+    static std::string keyFor(int series, Metric metric);
     /// The colour of a rank in every chart of this view.
     static QColor rankColor(int rank);
 
@@ -62,9 +69,11 @@ public:
     void forgetLive(int64_t runId) override;
 
     // For tests and the status line.
-    int rankCount() const { return int(m_ranks.size()); }
+    int rankCount() const { return int(ranks().size()); }
     std::vector<int> ranks() const;
-    int graphCount() const;  // graphs holding data
+    int stageCount() const { return int(stages().size()); }
+    std::vector<int> stages() const;  // stage numbers (0-based)
+    int graphCount() const;           // graphs holding data
     int pointCount(int rank, Metric metric) const;
     QCPGraph* graph(int rank, Metric metric) const;
     bool hasCommData() const;

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""bench_pipeline: the pipeline's bubble and activation memory as `lathectl train` records them.
+"""bench_model_parallel: the pipeline's bubble and activation memory, and the tensor-parallel step, as `lathectl train` records them.
 
 Every figure comes from the pipe/* metrics of real `lathectl train --pipeline-stages S` runs (one
 process per stage, Gloo on loopback, 1 compute thread each):
@@ -11,6 +11,9 @@ process per stage, Gloo on loopback, 1 compute thread each):
   memory   the same MLP, 4 stages, M = 8, GPipe against 1F1B: per stage the micro-batches whose
            activations were held at once (pipe/stage<s>/in_flight) and the peak tensor memory of
            the first step (pipe/stage<s>/activation_mb, LibTorch's CPU allocator).
+  tensor   MLP 64-4096-4096-10 on digits, batch 256: perf/step_ms of --tensor-parallel 2 (two
+           processes, 1 thread each) against one process with 2 threads and with 1 thread, run
+           alternately, median of the runs' epoch means.
 
 Exit codes: 0 measured (whatever the figures), 1 something broke, 2 bad arguments.
 """
@@ -22,15 +25,15 @@ import subprocess
 import sys
 import tempfile
 
-NET = ["--hidden", "1024,1024,1024,1024", "--batch", "128", "--threads", "1", "--seed", "7",
-       "--checkpoint-every", "0"]
+COMMON = ["--seed", "7", "--checkpoint-every", "0"]
+NET = ["--hidden", "1024,1024,1024,1024", "--batch", "128", "--threads", "1"]
 
 
-def train(lathectl, db, args):
-    cmd = [lathectl, "train", "--db", db, "--json", "-q"] + NET + args
+def train(lathectl, db, args, net=NET):
+    cmd = [lathectl, "train", "--db", db, "--json", "-q"] + COMMON + net + args
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
-        raise SystemExit("bench_pipeline: %s failed (%d): %s %s" % (" ".join(cmd), p.returncode,
+        raise SystemExit("bench_model_parallel: %s failed (%d): %s %s" % (" ".join(cmd), p.returncode,
                                                                      p.stderr.strip(), p.stdout.strip()))
     return json.loads(p.stdout)["run_id"]
 
@@ -39,25 +42,27 @@ def series(lathectl, db, run_id, key):
     m = subprocess.run([lathectl, "metrics", str(run_id), "--key", key, "--json", "--db", db],
                        capture_output=True, text=True)
     if m.returncode != 0:
-        raise SystemExit("bench_pipeline: reading %s of run %s failed: %s" % (key, run_id, m.stderr.strip()))
+        raise SystemExit("bench_model_parallel: reading %s of run %s failed: %s" % (key, run_id, m.stderr.strip()))
     values = [float(pt["value"]) for pt in json.loads(m.stdout)["metrics"].get(key, [])]
     if not values:
-        raise SystemExit("bench_pipeline: run %s recorded no %s" % (run_id, key))
+        raise SystemExit("bench_model_parallel: run %s recorded no %s" % (run_id, key))
     return values
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lathectl", required=True)
-    ap.add_argument("--out", default=None, help="directory for bench_pipeline.json")
+    ap.add_argument("--out", default=None, help="directory for bench_model_parallel.json")
     ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--quick", action="store_true", help="1 epoch, M = 1 and 4 only, memory with 2 stages")
+    ap.add_argument("--quick", action="store_true", help="1 epoch, M = 1 and 4 only, memory with 2 stages, 1 repeat")
+    ap.add_argument("--repeats", type=int, default=3, help="alternated repeats of the tensor-parallel runs")
     a = ap.parse_args()
     if not os.access(a.lathectl, os.X_OK):
-        print("bench_pipeline: %s is not executable" % a.lathectl, file=sys.stderr)
+        print("bench_model_parallel: %s is not executable" % a.lathectl, file=sys.stderr)
         return 2
     epochs = str(1 if a.quick else max(1, a.epochs))
     micro = [1, 4] if a.quick else [1, 4, 8, 16]
+    repeats = 1 if a.quick else max(1, a.repeats)
     stages = 2
     result = {"quick": a.quick, "bubble": [], "memory": []}
     with tempfile.TemporaryDirectory(prefix="lathe-bench-pipeline-") as tmp:
@@ -85,9 +90,25 @@ def main():
                 result["memory"].append({"schedule": schedule, "stage": s, "in_flight": in_flight,
                                          "activation_mb": mb})
                 print("%-6s %5d %10d %14.2f" % (schedule, s, in_flight, mb))
+        print("tensor: MLP 64-4096-4096-10, batch 256, %s epoch(s), %d alternated repeat(s)" % (epochs, repeats))
+        tp_net = ["--hidden", "4096,4096", "--batch", "256", "--epochs", epochs]
+        modes = [("1 process, 2 threads", ["--threads", "2"]),
+                 ("1 process, 1 thread", ["--threads", "1"]),
+                 ("tensor parallel 2 x 1 thread", ["--threads", "1", "--tensor-parallel", "2"])]
+        times = {name: [] for name, _ in modes}
+        for _ in range(repeats):
+            for name, flags in modes:
+                run = train(a.lathectl, db, tp_net + flags, net=[])
+                times[name].append(statistics.median(series(a.lathectl, db, run, "perf/step_ms")))
+        base = statistics.median(times[modes[0][0]])
+        print("%-30s %10s %8s" % ("", "step ms", "vs 2 thr"))
+        for name, _ in modes:
+            ms = statistics.median(times[name])
+            result.setdefault("tensor", []).append({"mode": name, "step_ms": ms, "ratio_to_2_threads": ms / base})
+            print("%-30s %10.2f %8.2f" % (name, ms, ms / base))
     if a.out:
         os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, "bench_pipeline.json"), "w") as f:
+        with open(os.path.join(a.out, "bench_model_parallel.json"), "w") as f:
             json.dump(result, f, indent=2)
     return 0
 
