@@ -49,6 +49,8 @@ inline std::vector<int> pidsMatching(const std::string& pattern) {
 
 /// Worker processes of a local multi-process run, found by the config path only they have on
 /// their command line.
-inline std::vector<int> workerPids(const std::string& configPath) { return pidsMatching("[w]orker " + configPath); }
+inline std::vector<int> workerPids(const std::string& configPath) {
+    return pidsMatching("[w]orker " + configPath);
+}
 
 }  // namespace lathe::test
