@@ -88,7 +88,6 @@ void checkSameTrajectory(const Store& store, int64_t ra, int64_t rb) {
     }
 }
 
-
 }  // namespace
 
 TEST_CASE("each micro-batch runs forward then backward once, and 1F1B holds at most S - s in flight",
