@@ -187,6 +187,43 @@ TEST_CASE("RunForm groups precision and profiling, with checkboxes for bool keys
     CHECK(form.spec().profileRepeat == 2);
 }
 
+TEST_CASE("RunForm offers pipeline stages, micro-batches, schedule and tensor-parallel size",
+          "[widgets][form][distributed]") {
+    RunForm form;
+    form.resize(360, 900);
+    form.show();
+    auto* group = form.findChild<QGroupBox*>("distributedGroup");
+    REQUIRE(group != nullptr);
+    for (const char* key :
+         {"pipeline_stages", "micro_batches", "pipeline_schedule", "balance", "tensor_parallel"}) {
+        INFO(key);
+        REQUIRE(form.hasField(QString::fromLatin1(key)));
+        CHECK(group->isAncestorOf(form.fieldWidget(QString::fromLatin1(key))));
+    }
+    // The pipeline's own settings wait for stages.
+    CHECK_FALSE(form.isFieldActive("micro_batches"));
+    CHECK_FALSE(form.isFieldActive("pipeline_schedule"));
+    form.setFieldText("pipeline_stages", "2");
+    CHECK(form.isFieldActive("micro_batches"));
+    CHECK(form.isFieldActive("balance"));
+    form.setFieldText("pipeline_schedule", "gpipe");
+    form.setFieldText("micro_batches", "8");
+    form.setFieldText("tensor_parallel", "2");
+    // Processes must be replicas x stages x shards.
+    form.setFieldText("nproc", "6");
+    CHECK_FALSE(form.isValid());
+    CHECK(form.errorText().contains("multiple of `pipeline_stages x tensor_parallel`"));
+    form.setFieldText("nproc", "8");
+    REQUIRE(form.isValid());
+    const auto spec = form.spec();
+    CHECK(spec.pipelineStages == 2);
+    CHECK(spec.tensorParallel == 2);
+    CHECK(spec.microBatches == 8);
+    CHECK(spec.pipelineSchedule == "gpipe");
+    CHECK(spec.nproc == 8);
+    form.grab().save(lathe::test::outputPath("run_form_model_parallel.png"));
+}
+
 TEST_CASE("RunForm Distributed group: processes, buckets and compression", "[widgets][form][distributed]") {
     RunForm form;
     form.resize(360, 900);

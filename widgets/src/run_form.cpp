@@ -44,13 +44,14 @@ const char* const kPrecisionKeys[] = {"precision",
                                       "profile_active",
                                       "profile_repeat"};
 
-// Data- and pipeline-parallel training: the world size, the pipeline's stages and schedule, the
-// collective engine, the reducer's bucket size and how gradients are compressed on the wire. Chunk,
-// error feedback and stochastic rounding only apply to the quantizing codecs (int8/int4).
+// Data-, pipeline- and tensor-parallel training: the world size, the pipeline's stages and
+// schedule, the tensor-parallel size, the collective engine, the reducer's bucket size and how
+// gradients are compressed on the wire. Chunk, error feedback and stochastic rounding only apply to
+// the quantizing codecs (int8/int4).
 const char* const kDistributedKeys[] = {
-    "nproc",    "pipeline_stages", "micro_batches",  "pipeline_schedule",  "balance",
-    "backend",  "strategy",        "ranks_per_host", "ps_ranks",           "bucket_mb",
-    "compress", "error_feedback",  "compress_chunk", "stochastic_rounding"};
+    "nproc",           "pipeline_stages", "micro_batches",  "pipeline_schedule", "balance",
+    "tensor_parallel", "backend",         "strategy",       "ranks_per_host",    "ps_ranks",
+    "bucket_mb",       "compress",        "error_feedback", "compress_chunk",    "stochastic_rounding"};
 
 bool isPipelineParam(const std::string& key) {
     return key == "micro_batches" || key == "pipeline_schedule" || key == "balance";
@@ -150,8 +151,8 @@ RunForm::RunForm(QWidget* parent) : QWidget(parent) {
     auto* distributedBox = new QGroupBox(tr("Distributed"), this);
     distributedBox->setObjectName(QStringLiteral("distributedGroup"));
     distributedBox->setToolTip(
-        tr("Data- and pipeline-parallel training over worker processes (lathectl worker): nproc = replicas "
-           "x pipeline stages"));
+        tr("Data-, pipeline- and tensor-parallel training over worker processes (lathectl worker): "
+           "processes = replicas x pipeline stages x tensor-parallel ranks"));
     auto* distributedLayout = new QFormLayout(distributedBox);
     distributedLayout->setFieldGrowthPolicy(QFormLayout::AllNonFixedFieldsGrow);
     for (const char* name : kDistributedKeys) {
