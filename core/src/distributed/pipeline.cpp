@@ -117,7 +117,8 @@ std::vector<double> unitTimeWeights(torch::nn::Sequential& model, const std::vec
     for (size_t u = 0; u + 1 < units.size(); ++u) {
         std::vector<double> runs;
         for (int r = 0; r < kRuns + 1; ++r) {  // the first run warms up
-            auto x = inputs[u].detach().requires_grad_(inputs[u].is_floating_point());
+            // The network's input needs no gradient in training: the first unit skips it here too.
+            auto x = inputs[u].detach().requires_grad_(u > 0 && inputs[u].is_floating_point());
             const auto t0 = Clock::now();
             torch::Tensor h = x;
             for (int64_t i = units[u]; i < units[u + 1]; ++i) h = layer(model, i).forward(h);
@@ -190,14 +191,20 @@ PipelineStage::PipelineStage(DistContext& group, torch::nn::Sequential stage,
     if (static_cast<int>(m_boundaries.size()) != m_stages + 1)
         throw Error("pipeline: " + std::to_string(m_boundaries.size()) + " boundary shapes for " +
                     std::to_string(m_stages) + " stages");
+    m_sendThread = std::thread([this] { sendLoop(); });
 }
 
 void PipelineStage::send(torch::Tensor t, int to, int tag) {
     t = t.detach().contiguous();
     if (t.device() != m_group.commDevice()) t = t.to(m_group.commDevice());
     std::vector<at::Tensor> one{t};
-    m_sends.push_back(m_group.impl().pg->send(one, to, tag));
-    m_sending.push_back(t);
+    auto work = m_group.impl().pg->send(one, to, tag);
+    {
+        std::lock_guard<std::mutex> lk(m_sendMutex);
+        m_sends.push_back(std::move(work));  // the work holds the tensor until the send is done
+        ++m_sendsPending;
+    }
+    m_sendCv.notify_all();
     m_bytesSent += static_cast<int64_t>(t.numel() * t.element_size());
 }
 
@@ -210,10 +217,53 @@ torch::Tensor PipelineStage::receive(int from, int tag, int64_t rows, const Boun
     return one[0].device() == m_options.device ? one[0] : one[0].to(m_options.device);
 }
 
+// A send completes once the neighbour has received it (Gloo's send waits for the posted receive).
+// This thread waits for them in order and lets each tensor go as soon as it is received; holding
+// them all to the end of the step would keep every micro-batch's activation and gradient alive,
+// and 1F1B would hold as much as GPipe.
+void PipelineStage::sendLoop() {
+    for (;;) {
+        c10::intrusive_ptr<c10d::Work> work;
+        {
+            std::unique_lock<std::mutex> lk(m_sendMutex);
+            m_sendCv.wait(lk, [&] { return m_stopSends || !m_sends.empty(); });
+            if (m_sends.empty()) return;
+            work = m_sends.front();
+        }
+        std::exception_ptr error;
+        try {
+            work->wait();
+        } catch (...) {
+            error = std::current_exception();
+        }
+        {
+            std::lock_guard<std::mutex> lk(m_sendMutex);
+            m_sends.pop_front();
+            --m_sendsPending;
+            if (error && !m_sendError) m_sendError = error;
+        }
+        work.reset();
+        m_sendCv.notify_all();
+    }
+}
+
 void PipelineStage::waitSends() {
-    for (auto& w : m_sends) w->wait();
-    m_sends.clear();
-    m_sending.clear();
+    std::unique_lock<std::mutex> lk(m_sendMutex);
+    m_sendCv.wait(lk, [&] { return m_sendsPending == 0; });
+    if (m_sendError) {
+        auto e = m_sendError;
+        m_sendError = nullptr;
+        std::rethrow_exception(e);
+    }
+}
+
+PipelineStage::~PipelineStage() {
+    {
+        std::lock_guard<std::mutex> lk(m_sendMutex);
+        m_stopSends = true;
+    }
+    m_sendCv.notify_all();
+    if (m_sendThread.joinable()) m_sendThread.join();
 }
 
 PipelineStage::StepStats PipelineStage::step(const torch::Tensor& x, const torch::Tensor& y,

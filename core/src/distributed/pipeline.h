@@ -7,9 +7,14 @@
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <exception>
 #include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "training/zoo.h"
@@ -64,8 +69,9 @@ struct PipeOp {
 std::vector<PipeOp> pipelineSchedule(const std::string& schedule, int stage, int stages, int micro);
 
 /// One pipeline stage of a data-parallel replica. `group`: the pipeline group (its rank is the
-/// stage). Sends are asynchronous and waited for at the end of the step, so neighbours never
-/// wait on each other's sends (Gloo's send completes once the receiver has posted its recv).
+/// stage). Sends are asynchronous: a thread of the stage waits for each (Gloo's send completes once
+/// the receiver has its data) and lets its tensor go, so neighbours never wait on each other's
+/// sends and a received activation is not kept; the step ends when all are received.
 class PipelineStage {
 public:
     struct Options {
@@ -76,6 +82,9 @@ public:
     };
     PipelineStage(DistContext& group, torch::nn::Sequential stage, std::vector<BoundaryShape> boundaries,
                   Options options);
+    ~PipelineStage();
+    PipelineStage(const PipelineStage&) = delete;
+    PipelineStage& operator=(const PipelineStage&) = delete;
 
     int stage() const { return m_stage; }
     int stages() const { return m_stages; }
@@ -111,6 +120,8 @@ public:
 private:
     torch::Tensor receive(int from, int tag, int64_t rows, const BoundaryShape& b);
     void send(torch::Tensor t, int to, int tag);
+    void sendLoop();
+    /// Until every send of this stage has been received (rethrows a failed one).
     void waitSends();
 
     DistContext& m_group;
@@ -118,8 +129,14 @@ private:
     std::vector<BoundaryShape> m_boundaries;
     Options m_options;
     int m_stage = 0, m_stages = 1;
-    std::vector<c10::intrusive_ptr<c10d::Work>> m_sends;
-    std::vector<torch::Tensor> m_sending;  // kept alive until their sends complete
+    // Sends in flight, waited for in order by m_sendThread (each work holds its tensor).
+    std::mutex m_sendMutex;
+    std::condition_variable m_sendCv;
+    std::deque<c10::intrusive_ptr<c10d::Work>> m_sends;
+    int m_sendsPending = 0;
+    bool m_stopSends = false;
+    std::exception_ptr m_sendError;
+    std::thread m_sendThread;
     int64_t m_bytesSent = 0;
 };
 
