@@ -500,12 +500,34 @@ private:
                             "info", "checkpoint of epoch " + std::to_string(static_cast<int64_t>(e.value)) +
                                         " was replaced on " + m_name + " before it could be fetched"));
                     } else {
+                        // A model-parallel run's other stages and shards, which rank 0 wrote
+                        // beside it, come too (before the event, so the run's checkpoint is whole
+                        // when it is recorded).
+                        uint64_t bytes = t.bytes;
+                        int files = 1;
+                        for (int stage = 0;; ++stage) {
+                            bool stageFound = false;
+                            for (int shard = stage == 0 ? 1 : 0;; ++shard) {
+                                const auto there = core::shardCheckpointPath(e.text, stage, shard);
+                                if (!remoteFileExists(*session, there)) break;
+                                bytes +=
+                                    download(*session, there, core::shardCheckpointPath(target, stage, shard))
+                                        .bytes;
+                                ++files;
+                                stageFound = true;
+                            }
+                            if (stage > 0 && !stageFound) break;
+                        }
                         core::Event local = e;
                         local.text = target;
                         out.push_back(local);
                         out.push_back(core::Event::log(
-                            "info", "fetched " + fs::path(target).filename().string() + " from " + m_name +
-                                        " (" + std::to_string(t.bytes) + " bytes, SHA-256 checked)"));
+                            "info",
+                            "fetched " + fs::path(target).filename().string() +
+                                (files > 1 ? " and " + std::to_string(files - 1) + " stage/shard file(s)"
+                                           : std::string()) +
+                                " from " + m_name + " (" + std::to_string(bytes) +
+                                " bytes, SHA-256 checked)"));
                     }
                     break;
                 } catch (const std::exception& ex) {
@@ -662,8 +684,13 @@ core::LaunchResult launchChecked(const core::LaunchOptions& base, const RemoteLa
                 try {
                     upload(*hosts[i]->control, configToSend, runDir + "/config.toml");
                     for (const auto& [local, there] : inputs) upload(*hosts[i]->control, local, there);
-                    if (!base.resumeFrom.empty())
+                    if (!base.resumeFrom.empty()) {
                         upload(*hosts[i]->control, base.resumeFrom, runDir + "/resume/" + resumeName);
+                        // A model-parallel run's other stages and shards: each rank reads its own.
+                        for (const auto& c : core::checkpointCompanions(base.resumeFrom))
+                            upload(*hosts[i]->control, c,
+                                   runDir + "/resume/" + fs::path(c).filename().string());
+                    }
                 } catch (const std::exception& ex) {
                     errors[i] = ex.what();
                 }

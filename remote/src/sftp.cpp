@@ -188,6 +188,15 @@ TransferResult upload(SshSession& session, const std::string& localPath, const s
     return result;
 }
 
+bool remoteFileExists(SshSession& session, const std::string& remotePath) {
+    auto sftp = openSftp(session);
+    AttrPtr st(sftp_stat(sftp.get(), remotePath.c_str()));
+    if (st) return true;
+    if (sftp_get_error(sftp.get()) == SSH_FX_NO_SUCH_FILE) return false;
+    fail(session, "cannot stat " + remotePath + ": " + sftpError(session, sftp.get()));
+    return false;
+}
+
 TransferResult download(SshSession& session, const std::string& remotePath, const std::string& localPath,
                         const std::string& expectedSha256) {
     auto sftp = openSftp(session);

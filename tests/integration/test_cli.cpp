@@ -156,6 +156,7 @@ TEST_CASE("Ctrl+C stops the run cleanly and records it as stopped", "[cli]") {
         runShell("(" + lathectl("train --epochs 100000 -q --json --db " + db) +
                  " & pid=$!; for i in $(seq 600); do " + lathectl("runs list --db " + db) +
                  " 2>/dev/null | grep -q running && break; sleep 0.1; done; kill -INT $pid; wait $pid)");
+    INFO(r.err);  // train's own stderr: why it ended, if not by the SIGINT
     CHECK(r.exitCode == 130);
     CHECK(json::parse(r.out).at("status") == "stopped");
     lathe::core::Store store(db);

@@ -256,6 +256,61 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "pipeline stages on two hosts and tensor-parallel shards on one follow local runs, and their "
+    "checkpoints come home whole and resume across the hosts",
+    "[remote][launch][sshd][pipeline]") {
+    if (const std::string why = SshdServer::unavailableReason(); !why.empty()) LATHE_SKIP(why);
+    Cluster c;
+    const auto ws = c.workspaceId();
+    const std::string net = kTrain + " --hidden 64,64,64";
+    lathe::core::Store store(c.db);
+    const auto files = [&](int64_t run) {
+        std::set<std::string> names;
+        for (const auto& e : fs::directory_iterator(store.artifactDir(run)))
+            if (e.path().extension() == ".ckpt") names.insert(e.path().filename().string());
+        return names;
+    };
+    const auto same = [&](int64_t a, int64_t b) {
+        const auto pa = savedParameters(store, a), pb = savedParameters(store, b);  // stages merged
+        REQUIRE(pa.size() == pb.size());
+        for (size_t i = 0; i < pa.size(); ++i) {
+            INFO("parameter " << i << ": max difference " << (pa[i] - pb[i]).abs().max().item<double>());
+            CHECK(torch::allclose(pa[i], pb[i], /*rtol=*/1e-5, /*atol=*/1e-6));
+        }
+    };
+    const auto train = [&](const std::string& flags) {
+        const auto r = c.run("train" + net + flags);
+        INFO(r.err << r.out);
+        REQUIRE(r.exitCode == 0);
+        return json::parse(r.out).at("run_id").get<int64_t>();
+    };
+
+    // One stage per host: stage 1's file is written by rank 0 and fetched with its own.
+    const auto remote = train(" --pipeline-stages 2 --hosts gpu-a:1,gpu-b:1");
+    const auto local = train(" --pipeline-stages 2");
+    CHECK(files(remote) == std::set<std::string>{"last.ckpt", "last.stage1.ckpt"});
+    same(remote, local);
+    CHECK_FALSE(store.metrics(remote, "pipe/stage1/bubble").empty());
+    // The run resumes across the hosts from both stages' files, one epoch further.
+    const auto resumed =
+        c.run("train --resume " + std::to_string(remote) + " --epochs 3 -q --json --hosts gpu-a:1,gpu-b:1");
+    INFO(resumed.err);
+    REQUIRE(resumed.exitCode == 0);
+    CHECK(json::parse(resumed.out).at("epochs") == 3);
+
+    // Tensor-parallel shards stay on one host: two slots of gpu-a, not one slot of each host.
+    const auto tp = train(" --tensor-parallel 2 --hosts gpu-a:2");
+    const auto tpLocal = train(" --tensor-parallel 2");
+    CHECK(files(tp) == std::set<std::string>{"last.ckpt", "last.tp1.ckpt"});
+    same(tp, tpLocal);
+    const auto split = c.run("train" + net + " --tensor-parallel 2 --hosts gpu-a:1,gpu-b:1");
+    CHECK(split.exitCode == 1);
+    CHECK_THAT(split.out, Catch::Contains("keeps each group on one host"));
+    CHECK(noRankWithin(ws, 30));
+    CHECK(leftRunDirs(ws).empty());
+}
+
+TEST_CASE(
     "a host that fails its check stops the launch before any rank starts and the message names host and "
     "cause",
     "[remote][launch][sshd]") {

@@ -370,15 +370,4 @@ torch::Tensor PipelineStage::forward(const torch::Tensor& x, int64_t rows) {
     return out.to(torch::kFloat);
 }
 
-std::string shardCheckpointPath(const std::string& firstPath, int stage, int shard) {
-    if (stage == 0 && shard == 0) return firstPath;
-    const std::string ext = ".ckpt";
-    const bool hasExt = firstPath.size() > ext.size() &&
-                        firstPath.compare(firstPath.size() - ext.size(), ext.size(), ext) == 0;
-    std::string path = hasExt ? firstPath.substr(0, firstPath.size() - ext.size()) : firstPath;
-    if (stage > 0) path += ".stage" + std::to_string(stage);
-    if (shard > 0) path += ".tp" + std::to_string(shard);
-    return path + ext;
-}
-
 }  // namespace lathe::core

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "lathe/core/checkpoint.h"  // shardCheckpointPath
 #include "training/zoo.h"
 
 namespace lathe::core {
@@ -139,10 +140,5 @@ private:
     std::thread m_sendThread;
     int64_t m_bytesSent = 0;
 };
-
-/// The checkpoint file of pipeline stage `stage`, tensor-parallel shard `shard`: `<dir>/last.ckpt`
-/// for stage 0's first shard, `<dir>/last.stage<s>.ckpt`, `<dir>/last.tp<t>.ckpt` or
-/// `<dir>/last.stage<s>.tp<t>.ckpt` for the others.
-std::string shardCheckpointPath(const std::string& firstPath, int stage, int shard = 0);
 
 }  // namespace lathe::core

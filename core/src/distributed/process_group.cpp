@@ -1,6 +1,7 @@
 #include "distributed/process_group.h"
 
 #include <algorithm>
+#include <cstring>
 #include <thread>
 
 #include "distributed/process_group_impl.h"
@@ -116,6 +117,31 @@ bool DistContext::any(bool flag) {
     o.reduceOp = c10d::ReduceOp::MAX;
     m_impl->pg->allreduce(one, o)->wait();
     return t.item<float>() > 0.5f;
+}
+
+// Sizes first, then the bytes, through host memory (Gloo) or the GPU (NCCL).
+void DistContext::sendBytes(const std::string& bytes, int dst, int tag) {
+    std::vector<at::Tensor> size{
+        torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kLong).to(m_device)};
+    m_impl->pg->send(size, dst, 2 * tag)->wait();
+    if (bytes.empty()) return;
+    auto data = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
+    std::memcpy(data.data_ptr<uint8_t>(), bytes.data(), bytes.size());
+    std::vector<at::Tensor> one{data.to(m_device)};
+    m_impl->pg->send(one, dst, 2 * tag + 1)->wait();
+}
+
+std::string DistContext::recvBytes(int src, int tag) {
+    std::vector<at::Tensor> size{
+        torch::zeros({1}, torch::TensorOptions().dtype(torch::kLong).device(m_device))};
+    m_impl->pg->recv(size, src, 2 * tag)->wait();
+    const auto n = size[0].cpu().item<int64_t>();
+    if (n <= 0) return {};
+    std::vector<at::Tensor> one{
+        torch::empty({n}, torch::TensorOptions().dtype(torch::kUInt8).device(m_device))};
+    m_impl->pg->recv(one, src, 2 * tag + 1)->wait();
+    const auto host = one[0].cpu();
+    return std::string(reinterpret_cast<const char*>(host.data_ptr<uint8_t>()), static_cast<size_t>(n));
 }
 
 }  // namespace lathe::core

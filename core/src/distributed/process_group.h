@@ -35,6 +35,10 @@ public:
     void allreduceSum(torch::Tensor& t);
     /// Whether any rank says yes (all ranks must call it at the same point).
     bool any(bool flag);
+    /// Point to point: `bytes` to rank `dst`, which takes them with recvBytes(this rank, tag).
+    /// Blocking (for checkpoint files gathered on rank 0).
+    void sendBytes(const std::string& bytes, int dst, int tag);
+    std::string recvBytes(int src, int tag);
     /// Hierarchical groups: ranks of one host (rank / ranksPerHost), and the hosts' leaders
     /// (local rank 0). Throws ConfigError when ranksPerHost does not divide the world.
     void initHierarchy(int ranksPerHost);

@@ -142,4 +142,32 @@ CheckpointInfo writeCheckpointFile(const std::string& path, int64_t epoch, int64
     return info;
 }
 
+std::string shardCheckpointPath(const std::string& firstPath, int stage, int shard) {
+    if (stage == 0 && shard == 0) return firstPath;
+    const std::string ext = ".ckpt";
+    const bool hasExt = firstPath.size() > ext.size() &&
+                        firstPath.compare(firstPath.size() - ext.size(), ext.size(), ext) == 0;
+    std::string path = hasExt ? firstPath.substr(0, firstPath.size() - ext.size()) : firstPath;
+    if (stage > 0) path += ".stage" + std::to_string(stage);
+    if (shard > 0) path += ".tp" + std::to_string(shard);
+    return path + ext;
+}
+
+std::vector<std::string> checkpointCompanions(const std::string& firstPath) {
+    std::vector<std::string> out;
+    std::error_code ec;
+    // Stage s's shards are 0, 1, … until one is missing; the stages end at the first stage
+    // without a file.
+    for (int stage = 0;; ++stage) {
+        int shard = stage == 0 ? 1 : 0;
+        if (stage > 0 && !std::filesystem::exists(shardCheckpointPath(firstPath, stage, 0), ec)) break;
+        for (;; ++shard) {
+            const auto path = shardCheckpointPath(firstPath, stage, shard);
+            if (!std::filesystem::exists(path, ec)) break;
+            out.push_back(path);
+        }
+    }
+    return out;
+}
+
 }  // namespace lathe::core

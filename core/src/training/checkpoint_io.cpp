@@ -13,9 +13,8 @@
 
 namespace lathe::core {
 
-CheckpointInfo saveCheckpoint(const std::string& path, torch::nn::Module& model,
-                              torch::optim::Optimizer& optimizer, int64_t epoch, int64_t step,
-                              const CheckpointExtras& extras, const CheckpointOwner& owner) {
+std::string checkpointPayload(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                              const CheckpointExtras& extras) {
     torch::serialize::OutputArchive archive;
     model.save(archive);
     for (const auto& [name, t] : extras) archive.write("lathe." + name, t.cpu());
@@ -24,7 +23,13 @@ CheckpointInfo saveCheckpoint(const std::string& path, torch::nn::Module& model,
     archive.write("optimizer", optimArchive);
     std::ostringstream buf;
     archive.save_to(buf);
-    return writeCheckpointFile(path, epoch, step, buf.str(), owner);
+    return buf.str();
+}
+
+CheckpointInfo saveCheckpoint(const std::string& path, torch::nn::Module& model,
+                              torch::optim::Optimizer& optimizer, int64_t epoch, int64_t step,
+                              const CheckpointExtras& extras, const CheckpointOwner& owner) {
+    return writeCheckpointFile(path, epoch, step, checkpointPayload(model, optimizer, extras), owner);
 }
 
 namespace {

@@ -12,6 +12,10 @@ namespace lathe::core {
 /// Named tensors saved beside model and optimizer (e.g. the loss scaler's state).
 using CheckpointExtras = std::map<std::string, torch::Tensor>;
 
+/// The archive saveCheckpoint frames (model, optimizer, extras), for a file written elsewhere (a
+/// model-parallel stage's, gathered on rank 0).
+std::string checkpointPayload(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                              const CheckpointExtras& extras = {});
 CheckpointInfo saveCheckpoint(const std::string& path, torch::nn::Module& model,
                               torch::optim::Optimizer& optimizer, int64_t epoch, int64_t step,
                               const CheckpointExtras& extras = {}, const CheckpointOwner& owner = {});

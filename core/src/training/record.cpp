@@ -145,10 +145,15 @@ bool mayChangeOnResume(const std::string& key) {
 // as interrupted (Store::run). Their probe holds a shared lock for an instant, so a taken lock is
 // tried a few more times before it counts as another recorder's.
 void lockRun(std::optional<FileLock>& lock, const Store& store, int64_t runId) {
+    // A probe is an instant, but on a loaded machine the prober can be descheduled while it holds
+    // the lock (a `runs list` polled ten times a second beside busy workers once took it for
+    // longer than the 100 ms this used to wait). A real trainer holds it for minutes: waiting up to
+    // 3 s before calling it one costs a refused second resume those seconds and nothing else.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
     for (int attempt = 0;; ++attempt) {
         lock.emplace(store.runLockPath(runId), false);
-        if (lock->held() || attempt >= 20) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        if (lock->held() || std::chrono::steady_clock::now() >= deadline) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(attempt < 20 ? 5 : 50));
     }
     if (!lock->held())
         throw ConfigError("run " + std::to_string(runId) + " is being trained by another process" +

@@ -17,6 +17,7 @@
 #include "lathe/kernels/cuda_device.h"
 #include "torch_backend.h"
 #include "training/amp.h"
+#include "training/checkpoint_file.h"
 #include "training/checkpoint_io.h"
 #include "training/loss_scaler.h"
 #include "training/memory.h"
@@ -155,6 +156,7 @@ std::string fmt(double v, int prec = 4) {
 }
 
 constexpr int64_t kMaxStaticSkips = 100;  // a static loss scale that overflows this often is wrong
+constexpr int kCheckpointTag = 1 << 20;   // a model-parallel stage's checkpoint on its way to rank 0
 
 }  // namespace
 
@@ -989,24 +991,31 @@ void TrainingLoop::checkpoint(int64_t epochsDone) {
     if (m_pipe || m_tpGroup) {
         // One file per stage and shard (the first replica's), each with its layers under the
         // whole network's names; stage 0's first shard also holds the bounds and the split, so a
-        // resume or an export finds the others. The run records that one once every file is
-        // written.
-        CheckpointInfo info;
-        if (m_replica == 0) {
-            if (m_stage == 0 && m_tpRank == 0) {
-                extras["pipe.bounds"] = torch::tensor(
-                    std::vector<int64_t>(m_stageBounds.begin(), m_stageBounds.end()), torch::kLong);
-                if (m_tpGroup) {
-                    std::vector<int64_t> plan;
-                    for (auto k : m_tpPlan) plan.push_back(static_cast<int64_t>(k));
-                    extras["tp.plan"] = torch::tensor(plan, torch::kLong);
+        // resume or an export finds the others. Rank 0 writes them all, so that they are together
+        // where its checkpoints are fetched from on another host: the other stages' and shards'
+        // first, its own last (the one the run records, once every file is written).
+        if (m_replica == 0 && m_rank != 0) {
+            m_dist->sendBytes(checkpointPayload(*m_model, *m_optimizer, extras), 0, kCheckpointTag);
+        } else if (m_rank == 0) {
+            for (int s = 0; s < m_stages; ++s)
+                for (int t = 0; t < m_tp; ++t) {
+                    if (s == 0 && t == 0) continue;
+                    const int from = (s * m_replicas) * m_tp + t;  // replica 0 of stage s, shard t
+                    writeCheckpointFile(shardCheckpointPath(path, s, t), epochsDone, m_step,
+                                        m_dist->recvBytes(from, kCheckpointTag), m_options.owner);
                 }
+            extras["pipe.bounds"] =
+                torch::tensor(std::vector<int64_t>(m_stageBounds.begin(), m_stageBounds.end()), torch::kLong);
+            if (m_tpGroup) {
+                std::vector<int64_t> plan;
+                for (auto k : m_tpPlan) plan.push_back(static_cast<int64_t>(k));
+                extras["tp.plan"] = torch::tensor(plan, torch::kLong);
             }
-            info = saveCheckpoint(shardCheckpointPath(path, m_stage, m_tpRank), *m_model, *m_optimizer,
-                                  epochsDone, m_step, extras, m_options.owner);
+            const auto info =
+                saveCheckpoint(path, *m_model, *m_optimizer, epochsDone, m_step, extras, m_options.owner);
+            emit(Event::checkpoint(info.path, info.sha256, m_step, epochsDone));
         }
-        m_dist->any(false);  // every stage and shard has written its file
-        if (m_rank == 0) emit(Event::checkpoint(info.path, info.sha256, m_step, epochsDone));
+        m_dist->any(false);  // every rank waits for the files, as for rank 0's alone
     } else if (m_rank == 0) {
         const auto info =
             saveCheckpoint(path, *m_model, *m_optimizer, epochsDone, m_step, extras, m_options.owner);

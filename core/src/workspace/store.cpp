@@ -452,6 +452,10 @@ void Store::Impl::open() {
     // so the journal mode is only switched to WAL once the file is known to be ours.
     int appId = 0, version = 0, tables = 0;
     try {
+        // One read transaction: another Lathe creating this workspace at the same moment commits
+        // its first tables and the application id together, and three separate reads could see
+        // the id before and the tables after (a new workspace taken for another program's file).
+        exec(writeDb, "BEGIN");
         {
             Stmt s(writeDb, "PRAGMA application_id");
             if (s.step()) appId = static_cast<int>(s.i64(0));
@@ -464,7 +468,9 @@ void Store::Impl::open() {
             Stmt s(writeDb, "SELECT count(*) FROM sqlite_master");
             if (s.step()) tables = static_cast<int>(s.i64(0));
         }
+        exec(writeDb, "COMMIT");
     } catch (const StoreError& ex) {
+        sqlite3_exec(writeDb, "ROLLBACK", nullptr, nullptr, nullptr);
         throw StoreError(path + " is not a Lathe workspace (" + ex.what() +
                          "); choose another file with --db or LATHE_DB");
     }

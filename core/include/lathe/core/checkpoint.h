@@ -4,6 +4,7 @@
 // crash never leaves a half-written checkpoint under the real name.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace lathe::core {
 
@@ -29,5 +30,13 @@ struct CheckpointOwner {
 /// Reads the header and verifies size and checksum. Throws CheckpointError ("checkpoint X is
 /// truncated", "... fails its checksum", "... is not a Lathe checkpoint").
 CheckpointInfo readCheckpointInfo(const std::string& path);
+
+/// A model-parallel run's checkpoint is one file per pipeline stage and tensor-parallel shard:
+/// `firstPath` (e.g. `<dir>/last.ckpt`) for stage 0's first shard, and beside it
+/// `last.stage<s>.ckpt`, `last.tp<t>.ckpt` or `last.stage<s>.tp<t>.ckpt` for the others.
+std::string shardCheckpointPath(const std::string& firstPath, int stage, int shard = 0);
+/// The files of the other stages and shards that exist beside `firstPath` (none for a run of one
+/// stage and shard), stage by stage, shard by shard.
+std::vector<std::string> checkpointCompanions(const std::string& firstPath);
 
 }  // namespace lathe::core

@@ -27,6 +27,10 @@ TransferResult upload(SshSession& session, const std::string& localPath, const s
 TransferResult download(SshSession& session, const std::string& remotePath, const std::string& localPath,
                         const std::string& expectedSha256 = {});
 
+// Whether a file is at `remotePath` on the host (false when the host says there is none; throws
+// SshError when it cannot be asked).
+bool remoteFileExists(SshSession& session, const std::string& remotePath);
+
 // sha256sum of a file on the host (lower-case hex). Throws SshError when it cannot be read.
 std::string remoteSha256(SshSession& session, const std::string& remotePath);
 
