@@ -291,6 +291,7 @@ int runTrain(const TrainState& st) {
             return remote::launchRemote(lo, remoteOptions, sink);
         };
     }
+    core::keepHeapForTraining();
     const auto rec = core::trainAndRecord(*store, spec, ro, observer);
     removeStopHandler();
     progress.finish();

@@ -125,6 +125,7 @@ int runWorker(const WorkerState& st) {
     opts.dist = dist;
     core::TrainResult result;
     try {
+        core::keepHeapForTraining();
         result = core::train(spec, opts, out);
     } catch (const core::Error& ex) {
         out(core::Event::error(ex.what()));

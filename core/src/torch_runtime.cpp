@@ -3,6 +3,7 @@
 #include "lathe/core/torch_runtime.h"
 
 #include <dlfcn.h>
+#include <malloc.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -98,6 +99,15 @@ int cudaDeviceCount() noexcept {
 
 TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventSink& sink) {
     return torchBackend().train(spec, options, sink);
+}
+
+void keepHeapForTraining() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        mallopt(M_TRIM_THRESHOLD, 512 << 20);
+        mallopt(M_TOP_PAD, 16 << 20);
+        mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest; data sets above it are still mapped
+    });
 }
 
 void setComputeThreads(int n) {

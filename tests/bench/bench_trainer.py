@@ -12,7 +12,12 @@ backward, optimizer step, loss.item(), and the running-accuracy argmax(...).sum(
 Lathe's step loop also does. Only the step loop is timed (not validation, shuffling or metric
 recording). Lathe records per epoch; the first epoch of every run is treated as warm-up and
 dropped on both sides, and throughput is (samples over the remaining epochs) / (their step
-time). The median over the repeats is reported, and the ratio Lathe / PyTorch.
+time). The median over the repeats is reported, and the ratio Lathe / PyTorch; then, since this
+machine's speed drifts by tens of percent between runs, the ratio of each back-to-back pair
+(median and range) and each side's run-to-run spread ((max - min) / median): a ratio is to be
+trusted only as far as the pair range allows. The step's phases (data, forward, backward,
+optimizer) are reported per side in ms per step: Lathe's from its perf/*_ms metrics, PyTorch's
+timed at the same boundaries in the loop here.
 
 Both sides run in the same environment (OMP_* / OPENBLAS_* inherited), with T threads:
 `--threads T` for lathectl, which sets LibTorch's intra-op threads and OpenBLAS's pool, and
@@ -41,6 +46,7 @@ SKIP = 77
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE_DIR = os.path.normpath(os.path.join(HERE, "..", ".."))
 VAL_SPLIT = 0.2  # lathectl's default val_split
+PHASES = ("data", "forward", "backward", "optimizer")  # a step's parts, as lathectl's perf/*_ms
 
 
 class Broken(Exception):
@@ -123,14 +129,21 @@ def run_lathe(lathectl, cfg, data_arg, threads, epochs, workdir, rep):
             raise Broken("lathectl JSON lacks %r: %r" % (key, res))
     if not math.isfinite(res["train/loss"]):
         raise Broken("lathectl run %s: loss %r" % (res["run_id"], res["train/loss"]))
-    # Per-epoch throughput from the workspace, to drop the warm-up epoch like the PyTorch side.
-    m = subprocess.run([lathectl, "metrics", str(res["run_id"]), "--db", db, "--key", "perf/samples_per_s",
-                        "--json"], capture_output=True, text=True)
+    # Per-epoch throughput from the workspace, to drop the warm-up epoch like the PyTorch side,
+    # and the step's phases (perf/*_ms: mean ms per step of each epoch, timed without the profiler).
+    m = subprocess.run([lathectl, "metrics", str(res["run_id"]), "--db", db, "--json"], capture_output=True,
+                       text=True)
     if m.returncode != 0:
         raise Broken("lathectl metrics failed: %s" % m.stderr.strip())
     try:
-        series = json.loads(m.stdout)["metrics"]["perf/samples_per_s"]
-        per_epoch = [float(pt["value"]) for pt in series]
+        metrics = json.loads(m.stdout)["metrics"]
+        per_epoch = [float(pt["value"]) for pt in metrics["perf/samples_per_s"]]
+        phases = {}
+        for phase in PHASES:
+            vals = [float(pt["value"]) for pt in metrics.get("perf/%s_ms" % phase, [])]
+            if len(vals) != epochs:
+                raise Broken("lathectl recorded %d perf/%s_ms points for %d epochs" % (len(vals), phase, epochs))
+            phases[phase] = statistics.mean(vals[1:])
     except (ValueError, KeyError, TypeError) as e:
         raise Broken("cannot parse lathectl metrics output (%s): %r" % (e, m.stdout[:500]))
     if len(per_epoch) != epochs:
@@ -144,7 +157,7 @@ def run_lathe(lathectl, cfg, data_arg, threads, epochs, workdir, rep):
             pass
     shutil.rmtree(os.path.join(workdir, "artifacts"), ignore_errors=True)
     return {"per_epoch": per_epoch, "final": res["perf/samples_per_s"], "steps": res.get("steps"),
-            "loss": res["train/loss"], "process_wall_s": wall}
+            "loss": res["train/loss"], "process_wall_s": wall, "phases_ms": phases}
 
 
 def set_openblas_threads(threads):
@@ -179,33 +192,44 @@ def run_torch(torch, cfg, x, y, threads, epochs, rep):
     steps = (n + batch - 1) // batch
     g = torch.Generator().manual_seed(1000 + rep)
     per_epoch = []
+    phase_s = [0.0] * len(PHASES)
     loss_value = float("nan")
     clock = time.perf_counter
-    for _ in range(epochs):
+    for epoch in range(epochs):
         perm = torch.randperm(n, generator=g)
         step_s, seen, correct = 0.0, 0, 0
         for b in range(steps):
+            # The phases as lathectl times them: data, forward (with zero_grad and the loss),
+            # backward (with the loss and accuracy reads), optimizer.
             t0 = clock()
             for group in opt.param_groups:
                 group["lr"] = cfg["lr"]
             idx = perm[b * batch:min(n, (b + 1) * batch)]
             xb = x.index_select(0, idx)
             yb = y.index_select(0, idx)
+            t1 = clock()
             opt.zero_grad()
             out = model(xb)
             loss = F.cross_entropy(out, yb)
+            t2 = clock()
             loss.backward()
-            opt.step()
             loss_value = loss.item()
             correct += out.detach().argmax(1).eq(yb).sum().item()
-            step_s += clock() - t0
+            t3 = clock()
+            opt.step()
+            t4 = clock()
+            step_s += t4 - t0
+            if epoch > 0:
+                for k, (a, c) in enumerate(((t0, t1), (t1, t2), (t2, t3), (t3, t4))):
+                    phase_s[k] += c - a
             seen += idx.shape[0]
         per_epoch.append(seen / max(step_s, 1e-9))
     if not math.isfinite(loss_value):
         raise Broken("PyTorch loop: loss %r" % loss_value)
     params = sum(p.numel() for p in model.parameters())
+    timed = steps * (epochs - 1)
     return {"per_epoch": per_epoch, "final": per_epoch[-1], "steps": steps * epochs, "loss": loss_value,
-            "parameters": params}
+            "parameters": params, "phases_ms": {p: 1000.0 * t / max(timed, 1) for p, t in zip(PHASES, phase_s)}}
 
 
 def steady(per_epoch):
@@ -222,12 +246,15 @@ def main():
     ap.add_argument("--lathectl", required=True, help="path to the lathectl binary")
     ap.add_argument("--out", help="directory for bench_trainer.json")
     ap.add_argument("--quick", action="store_true", help="fewer epochs (CTest: well under 60 s)")
-    ap.add_argument("--repeats", type=int, default=3, help="alternating Lathe/PyTorch pairs per configuration")
+    ap.add_argument("--repeats", type=int,
+                    help="alternating Lathe/PyTorch pairs per configuration (default 5, quick 3)")
     ap.add_argument("--threads", default="1", help="comma-separated thread counts, e.g. 1,2")
     ap.add_argument("--configs", default="digits,mnist", help="comma-separated: digits, mnist")
     ap.add_argument("--epochs-digits", type=int, help="epochs per digits run (default 40, quick 15)")
     ap.add_argument("--epochs-mnist", type=int, help="epochs per mnist run (default 6, quick 3)")
     args = ap.parse_args()
+    if args.repeats is None:
+        args.repeats = 3 if args.quick else 5
 
     try:
         threads = [int(t) for t in args.threads.split(",") if t.strip()]
@@ -301,16 +328,25 @@ def main():
                 if lathe_runs[0]["steps"] != torch_runs[0]["steps"]:
                     raise Broken("%s: Lathe ran %s steps, the PyTorch loop %s: the setups differ" %
                                  (name, lathe_runs[0]["steps"], torch_runs[0]["steps"]))
-                lm = statistics.median(steady(r["per_epoch"]) for r in lathe_runs)
-                tm = statistics.median(steady(r["per_epoch"]) for r in torch_runs)
-                lb = max(steady(r["per_epoch"]) for r in lathe_runs)
-                tb = max(steady(r["per_epoch"]) for r in torch_runs)
+                lr_ = [steady(r["per_epoch"]) for r in lathe_runs]
+                tr_ = [steady(r["per_epoch"]) for r in torch_runs]
+                lm, tm = statistics.median(lr_), statistics.median(tr_)
+                lb, tb = max(lr_), max(tr_)
+                # Each pair ran back to back: its ratio sees the same machine state, so the spread
+                # of the pair ratios says how far one ratio can be trusted on this machine.
+                pair = [a / b for a, b in zip(lr_, tr_)]
+                phases = {side: {p: statistics.median(r["phases_ms"][p] for r in runs) for p in PHASES}
+                          for side, runs in (("lathe", lathe_runs), ("torch", torch_runs))}
                 results.append({
                     "config": name, "description": cfg["desc"], "threads": t, "epochs": cfg["epochs"],
                     "batch": cfg["batch"], "train_samples": int(x.shape[0]),
                     "steps_per_run": torch_runs[0]["steps"], "parameters": torch_runs[0]["parameters"],
                     "lathe_samples_per_s": lm, "torch_samples_per_s": tm, "ratio": lm / tm,
                     "lathe_best_samples_per_s": lb, "torch_best_samples_per_s": tb, "ratio_best": lb / tb,
+                    "pair_ratios": pair, "pair_ratio_median": statistics.median(pair),
+                    "pair_ratio_min": min(pair), "pair_ratio_max": max(pair),
+                    "lathe_spread": (max(lr_) - min(lr_)) / lm, "torch_spread": (max(tr_) - min(tr_)) / tm,
+                    "phases_ms": phases,
                     "lathe_runs": lathe_runs, "torch_runs": torch_runs,
                 })
     total = time.perf_counter() - t_start
@@ -325,9 +361,23 @@ def main():
             r["description"], r["threads"], r["lathe_samples_per_s"], r["lathe_best_samples_per_s"],
             r["torch_samples_per_s"], r["torch_best_samples_per_s"]))
     print("-" * 98)
+    print()
+    print("step phases, ms per step (median of the runs; Lathe's perf/*_ms metrics, timed the same way here)")
+    print("%-8s %3s %-8s %8s %8s %8s %9s %9s" % ("config", "T", "side", "data", "forward", "backward", "optimizer",
+                                               "opt share"))
     for r in results:
-        print("ratio Lathe/PyTorch  %-7s T=%d : %.2fx  (best runs: %.2fx)" % (
-            r["config"], r["threads"], r["ratio"], r["ratio_best"]))
+        for side in ("lathe", "torch"):
+            ph = r["phases_ms"][side]
+            step_ms = sum(ph.values())
+            print("%-8s %3d %-8s %8.4f %8.4f %8.4f %9.4f %8.1f%%" % (
+                r["config"], r["threads"], side, ph["data"], ph["forward"], ph["backward"], ph["optimizer"],
+                100.0 * ph["optimizer"] / step_ms if step_ms > 0 else 0.0))
+    print()
+    for r in results:
+        print("ratio Lathe/PyTorch  %-7s T=%d : %.2fx  (best runs: %.2fx; back-to-back pairs: median %.2fx, "
+              "range %.2f-%.2fx; run-to-run spread Lathe %.0f%%, PyTorch %.0f%%)" % (
+                  r["config"], r["threads"], r["ratio"], r["ratio_best"], r["pair_ratio_median"],
+                  r["pair_ratio_min"], r["pair_ratio_max"], 100 * r["lathe_spread"], 100 * r["torch_spread"]))
     print("(total %.1f s)" % total)
 
     if args.out:

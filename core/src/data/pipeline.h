@@ -80,6 +80,10 @@ public:
                       SampleTally& tally) = 0;
     /// A short description for the run's log ("1,204 images, 10 classes, 3x64x64, cache: ...").
     virtual std::string describe() const = 0;
+    /// True when reading a sample is a copy from memory: the trainer then reads batches in the
+    /// training thread, whatever `loader_workers` says (handing a batch over between threads
+    /// costs more than copying it).
+    virtual bool inMemory() const { return false; }
     int64_t sampleFloats() const;
 };
 
@@ -93,6 +97,7 @@ public:
     int64_t label(int64_t index) const override { return m_set.y[static_cast<size_t>(index)]; }
     bool read(int64_t index, SampleMode mode, uint64_t augmentSeed, float* out, SampleTally& tally) override;
     std::string describe() const override;
+    bool inMemory() const override { return true; }
 
 private:
     RawSet m_set;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "lathe/core/run_spec.h"
+#include "lathe/kernels/optim.h"
 #include "lathe/kernels/scale_and_check.h"
 #include "training/checkpoint_io.h"
 
@@ -56,7 +57,9 @@ public:
     double scale() const { return m_scale; }
     /// Which implementation unscales and updates: ATen's fused ops or our kernel.
     const char* implementation() const {
-        return m_useAten ? "ATen fused AMP ops" : "Lathe's scale_and_check kernel";
+        return m_device.is_cpu() ? "Lathe's fused gradient pass"
+               : m_useAten       ? "ATen fused AMP ops"
+                                 : "Lathe's scale_and_check kernel";
     }
 
     torch::Tensor scaleLoss(const torch::Tensor& loss) const { return m_enabled ? loss * m_scale : loss; }
@@ -83,6 +86,64 @@ public:
             found |= kernels::scaleAndCheck(g.data_ptr<float>(), static_cast<size_t>(g.numel()), inv);
         }
         return found;
+    }
+
+    /// What one pass over the gradients found (gradientPass()).
+    struct GradSummary {
+        bool nonFinite = false;
+        double sumSquares = 0;         // of the gradients not flagged sharded
+        double shardedSumSquares = 0;  // of those flagged (tensor-parallel shards)
+    };
+
+    /// The CPU gradient pass before the optimizer: each fp32 gradient is read once (and, when
+    /// the scaler is on, written once) by kernels::gradStats, which unscales it, checks it for
+    /// inf/NaN and adds up its squares. `sharded[i]` (when given) puts parameter i's squares in
+    /// shardedSumSquares. False, with nothing changed, when a gradient is not a contiguous fp32
+    /// CPU tensor: the caller then uses unscaleAndCheck and its own norm.
+    bool gradientPass(const std::vector<torch::Tensor>& params, const std::vector<bool>& sharded,
+                      GradSummary& out) {
+        for (const auto& p : params) {
+            const auto& g = p.grad();
+            if (g.defined() && !(g.device().is_cpu() && g.layout() == torch::kStrided &&
+                                 g.scalar_type() == torch::kFloat && g.is_contiguous()))
+                return false;
+        }
+        // As GradScaler: the reciprocal is taken in double, then rounded to float.
+        const float inv = m_enabled ? static_cast<float>(1.0 / static_cast<double>(m_scale)) : 1.0f;
+        // Pieces of at most kPiece elements, spread over LibTorch's intra-op threads when there
+        // are several; their sums are added in piece order, so the result does not depend on
+        // the number of threads.
+        constexpr int64_t kPiece = int64_t{1} << 16;
+        struct Piece {
+            size_t param;
+            float* g;
+            int64_t n;
+            kernels::GradStats st;
+        };
+        std::vector<Piece> pieces;
+        for (size_t i = 0; i < params.size(); ++i) {
+            const auto& g = params[i].grad();
+            if (!g.defined()) continue;
+            float* data = g.data_ptr<float>();
+            for (int64_t off = 0; off < g.numel(); off += kPiece)
+                pieces.push_back({i, data + off, std::min(kPiece, g.numel() - off), {}});
+        }
+        const auto run = [&](int64_t begin, int64_t end) {
+            for (int64_t k = begin; k < end; ++k)
+                pieces[k].st = kernels::gradStats(pieces[k].g, static_cast<size_t>(pieces[k].n), inv);
+        };
+        if (pieces.size() > 1)
+            at::parallel_for(0, static_cast<int64_t>(pieces.size()), 1, run);
+        else
+            run(0, static_cast<int64_t>(pieces.size()));
+        out = {};
+        for (const auto& pc : pieces) {
+            out.nonFinite |= pc.st.nonFinite;
+            (pc.param < sharded.size() && sharded[pc.param] ? out.shardedSumSquares : out.sumSquares) +=
+                pc.st.sumSquares;
+        }
+        m_foundDevice.reset();  // the update rule below decides from the flag it is given
+        return true;
     }
 
     void update(bool foundInf) {

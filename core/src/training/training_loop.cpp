@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -19,6 +20,7 @@
 #include "training/amp.h"
 #include "training/checkpoint_file.h"
 #include "training/checkpoint_io.h"
+#include "training/fused_optim.h"
 #include "training/loss_scaler.h"
 #include "training/memory.h"
 #include "training/profiler.h"
@@ -56,16 +58,34 @@ torch::Tensor classificationLoss(
         logits, labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(reduction));
 }
 
+// LATHE_UNFUSED_STEP=1: LibTorch's optimizers and the tensor-by-tensor gradient norm, as before
+// the fused step (for A/B measurements and debugging; read once).
+bool unfusedStep() {
+    static const bool unfused = [] {
+        const char* v = std::getenv("LATHE_UNFUSED_STEP");
+        return v && *v && std::string(v) != "0";
+    }();
+    return unfused;
+}
+
+// The fused classes are LibTorch's optimizers with the step on Lathe's kernels (fused_optim.h):
+// the same options and checkpoint state, the same results.
+template <class Fused, class Plain, class Options>
+std::unique_ptr<torch::optim::Optimizer> makeOne(const std::vector<torch::Tensor>& params, const Options& o) {
+    if (unfusedStep()) return std::make_unique<Plain>(params, o);
+    return std::make_unique<Fused>(params, o);
+}
+
 std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const RunSpec& spec,
                                                        const std::vector<torch::Tensor>& params) {
     if (spec.optimizer == "sgd")
-        return std::make_unique<torch::optim::SGD>(
+        return makeOne<FusedSGD, torch::optim::SGD>(
             params, torch::optim::SGDOptions(spec.lr).momentum(spec.momentum).weight_decay(spec.weightDecay));
     if (spec.optimizer == "adam")
-        return std::make_unique<torch::optim::Adam>(
+        return makeOne<FusedAdam, torch::optim::Adam>(
             params, torch::optim::AdamOptions(spec.lr).weight_decay(spec.weightDecay));
     if (spec.optimizer == "adamw")
-        return std::make_unique<torch::optim::AdamW>(
+        return makeOne<FusedAdamW, torch::optim::AdamW>(
             params, torch::optim::AdamWOptions(spec.lr).weight_decay(spec.weightDecay));
     throw ConfigError("`optimizer` must be one of sgd, adam, adamw (got '" + spec.optimizer + "')");
 }
@@ -104,6 +124,31 @@ double gradNormSquared(const std::vector<torch::Tensor>& params, const std::vect
     return n * n;
 }
 
+// How many rows of `logits` have their largest value at the label (argmax's first maximum, as
+// out.argmax(1).eq(labels).sum() counts them): a plain loop over fp32 CPU logits, which spares
+// a small model's step four ATen ops and their allocations; ATen's ops for anything else.
+int64_t countCorrect(const torch::Tensor& logits, const torch::Tensor& labels) {
+    torch::NoGradGuard noGrad;
+    if (unfusedStep() || logits.dim() != 2 || !logits.device().is_cpu() ||
+        logits.scalar_type() != torch::kFloat || !logits.is_contiguous() ||
+        labels.scalar_type() != torch::kLong || !labels.is_contiguous() || !labels.device().is_cpu() ||
+        labels.numel() != logits.size(0) || logits.size(1) == 0)
+        return logits.detach().argmax(1).eq(labels).sum().item<int64_t>();
+    const float* x = logits.data_ptr<float>();
+    const int64_t* y = labels.data_ptr<int64_t>();
+    const int64_t rows = logits.size(0), cols = logits.size(1);
+    int64_t correct = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* row = x + r * cols;
+        int64_t best = 0;
+        for (int64_t c = 1; c < cols; ++c)
+            // argmax treats NaN as the largest value (its first NaN wins).
+            if (std::isnan(row[c]) ? !std::isnan(row[best]) : row[c] > row[best]) best = c;
+        correct += best == y[r];
+    }
+    return correct;
+}
+
 struct EvalResult {
     double loss = 0, accuracy = 0;
     int64_t skipped = 0;  // unreadable samples skipped (bad_samples = "skip")
@@ -117,9 +162,18 @@ Batch toBatch(const data::LoadedBatch& loaded, const std::vector<int64_t>& sampl
     std::vector<int64_t> shape{loaded.rows};
     shape.insert(shape.end(), sampleShape.begin(), sampleShape.end());
     Batch b;
+    // A full batch is the buffer itself (a view; no narrow); on the CPU nothing is copied.
+    const bool full = loaded.rows == owner.first.size(0);
+    auto x = (full ? owner.first : owner.first.narrow(0, 0, loaded.rows)).view(shape);
+    auto y = full ? owner.second : owner.second.narrow(0, 0, loaded.rows);
+    if (device.is_cpu()) {
+        b.x = std::move(x);
+        b.y = std::move(y);
+        return b;
+    }
     const bool async = device.is_cuda();
-    b.x = owner.first.narrow(0, 0, loaded.rows).view(shape).to(device, async);
-    b.y = owner.second.narrow(0, 0, loaded.rows).to(device, async);
+    b.x = x.to(device, async);
+    b.y = y.to(device, async);
     return b;
 }
 
@@ -165,6 +219,9 @@ struct TrainingLoop::EpochTally {
     int64_t windowSteps = 0;
     int64_t correct = 0, seen = 0, steps = 0, skipped = 0;
     double stepSeconds = 0;
+    // The step's phases without the profiler, on CPU runs (a CUDA step's phases would time only
+    // kernel launches): data, forward, backward (with the exchange), optimizer.
+    double phaseSeconds[4] = {0, 0, 0, 0};
     size_t activationBytes = 0;  // sampled on the epoch's first step (CPU)
     data::SampleTally data;      // the loader's cache lookups and hits this epoch
     int64_t dataSamples = 0;
@@ -303,7 +360,10 @@ void TrainingLoop::setUp() {
         b.owner = std::move(owner);
         return b;
     };
-    const int workers = static_cast<int>(m_spec.loaderWorkers), prefetch = static_cast<int>(m_spec.prefetch);
+    // In-memory samples are copied in the training thread: a digits batch takes a few
+    // microseconds to copy and tens to hand over from another thread (tests/bench/README.md).
+    const int workers = m_trainSource->inMemory() ? 0 : static_cast<int>(m_spec.loaderWorkers);
+    const int prefetch = static_cast<int>(m_spec.prefetch);
     m_trainLoader = std::make_unique<data::Loader>(m_trainSource, workers, prefetch, allocate);
     m_valLoader = std::make_unique<data::Loader>(m_valSource, workers, prefetch, allocate);
 
@@ -560,12 +620,15 @@ void TrainingLoop::announce() {
                                                            m_scaler->implementation() + ")"
                                                      : std::string()) +
                                 (m_spec.activationCheckpointing ? ", activation checkpointing" : "")));
-    emit(Event::log("info",
-                    "data: " + m_trainSource->describe() + "; loader: " +
-                        (m_spec.loaderWorkers > 0 ? std::to_string(m_spec.loaderWorkers) + " workers, " +
-                                                        std::to_string(m_spec.prefetch) + " batches ahead"
-                                                  : std::string("in the training thread")) +
-                        (m_device.is_cuda() ? ", pinned memory" : "")));
+    emit(Event::log(
+        "info", "data: " + m_trainSource->describe() + "; loader: " +
+                    (m_trainLoader->workers() > 0
+                         ? std::to_string(m_trainLoader->workers()) + " workers, " +
+                               std::to_string(m_spec.prefetch) + " batches ahead"
+                         : std::string("in the training thread") +
+                               (m_spec.loaderWorkers > 0 && m_trainSource->inMemory() ? " (samples in memory)"
+                                                                                      : "")) +
+                    (m_device.is_cuda() ? ", pinned memory" : "")));
     drainWarnings();
 }
 
@@ -713,12 +776,30 @@ TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, EpochTal
         PhaseScope phase(profiler, "data");
         batch = nextBatch(tally);
     }
-    m_optimizer->zero_grad();
+    const auto tData = Clock::now();
+    const bool gradsToNone = !m_reducer && !m_pipe && !m_tpGroup && !sampleMemory && !unfusedStep();
+    if (gradsToNone) {
+        // Backward then hands each parameter its gradient buffer as computed (AccumulateGrad
+        // steals it) instead of adding it into a zeroed one: one pass and one op per tensor less.
+        // (A parameter backward leaves without one gets zeros after it, below, as zero_grad()
+        // would have left it: the optimizer steps it as before.)
+        m_hadGrad.resize(m_params.size(), 0);
+        for (size_t i = 0; i < m_params.size(); ++i) {
+            auto& g = m_params[i].mutable_grad();
+            m_hadGrad[i] = m_hadGrad[i] || g.defined();
+            g.reset();
+        }
+    } else {
+        // The exchanges rely on defined, zeroed gradients; and a step that samples activation
+        // memory must not count the gradients' allocation as activations.
+        m_optimizer->zero_grad();
+    }
     if (sampleMemory) memory.emplace();  // after zero_grad, which may free gradients
     Reducer::Stats comm;
     double lossValue = 0;
     int64_t correct = 0;
     PipelineStage::StepStats pipe;
+    auto tForward = tData;  // a pipelined step's forward and backward interleave: all "backward"
     if (m_pipe) {
         // The stage's share of the schedule: its micro-batches' forward and backward passes, with
         // activations and gradients to and from its neighbours; the loss only on the last stage.
@@ -755,9 +836,11 @@ TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, EpochTal
                     out = forwardModel(m_model, batch.x, fwd);
             }
             // The loss in FP32, outside autocast, as torch.autocast recommends.
-            loss = classificationLoss(out.to(torch::kFloat), batch.y);
+            loss =
+                classificationLoss(out.scalar_type() == torch::kFloat ? out : out.to(torch::kFloat), batch.y);
             for (auto& h : m_hooks) loss = h->loss(*this, batch, out, loss);
         }
+        tForward = Clock::now();
         {
             PhaseScope phase(profiler, "backward");
             if (m_reducer) m_reducer->prepare(thisStep);
@@ -767,8 +850,12 @@ TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, EpochTal
             PhaseScope phase(profiler, "communication");
             comm = m_reducer->finish();
         }
+        if (gradsToNone)
+            for (size_t i = 0; i < m_params.size(); ++i)
+                if (m_hadGrad[i] && !m_params[i].grad().defined())
+                    m_params[i].mutable_grad() = torch::zeros_like(m_params[i]);
         lossValue = loss.item<double>();
-        correct = out.detach().argmax(1).eq(batch.y).sum().item<int64_t>();
+        correct = countCorrect(out, batch.y);
     }
     if (memory) {
         tally.activationBytes = memory->peakBytes();
@@ -787,6 +874,7 @@ TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, EpochTal
     bool skip = false, lossBad = false;
     double norm = 0;
     const double usedScale = scaler.scale();
+    const auto tBackward = Clock::now();
     {
         PhaseScope phase(profiler, "optimizer");
         // Unscale once, before clipping, so the norm and the clip see true gradients. Every rank
@@ -794,13 +882,21 @@ TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, EpochTal
         // loss is its own.
         lossBad = !std::isfinite(lossValue);
         if (m_dist) lossBad = m_dist->any(lossBad);
-        bool foundInf = scaler.unscaleAndCheck(m_params) || (scaler.enabled() && lossBad);
+        // One pass over each gradient (fp32 on the CPU): unscale, non-finite check and the
+        // squared norm together; elsewhere the scaler's unscale and a norm per tensor.
+        LossScaler::GradSummary grads;
+        if (unfusedStep() || !scaler.gradientPass(m_params, m_sharded, grads)) {
+            grads.nonFinite = scaler.unscaleAndCheck(m_params);
+            grads.sumSquares = gradNormSquared(m_params, m_sharded, false);
+            if (m_tpGroup) grads.shardedSumSquares = gradNormSquared(m_params, m_sharded, true);
+        }
+        bool foundInf = scaler.enabled() && (grads.nonFinite || lossBad);
         if (m_dist && scaler.enabled()) foundInf = m_dist->any(foundInf);
         // The whole network's norm: every shard's share of the split layers, the replicated
         // ones once, summed over the stages.
-        double sq = gradNormSquared(m_params, m_sharded, false);
+        double sq = grads.sumSquares;
         if (m_tpGroup) {
-            auto t = torch::tensor({gradNormSquared(m_params, m_sharded, true)}, torch::kDouble);
+            auto t = torch::tensor({grads.shardedSumSquares}, torch::kDouble);
             m_tpGroup->allreduceSum(t);
             sq += t.item<double>();
         }
@@ -813,10 +909,14 @@ TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, EpochTal
         skip = scaler.enabled() && foundInf;
         if (!skip) {
             if (m_spec.clipGradNorm > 0 && std::isfinite(norm) && norm > m_spec.clipGradNorm) {
-                torch::NoGradGuard noGrad;
                 const double coef = m_spec.clipGradNorm / (norm + 1e-6);
-                for (const auto& p : m_params)
-                    if (p.grad().defined()) p.grad().mul_(coef);
+                if (auto* fused = dynamic_cast<FusedStep*>(m_optimizer.get())) {
+                    fused->setGradScale(coef);  // applied in the step's own pass
+                } else {
+                    torch::NoGradGuard noGrad;
+                    for (const auto& p : m_params)
+                        if (p.grad().defined()) p.grad().mul_(coef);
+                }
             }
             m_optimizer->step();
         }
@@ -824,6 +924,14 @@ TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, EpochTal
         // Residuals of compressed exchanges hold scaled gradients: they follow the scale.
         if (m_reducer && scaler.enabled() && scaler.scale() != usedScale)
             m_reducer->rescaleResiduals(scaler.scale() / usedScale);
+    }
+    if (!m_device.is_cuda()) {
+        const auto tOptimizer = Clock::now();
+        const auto sec = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+        tally.phaseSeconds[0] += sec(t0, tData);
+        tally.phaseSeconds[1] += sec(tData, tForward);
+        tally.phaseSeconds[2] += sec(tForward, tBackward);
+        tally.phaseSeconds[3] += sec(tBackward, tOptimizer);
     }
     // Predictions are the last stage's: only it counts them (and the loss).
     // (and of a tensor-parallel group, whose ranks all compute them, only shard 0).
@@ -944,6 +1052,14 @@ void TrainingLoop::evaluation(int64_t epoch, EpochTally& tally) {
     recordMetric("perf/samples_per_s", static_cast<double>(seen) / std::max(tally.stepSeconds, 1e-9));
     if (tally.activationBytes > 0)
         recordMetric("perf/activation_mb", static_cast<double>(tally.activationBytes) / 1e6);
+    if (!m_device.is_cuda() && tally.steps > 0) {
+        static const char* const kPhaseKeys[4] = {"perf/data_ms", "perf/forward_ms", "perf/backward_ms",
+                                                  "perf/optimizer_ms"};
+        for (int k = 0; k < 4; ++k)
+            if (k != 1 || !m_pipe)
+                recordMetric(kPhaseKeys[k],
+                             1000.0 * tally.phaseSeconds[k] / static_cast<double>(tally.steps));
+    }
     recordMetric("train/epoch", static_cast<double>(epoch + 1));
     phaseDone(TrainingPhase::Evaluation);
 }

@@ -171,6 +171,7 @@ private:
     int64_t m_numClasses = 0;
     torch::nn::Sequential m_model{nullptr};
     std::vector<torch::Tensor> m_params;  // the network's, then the hooks' (parameters())
+    std::vector<char> m_hadGrad;          // per m_params: a gradient was seen (gradients set to none)
     bool m_wantBlocks = false;
     std::unique_ptr<torch::optim::Optimizer> m_optimizer;
     std::unique_ptr<LossScaler> m_scaler;

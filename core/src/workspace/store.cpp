@@ -358,6 +358,10 @@ struct WriteOp {
 // Producers wait once this many points are queued: memory stays bounded when a run logs
 // faster than the disk takes it.
 constexpr size_t kMaxQueuedRows = size_t{1} << 20;
+// How long the writer lets metrics and spans gather before committing them, and how many rows
+// wake it earlier. Producers wake it only when the queue was empty (or reaches kWakeRows).
+constexpr auto kLinger = std::chrono::milliseconds(20);
+constexpr size_t kWakeRows = kMaxQueuedRows / 4;
 
 }  // namespace
 
@@ -376,6 +380,9 @@ struct Store::Impl {
     std::unordered_map<std::string, uint32_t> keyIndex;  // metric key -> index in keyNames
     std::vector<std::string> keyNames;                   // both guarded by queueMutex
     bool stopping = false;
+    // Something other than metrics and spans is queued (a reply is awaited, a status changes):
+    // the writer commits at once instead of lingering.
+    bool urgent = false;
     std::exception_ptr writerError;
     std::atomic<bool> writeFailed{false};  // a batch was given up since the last flush()
     std::thread writer;
@@ -412,6 +419,7 @@ struct Store::Impl {
         {
             std::lock_guard<std::mutex> lk(queueMutex);
             queue.push_back(std::move(op));
+            urgent = true;
         }
         queueCv.notify_one();
     }
@@ -825,6 +833,12 @@ void Store::Impl::writerLoop() {
         {
             std::unique_lock<std::mutex> lk(queueMutex);
             queueCv.wait(lk, [&] { return stopping || !queue.empty(); });
+            // Only metrics and spans so far: let a few steps' worth gather, so that a run pays for
+            // one commit every kLinger instead of one per step, and its training thread does not
+            // wake this one (a futex call) for every point.
+            if (!stopping && !urgent)
+                queueCv.wait_for(lk, kLinger, [&] { return stopping || urgent || queuedRows >= kWakeRows; });
+            urgent = false;
             if (queue.empty() && stopping) return;
             batch.swap(queue);
             queuedRows = 0;
@@ -962,30 +976,34 @@ void Store::setRunStatus(int64_t runId, RunStatus status, const std::string& err
 }
 
 void Store::appendMetric(int64_t runId, const std::string& key, int64_t step, double wallTime, double value) {
+    bool wake = false;
     {
         std::unique_lock<std::mutex> lk(d->queueMutex);
         d->spaceCv.wait(lk, [&] { return d->queuedRows < kMaxQueuedRows || d->stopping; });
         auto [it, added] = d->keyIndex.try_emplace(key, static_cast<uint32_t>(d->keyNames.size()));
         if (added) d->keyNames.push_back(key);
+        wake = d->queue.empty();
         // Consecutive points share one queued op.
         if (d->queue.empty() || d->queue.back().kind != WriteOp::Kind::Metrics)
             d->queue.push_back(WriteOp{WriteOp::Kind::Metrics});
         d->queue.back().rows.push_back({runId, it->second, step, wallTime, value});
-        ++d->queuedRows;
+        wake = ++d->queuedRows == kWakeRows || wake;
     }
-    d->queueCv.notify_one();
+    if (wake) d->queueCv.notify_one();
 }
 
 void Store::appendSpan(int64_t runId, const ProfileSpan& span) {
+    bool wake = false;
     {
         std::unique_lock<std::mutex> lk(d->queueMutex);
         d->spaceCv.wait(lk, [&] { return d->queuedRows < kMaxQueuedRows || d->stopping; });
+        wake = d->queue.empty();
         if (d->queue.empty() || d->queue.back().kind != WriteOp::Kind::Spans)
             d->queue.push_back(WriteOp{WriteOp::Kind::Spans});
         d->queue.back().spans.emplace_back(runId, span);
-        ++d->queuedRows;
+        wake = ++d->queuedRows == kWakeRows || wake;
     }
-    d->queueCv.notify_one();
+    if (wake) d->queueCv.notify_one();
 }
 
 void Store::appendLog(int64_t runId, double wallTime, const std::string& level, const std::string& text) {

@@ -3,6 +3,7 @@
 
 #include "lathe/kernels/compress.h"
 #include "lathe/kernels/cuda_device.h"
+#include "lathe/kernels/optim.h"
 #include "lathe/kernels/qgemm.h"
 #include "lathe/kernels/scale_and_check.h"
 
@@ -30,6 +31,8 @@ void eventDestroy(void*) noexcept {}
 void eventRecord(void*, void*) { notBuilt("eventRecord"); }
 float eventElapsedMs(void*, void*) { notBuilt("eventElapsedMs"); }
 void scaleAndCheck(float*, std::size_t, float, int*, void*) { notBuilt("cuda::scaleAndCheck"); }
+void adamStep(const AdamHyper&, const OptimTensor*, std::size_t, void*) { notBuilt("cuda::adamStep"); }
+void sgdStep(const SgdHyper&, const OptimTensor*, std::size_t, void*) { notBuilt("cuda::sgdStep"); }
 void quantizeInt8(const float*, float*, std::size_t, std::int8_t*, float*, const QuantizeParams&, void*) {
     notBuilt("cuda::quantizeInt8");
 }

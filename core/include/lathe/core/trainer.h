@@ -45,4 +45,11 @@ int cudaDeviceCount() noexcept;
 /// status "failed" after an Error event.
 TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventSink& sink);
 
+/// For a process that exists to train (lathectl train, a distributed worker): glibc keeps the
+/// heap it has touched instead of handing its top back to the kernel after every step and mapping
+/// each large buffer anew, so a step's tensors are not page-faulted in again at every step
+/// (75,000 faults in a 300-epoch digits run without it). Process-wide and for the rest of the
+/// process's life, so the workbench, whose heap outlives its runs, does not call it. Idempotent.
+void keepHeapForTraining();
+
 }  // namespace lathe::core
