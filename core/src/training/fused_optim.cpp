@@ -243,33 +243,35 @@ void FusedStep::applyGradScale(const std::vector<torch::optim::OptimizerParamGro
             if (p.grad().defined()) p.grad().mul_(factor);
 }
 
-torch::Tensor FusedSGD::step(LossClosure closure) {
+// The fused step where the kernels take every tensor, else LibTorch's (Base's, called
+// non-virtually) after the pending gradient factor was applied with ATen.
+template <class Base, class Fused>
+torch::Tensor FusedStep::run(Base& self, torch::optim::Optimizer::LossClosure closure, Fused fused) {
     const double scale = std::exchange(m_gradScale, 1.0);
     torch::NoGradGuard noGrad;
-    m_lastFused = !closure && sgdStep(param_groups_, state_, scale);
+    m_lastFused = !closure && fused(scale);
     if (m_lastFused) return {};
-    applyGradScale(param_groups_, scale);
-    return torch::optim::SGD::step(std::move(closure));
+    applyGradScale(self.param_groups(), scale);
+    return self.Base::step(std::move(closure));
+}
+
+torch::Tensor FusedSGD::step(LossClosure closure) {
+    return run<torch::optim::SGD>(*this, std::move(closure),
+                                  [this](double scale) { return sgdStep(param_groups_, state_, scale); });
 }
 
 torch::Tensor FusedAdam::step(LossClosure closure) {
-    const double scale = std::exchange(m_gradScale, 1.0);
-    torch::NoGradGuard noGrad;
-    m_lastFused = !closure && adamFamilyStep<torch::optim::AdamOptions, torch::optim::AdamParamState, false>(
-                                  param_groups_, state_, scale);
-    if (m_lastFused) return {};
-    applyGradScale(param_groups_, scale);
-    return torch::optim::Adam::step(std::move(closure));
+    return run<torch::optim::Adam>(*this, std::move(closure), [this](double scale) {
+        return adamFamilyStep<torch::optim::AdamOptions, torch::optim::AdamParamState, false>(param_groups_,
+                                                                                              state_, scale);
+    });
 }
 
 torch::Tensor FusedAdamW::step(LossClosure closure) {
-    const double scale = std::exchange(m_gradScale, 1.0);
-    torch::NoGradGuard noGrad;
-    m_lastFused = !closure && adamFamilyStep<torch::optim::AdamWOptions, torch::optim::AdamWParamState, true>(
-                                  param_groups_, state_, scale);
-    if (m_lastFused) return {};
-    applyGradScale(param_groups_, scale);
-    return torch::optim::AdamW::step(std::move(closure));
+    return run<torch::optim::AdamW>(*this, std::move(closure), [this](double scale) {
+        return adamFamilyStep<torch::optim::AdamWOptions, torch::optim::AdamWParamState, true>(param_groups_,
+                                                                                               state_, scale);
+    });
 }
 
 }  // namespace lathe::core

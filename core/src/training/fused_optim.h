@@ -32,6 +32,9 @@ public:
 protected:
     /// Multiplies the gradients by `factor` with ATen (the unfused path's share of the job).
     static void applyGradScale(const std::vector<torch::optim::OptimizerParamGroup>& groups, double factor);
+    /// One step of `self` (a Base): `fused(gradScale)` when it can run, else Base's step.
+    template <class Base, class Fused>
+    torch::Tensor run(Base& self, torch::optim::Optimizer::LossClosure closure, Fused fused);
     double m_gradScale = 1.0;
     bool m_lastFused = false;
 };
