@@ -12,6 +12,7 @@
 #include "lathe/kernels/optim.h"
 #include "lathe/kernels/scale_and_check.h"
 #include "training/checkpoint_io.h"
+#include "training/fused_optim.h"
 
 namespace lathe::core {
 
@@ -102,12 +103,8 @@ public:
     /// CPU tensor: the caller then uses unscaleAndCheck and its own norm.
     bool gradientPass(const std::vector<torch::Tensor>& params, const std::vector<bool>& sharded,
                       GradSummary& out) {
-        for (const auto& p : params) {
-            const auto& g = p.grad();
-            if (g.defined() && !(g.device().is_cpu() && g.layout() == torch::kStrided &&
-                                 g.scalar_type() == torch::kFloat && g.is_contiguous()))
-                return false;
-        }
+        for (const auto& p : params)
+            if (p.grad().defined() && !fusableTensor(p.grad())) return false;
         // As GradScaler: the reciprocal is taken in double, then rounded to float.
         const float inv = m_enabled ? static_cast<float>(1.0 / static_cast<double>(m_scale)) : 1.0f;
         // Pieces of at most kPiece elements, spread over LibTorch's intra-op threads when there
