@@ -26,7 +26,10 @@ if [ $full = 1 ]; then
           prometheus-cpp-dev libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libprometheus-cpp-push1.0
           civetweb libcivetweb-dev libcivetweb1 libcurl4-openssl-dev libcurl4
           libgssapi-krb5-2 libkrb5-3 libk5crypto3 libkrb5support0 libkeyutils1 libcom-err2
-          libgloo-dev)  # headers only, for ProcessGroupGloo.hpp should a LibTorch lack its own
+          libgloo-dev   # headers only, for ProcessGroupGloo.hpp should a LibTorch lack its own
+          libonnx-dev libonnx1 libonnxifi libprotobuf32 libgraphviz-dev libgvc6 libcgraph6 libcdt5 libpathplan4
+          libxdot4 libexpat1 libltdl7 libhiredis-dev libhiredis0.14 libturbojpeg0-dev libturbojpeg0
+          libpng-dev libpng16-16 pkgconf pkgconf-bin libpkgconf3)  # pkgconf: run from the prefix
     mkdir -p .device/debs
     (cd .device/debs && apt-get download "${pkgs[@]}" >/dev/null 2>&1) ||
         { echo "device-prepare: apt-get download failed for one of: ${pkgs[*]}" >&2; exit 1; }

@@ -174,6 +174,8 @@ TEST_CASE("a profiled CUDA run times its phases and ops on the device", "[gpu][p
 
 TEST_CASE("a model served on the GPU answers as the CPU server does", "[gpu][serving]") {
     if (core::cudaDeviceCount() == 0) LATHE_SKIP("no CUDA device");
+    // The workspace's run trains on the GPU (device auto): registering it exports a checkpoint of
+    // CUDA tensors into a CPU model, which must read them onto the CPU.
     test::ServingWorkspace ws;
     core::ServeOptions cpu, gpu;
     cpu.device = "cpu";

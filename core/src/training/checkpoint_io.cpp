@@ -34,16 +34,26 @@ CheckpointInfo saveCheckpoint(const std::string& path, torch::nn::Module& model,
 
 namespace {
 
-// Verifies the file, opens its archive and hands it to `restore`; LibTorch's complaints (a
-// missing key, a shape that does not fit) become one CheckpointError line.
+// Where `model` lives: its tensors' device, the CPU for a model with none.
+torch::Device deviceOf(const torch::nn::Module& model) {
+    for (const auto& p : model.parameters()) return p.device();
+    for (const auto& b : model.buffers()) return b.device();
+    return torch::kCPU;
+}
+
+// Verifies the file, opens its archive with every tensor on `device` and hands it to `restore`;
+// LibTorch's complaints (a missing key, a shape that does not fit) become one CheckpointError line.
+// The device matters: reading a parameter adopts the stored tensor, so a checkpoint written on a
+// GPU would otherwise put a CPU model's weights on the GPU (and fail where there is none).
 template <class Restore>
-CheckpointInfo restoreFrom(const std::string& path, const char* what, Restore&& restore) {
+CheckpointInfo restoreFrom(const std::string& path, const char* what, torch::Device device,
+                           Restore&& restore) {
     CheckpointInfo info;
     const std::string payload = readCheckpointPayload(path, info);
     try {
         std::istringstream in(payload);
         torch::serialize::InputArchive archive;
-        archive.load_from(in);
+        archive.load_from(in, device);
         restore(archive);
     } catch (const c10::Error& ex) {
         std::string msg = ex.what_without_backtrace();
@@ -58,33 +68,36 @@ CheckpointInfo restoreFrom(const std::string& path, const char* what, Restore&& 
 CheckpointInfo loadCheckpoint(const std::string& path, torch::nn::Module& model,
                               torch::optim::Optimizer& optimizer, CheckpointExtras* extras,
                               const std::string& extrasPrefix) {
-    return restoreFrom(path, "this model and optimizer", [&](torch::serialize::InputArchive& archive) {
-        model.load(archive);
-        torch::serialize::InputArchive optimArchive;
-        archive.read("optimizer", optimArchive);
-        optimizer.load(optimArchive);
-        if (!extras) return;
-        for (auto it = extras->begin(); it != extras->end();) {
-            torch::Tensor t;
-            if (archive.try_read("lathe." + it->first, t)) {
-                it->second = t;
-                ++it;
-            } else {
-                it = extras->erase(it);
-            }
-        }
-        if (extrasPrefix.empty()) return;
-        const std::string wanted = "lathe." + extrasPrefix;
-        for (const auto& key : archive.keys()) {
-            torch::Tensor t;
-            if (key.rfind(wanted, 0) == 0 && archive.try_read(key, t)) (*extras)[key.substr(6)] = t;
-        }
-    });
+    return restoreFrom(path, "this model and optimizer", deviceOf(model),
+                       [&](torch::serialize::InputArchive& archive) {
+                           model.load(archive);
+                           torch::serialize::InputArchive optimArchive;
+                           archive.read("optimizer", optimArchive);
+                           optimizer.load(optimArchive);
+                           if (!extras) return;
+                           for (auto it = extras->begin(); it != extras->end();) {
+                               torch::Tensor t;
+                               if (archive.try_read("lathe." + it->first, t)) {
+                                   it->second = t.cpu();  // as written
+                                   ++it;
+                               } else {
+                                   it = extras->erase(it);
+                               }
+                           }
+                           if (extrasPrefix.empty()) return;
+                           const std::string wanted = "lathe." + extrasPrefix;
+                           for (const auto& key : archive.keys()) {
+                               torch::Tensor t;
+                               if (key.rfind(wanted, 0) == 0 && archive.try_read(key, t))
+                                   (*extras)[key.substr(6)] = t.cpu();
+                           }
+                       });
 }
 
 CheckpointInfo loadModelWeights(const std::string& path, torch::nn::Module& model) {
     torch::Tensor bounds, plan;
-    const auto info = restoreFrom(path, "this model", [&](torch::serialize::InputArchive& archive) {
+    const auto device = deviceOf(model);
+    const auto info = restoreFrom(path, "this model", device, [&](torch::serialize::InputArchive& archive) {
         if (!archive.try_read("lathe.pipe.bounds", bounds)) {
             model.load(archive);
             return;
@@ -122,7 +135,7 @@ CheckpointInfo loadModelWeights(const std::string& path, torch::nn::Module& mode
             auto stage = stageModel(seq, begin, end);
             const std::string file = shardCheckpointPath(path, static_cast<int>(k));
             checkStep(file,
-                      restoreFrom(file, "this model's pipeline stage",
+                      restoreFrom(file, "this model's pipeline stage", device,
                                   [&](torch::serialize::InputArchive& archive) { stage->load(archive); }));
             continue;
         }
@@ -132,7 +145,7 @@ CheckpointInfo loadModelWeights(const std::string& path, torch::nn::Module& mode
             const std::string file = shardCheckpointPath(path, static_cast<int>(k), t);
             if (t > 0 && !std::filesystem::exists(file)) break;
             ShardState state;
-            checkStep(file, restoreFrom(file, "a tensor-parallel shard",
+            checkStep(file, restoreFrom(file, "a tensor-parallel shard", device,
                                         [&](torch::serialize::InputArchive& archive) {
                                             for (auto i = begin; i < end; ++i) {
                                                 torch::serialize::InputArchive layer;
@@ -153,7 +166,7 @@ CheckpointInfo loadModelWeights(const std::string& path, torch::nn::Module& mode
 
 bool readCheckpointExtra(const std::string& path, const std::string& name, torch::Tensor& out) {
     bool found = false;
-    restoreFrom(path, "a Lathe checkpoint", [&](torch::serialize::InputArchive& archive) {
+    restoreFrom(path, "a Lathe checkpoint", torch::kCPU, [&](torch::serialize::InputArchive& archive) {
         found = archive.try_read("lathe." + name, out);
     });
     return found;
