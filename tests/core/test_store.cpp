@@ -6,6 +6,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <thread>
 #include <vector>
@@ -476,4 +477,105 @@ TEST_CASE("a schema-6 workspace is migrated to 7, keeps its deployments and gets
     CHECK(count("SELECT COUNT(*) FROM deployments WHERE instance = 'nonce' AND ended_at IS NULL") == 1);
     CHECK(count("SELECT COUNT(*) FROM deployment_tokens") == 0);  // the old server takes control without one
     sqlite3_close(db);
+}
+
+namespace {
+
+// Store::metrics is the reference: readSeries must hand out exactly its points, as floats.
+void checkAgainstMetrics(const Store& store, const std::vector<Store::Series>& got,
+                         const std::vector<int64_t>& runs, const std::string& onlyKey = {}) {
+    size_t i = 0;
+    for (int64_t run : runs)
+        for (const auto& key : store.metricKeys(run)) {
+            if (!onlyKey.empty() && key != onlyKey) continue;
+            INFO("run " << run << " key " << key);
+            REQUIRE(i < got.size());
+            const auto& s = got[i++];
+            CHECK(s.runId == run);
+            CHECK(s.key == key);
+            const auto ref = store.metrics(run, key);
+            REQUIRE(s.steps.size() == ref.size());
+            REQUIRE(s.values.size() == ref.size());
+            size_t wrong = 0;  // counted, not CHECKed point by point: millions of points
+            for (size_t k = 0; k < ref.size(); ++k) {
+                const bool valueOk =
+                    std::isnan(ref[k].value) ? std::isnan(s.values[k]) : s.values[k] == float(ref[k].value);
+                if (s.steps[k] != float(ref[k].step) || !valueOk) ++wrong;
+            }
+            CHECK(wrong == 0);
+        }
+    CHECK(i == got.size());
+}
+
+}  // namespace
+
+TEST_CASE("readSeries hands out every point of many runs, through the index or a parallel scan",
+          "[store][overlay]") {
+    TempDir dir;
+    const std::string path = dir.file("l.db");
+    Store store(path);
+    std::vector<int64_t> runs;
+    // 120 runs, 3 keys each; run 7 recorded its steps out of order (an ingested stream may) and
+    // has missing values; 1.26 million rows, so that on two cores or more the scan reads two slices.
+    for (int r = 0; r < 120; ++r) {
+        const int64_t id = newRun(store, "run" + std::to_string(r));
+        runs.push_back(id);
+        for (int64_t s = 0; s < 5000; ++s) {
+            const int64_t step = r == 7 ? (s * 7919) % 5000 : s;
+            store.appendMetric(id, "train/loss", step, 0,
+                               r == 7 && s % 100 == 0 ? std::nan("") : 1.0 / (1 + step + r));
+            store.appendMetric(id, "train/accuracy", step, 0, 0.001 * double(step % 1000));
+            if (s % 10 == 0) store.appendMetric(id, "val/loss", step, 0, 0.5 + r);
+        }
+        if (r == 7)
+            store.appendMetric(id, "train/loss", 5, 0, 42.0);  // a repeated step: kept, in order written
+    }
+    store.flush();
+
+    // All runs: a scan of the table.
+    std::vector<Store::Series> all;
+    Store::readSeries(path, runs, {}, [&](Store::Series&& s) {
+        all.push_back(std::move(s));
+        return true;
+    });
+    checkAgainstMetrics(store, all, runs);
+
+    // A few runs, one key: through the index.
+    const std::vector<int64_t> few{runs[3], runs[7], runs[50]};
+    std::vector<Store::Series> some;
+    Store::readSeries(
+        path, few, [](const std::string& key) { return key == "train/loss"; },
+        [&](Store::Series&& s) {
+            some.push_back(std::move(s));
+            return true;
+        });
+    checkAgainstMetrics(store, some, few, "train/loss");
+
+    // Stopping: from `each`, and from keepGoing during the scan.
+    int handed = 0;
+    Store::readSeries(path, runs, {}, [&](Store::Series&&) { return ++handed < 5; });
+    CHECK(handed == 5);
+    int asked = 0;
+    handed = 0;
+    Store::readSeries(
+        path, runs, {},
+        [&](Store::Series&&) {
+            ++handed;
+            return true;
+        },
+        [&](double done) {
+            CHECK(done >= 0);
+            CHECK(done <= 1);
+            return ++asked < 2;
+        });
+    CHECK(asked == 2);
+    CHECK(handed == 0);
+
+    // Params of many runs at once; a file that is not there is a StoreError, not a new file.
+    const auto params = Store::readParams(path, few);
+    REQUIRE(params.size() == 3);
+    CHECK(params.at(runs[7]).at("lr") == "0.001");
+    CHECK_THROWS_AS(Store::readSeries(dir.file("missing.db"), runs, {}, [](Store::Series&&) { return true; }),
+                    StoreError);
+    CHECK_FALSE(std::filesystem::exists(dir.file("missing.db")));
 }

@@ -1,5 +1,7 @@
 #include "lathe/widgets/metric_chart.h"
 
+#include <QLabel>
+#include <QLocale>
 #include <QTimer>
 
 #include <algorithm>
@@ -7,6 +9,7 @@
 #include <limits>
 
 #include "lathe/widgets/qcustomplot_include.h"
+#include "lathe/widgets/run_overlay.h"
 
 namespace lathe::widgets {
 
@@ -27,7 +30,7 @@ constexpr int kHoverMaxChecks = 4000;
 }  // namespace
 
 MetricChart::MetricChart(const QString& title, const QStringList& keys, QWidget* parent)
-    : ChartPanel(QStringLiteral("<b>%1</b>").arg(title.toHtmlEscaped()), false,
+    : ChartPanel(QStringLiteral("<b>%1</b>").arg(title.toHtmlEscaped()), true,
                  tr("Save this chart as PNG or PDF"), QStringLiteral("plot"), QSize(200, 140), parent),
       m_title(title),
       m_keys(keys) {
@@ -54,10 +57,32 @@ MetricChart::MetricChart(const QString& title, const QStringList& keys, QWidget*
     m_emptyHint->setColor(QColor(0x90, 0x90, 0x90));
     m_emptyHint->setClipToAxisRect(false);
 
+    // Many runs are one image on a layer of their own, under the graphs of live runs.
+    m_plot->addLayer(QStringLiteral("runs"), m_plot->layer(QStringLiteral("main")), QCustomPlot::limBelow);
+    m_overlayLayer = new RunOverlayLayer(m_plot, m_plot->axisRect(), QStringLiteral("runs"));
+    m_renderPool.setMaxThreadCount(1);
+    m_overlayTimer = new QTimer(this);
+    m_overlayTimer->setSingleShot(true);
+    m_overlayTimer->setInterval(30);
+    connect(m_overlayTimer, &QTimer::timeout, this, &MetricChart::startOverlayRender);
+    for (QCPAxis* axis : {m_plot->xAxis, m_plot->yAxis})
+        connect(axis, qOverload<const QCPRange&>(&QCPAxis::rangeChanged), this, [this] {
+            if (m_overlay) scheduleOverlayRender();
+        });
+    // A resize shows up as a new axis-rect size after a replot.
+    connect(m_plot, &QCustomPlot::afterReplot, this, [this] {
+        if (m_overlay && !m_rendering && !m_overlayTimer->isActive() &&
+            m_overlayLayer->frame().size != m_overlayLayer->currentFrame().size)
+            scheduleOverlayRender();
+    });
+
     updateEmptyHint();
 }
 
-MetricChart::~MetricChart() = default;
+MetricChart::~MetricChart() {
+    if (m_renderCancel) *m_renderCancel = true;
+    m_renderPool.waitForDone();
+}
 
 QColor MetricChart::runColor(int64_t runId) {
     auto it = m_runColorIndex.find(runId);
@@ -227,6 +252,7 @@ void MetricChart::clear() {
     m_runColorIndex.clear();
     m_follow = true;
     m_hoverText.clear();
+    clearOverlay();
     updateEmptyHint();
     m_plot->replot(QCustomPlot::rpQueuedReplot);
 }
@@ -254,8 +280,19 @@ void MetricChart::setAdaptiveSampling(bool on) {
 }
 
 void MetricChart::applyAutoRange() {
-    if (m_graphs.empty()) return;
-    m_plot->rescaleAxes(true);
+    const bool overlay = m_overlay && m_overlay->hasBounds;
+    if (m_graphs.empty() && !overlay) return;
+    if (!m_graphs.empty()) m_plot->rescaleAxes(true);
+    if (overlay) {
+        QCPRange x(m_overlay->xMin, m_overlay->xMax), y(m_overlay->yMin, m_overlay->yMax);
+        if (!m_graphs.empty()) {
+            x.expand(m_plot->xAxis->range());
+            y.expand(m_plot->yAxis->range());
+        }
+        if (x.size() <= 0) x = QCPRange(x.lower - 0.5, x.upper + 0.5);
+        m_plot->xAxis->setRange(x);
+        m_plot->yAxis->setRange(y);
+    }
     // A little headroom so the extreme points are not glued to the frame.
     const QCPRange y = m_plot->yAxis->range();
     const double pad = y.size() > 0 ? y.size() * 0.05 : std::max(std::abs(y.center()) * 0.05, 1e-3);
@@ -269,9 +306,139 @@ void MetricChart::rescale() {
 }
 
 void MetricChart::updateEmptyHint() {
-    const bool empty = m_graphs.empty();
+    const bool empty = m_graphs.empty() && !m_overlay;
     m_emptyHint->setVisible(empty);
-    m_plot->legend->setVisible(!empty);
+    m_plot->legend->setVisible(!m_graphs.empty());
+    QString line = m_overlayStatus.isEmpty() ? m_overlayNote : m_overlayStatus;
+    if (m_summary->text() != line) m_summary->setText(line);
+}
+
+void MetricChart::setOverlay(std::shared_ptr<const OverlayData> data, std::vector<QRgb> colors,
+                             const QString& note) {
+    if (m_renderCancel) *m_renderCancel = true;
+    ++m_overlayGeneration;
+    m_overlay = std::move(data);
+    m_overlayColors = std::move(colors);
+    m_overlayNote = note;
+    m_overlayLayer->clearImage();
+    if (m_follow) applyAutoRange();
+    updateEmptyHint();
+    scheduleOverlayRender();
+    m_plot->replot(QCustomPlot::rpQueuedReplot);
+}
+
+void MetricChart::setOverlayColors(std::vector<QRgb> colors, const QString& note) {
+    if (!m_overlay) return;
+    m_overlayColors = std::move(colors);
+    m_overlayNote = note;
+    updateEmptyHint();
+    scheduleOverlayRender();
+}
+
+void MetricChart::clearOverlay() {
+    if (m_renderCancel) *m_renderCancel = true;
+    ++m_overlayGeneration;
+    m_overlay.reset();
+    m_overlayColors.clear();
+    m_overlayNote.clear();
+    m_overlayStatus.clear();
+    m_overlayTimer->stop();
+    m_renderAgain = false;
+    m_overlayLayer->clearImage();
+    updateEmptyHint();
+}
+
+QString MetricChart::headerNote() const { return m_summary->text(); }
+
+void MetricChart::setOverlayStatus(const QString& text) {
+    m_overlayStatus = text;
+    updateEmptyHint();
+}
+
+bool MetricChart::overlayCurrent() const {
+    if (!m_overlay) return true;
+    if (m_rendering || m_renderAgain || m_overlayTimer->isActive() || !m_overlayLayer->hasImage())
+        return false;
+    const OverlayFrame now = m_overlayLayer->currentFrame(), shown = m_overlayLayer->frame();
+    return now.size == shown.size && now.x == shown.x && now.y == shown.y;
+}
+
+void MetricChart::scheduleOverlayRender() {
+    if (!m_overlay) return;
+    if (m_rendering) {
+        m_renderAgain = true;
+        return;
+    }
+    m_overlayTimer->start();
+}
+
+void MetricChart::startOverlayRender() {
+    if (!m_overlay) return;
+    if (m_rendering) {
+        m_renderAgain = true;
+        return;
+    }
+    const OverlayFrame frame = m_overlayLayer->currentFrame();
+    if (frame.size.isEmpty()) return;  // not laid out yet: afterReplot asks again
+    m_rendering = true;
+    m_renderAgain = false;
+    auto cancel = std::make_shared<std::atomic<bool>>(false);
+    m_renderCancel = cancel;
+    const uint64_t generation = m_overlayGeneration;
+    // The pool is waited for in the destructor, so `this` outlives the task.
+    m_renderPool.start([this, data = m_overlay, colors = m_overlayColors, frame, cancel, generation] {
+        QImage image = renderOverlay(*data, colors, frame, cancel.get());
+        QMetaObject::invokeMethod(
+            this,
+            [this, image = std::move(image), frame, generation] {
+                m_rendering = false;
+                if (generation == m_overlayGeneration && !image.isNull()) {
+                    m_overlayLayer->setImage(image, frame);
+                    ++m_overlayRenders;
+                    m_plot->replot(QCustomPlot::rpQueuedReplot);
+                }
+                if (m_overlay && (m_renderAgain || generation != m_overlayGeneration))
+                    startOverlayRender();
+                else if (generation == m_overlayGeneration)
+                    Q_EMIT overlayRendered();
+            },
+            Qt::QueuedConnection);
+    });
+}
+
+QString MetricChart::overlayHover(const QPointF& pos) {
+    // The nearest point of any overlaid curve within the hover radius: a binary search per curve
+    // for the steps under the radius, then a bounded look at each.
+    const OverlayData& d = *m_overlay;
+    const double k0 = m_plot->xAxis->pixelToCoord(pos.x() - kHoverRadiusPx);
+    const double k1 = m_plot->xAxis->pixelToCoord(pos.x() + kHoverRadiusPx);
+    double bestDist = kHoverRadiusPx, bestX = 0, bestY = 0;
+    const OverlayCurve* best = nullptr;
+    for (const auto& c : d.curves) {
+        auto b = std::lower_bound(c.x.begin(), c.x.end(), float(std::min(k0, k1)));
+        auto e = std::upper_bound(b, c.x.end(), float(std::max(k0, k1)));
+        const auto n = e - b;
+        const auto stride = std::max<decltype(n)>(1, n / 64);
+        for (auto it = b; it < e; it += stride) {
+            const size_t i = size_t(it - c.x.begin());
+            if (!std::isfinite(c.y[i])) continue;
+            const double dx = m_plot->xAxis->coordToPixel(c.x[i]) - pos.x();
+            const double dy = m_plot->yAxis->coordToPixel(c.y[i]) - pos.y();
+            const double dist = std::sqrt(dx * dx + dy * dy);
+            if (dist < bestDist) {
+                bestDist = dist;
+                best = &c;
+                bestX = c.x[i];
+                bestY = c.y[i];
+            }
+        }
+    }
+    if (!best) return {};
+    return QStringLiteral("run %1 · %2\nstep %3\nvalue %4")
+        .arg(best->runId)
+        .arg(QString::fromStdString(best->key))
+        .arg(qint64(bestX))
+        .arg(bestY, 0, 'g', 6);
 }
 
 QPointF MetricChart::pixelFor(double step, double value) const {
@@ -307,6 +474,10 @@ QString MetricChart::hoverAt(const QPointF& pos) {
         }
     }
     QString text;
+    if (!best && m_overlay && area.contains(pos.toPoint())) {
+        text = overlayHover(pos);
+        m_tracer->setVisible(false);
+    }
     if (best) {
         text = QStringLiteral("%1\nstep %2\nvalue %3")
                    .arg(best->name())

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -1237,6 +1238,189 @@ std::map<std::string, double> Store::lastMetrics(int64_t runId) const {
     std::map<std::string, double> out;
     while (s.step()) out[s.text(0)] = s.isNull(1) ? std::numeric_limits<double>::quiet_NaN() : s.f64(1);
     return out;
+}
+
+namespace {
+
+// A read-only connection of its own, for the static readers (loaders off the GUI thread).
+struct ReadOnlyDb {
+    sqlite3* db = nullptr;
+    explicit ReadOnlyDb(const std::string& path) {
+        if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, nullptr) !=
+            SQLITE_OK) {
+            const std::string why = db ? sqlite3_errmsg(db) : "out of memory";
+            sqlite3_close(db);
+            throw StoreError("cannot open workspace " + path + " for reading: " + why);
+        }
+        sqlite3_busy_timeout(db, 5000);
+    }
+    ~ReadOnlyDb() { sqlite3_close(db); }
+    ReadOnlyDb(const ReadOnlyDb&) = delete;
+    ReadOnlyDb& operator=(const ReadOnlyDb&) = delete;
+};
+
+}  // namespace
+
+std::map<int64_t, std::map<std::string, std::string>> Store::readParams(const std::string& path,
+                                                                        const std::vector<int64_t>& runIds) {
+    ReadOnlyDb ro(path);
+    Stmt s(ro.db, "SELECT key, value FROM params WHERE run_id = ?");
+    std::map<int64_t, std::map<std::string, std::string>> out;
+    for (const int64_t runId : runIds) {
+        s.bind(1, runId);
+        while (s.step()) out[runId][s.text(0)] = s.text(1);
+        s.reset();
+    }
+    return out;
+}
+
+void Store::readSeries(const std::string& path, const std::vector<int64_t>& runIds,
+                       const std::function<bool(const std::string& key)>& wanted,
+                       const std::function<bool(Series&&)>& each,
+                       const std::function<bool(double done)>& keepGoing) {
+    ReadOnlyDb ro(path);
+    sqlite3* db = ro.db;
+    // One read transaction: every series of one snapshot, however long the read takes.
+    exec(db, "BEGIN");
+    struct End {
+        sqlite3* db;
+        ~End() { sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr); }
+    } end{db};
+    // The series wanted, in the order they are handed out.
+    std::vector<Series> series;
+    std::vector<int64_t> keyIds;
+    {
+        Stmt keys(db, "SELECT id, key FROM metric_keys WHERE run_id = ? ORDER BY key");
+        for (const int64_t runId : runIds) {
+            keys.bind(1, runId);
+            while (keys.step()) {
+                std::string key = keys.text(1);
+                if (wanted && !wanted(key)) continue;
+                keyIds.push_back(keys.i64(0));
+                series.push_back({runId, std::move(key), {}, {}});
+            }
+            keys.reset();
+        }
+    }
+    int64_t allKeys = 0;
+    {
+        Stmt count(db, "SELECT count(*) FROM metric_keys");
+        if (count.step()) allKeys = count.i64(0);
+    }
+    auto going = [&](double done) { return !keepGoing || keepGoing(done); };
+
+    if (series.size() < 64 || series.size() * 3 < size_t(allKeys)) {
+        // Through the index: one range of (key, step) per series, a table lookup per point.
+        Stmt points(db, "SELECT step, value FROM metrics WHERE key_id = ? ORDER BY step, rowid");
+        for (size_t i = 0; i < series.size(); ++i) {
+            if (!going(double(i) / double(series.size()))) return;
+            Series& s = series[i];
+            points.bind(1, keyIds[i]);
+            while (points.step()) {
+                s.steps.push_back(points.i64(0));
+                s.values.push_back(points.isNull(1) ? std::numeric_limits<double>::quiet_NaN()
+                                                    : points.f64(1));
+            }
+            points.reset();
+            if (!each(std::move(s))) return;
+        }
+        return;
+    }
+
+    // Most of the workspace: the table in rowid order, cut into one slice per core, each read on
+    // its own connection into its own series; the slices are then joined in order.
+    int64_t lo = 0, hi = -1;
+    {
+        // Two queries: SQLite answers a lone min() or max() of the rowid from the b-tree's edge,
+        // but scans the whole table for both in one.
+        Stmt first(db, "SELECT min(rowid) FROM metrics"), last(db, "SELECT max(rowid) FROM metrics");
+        if (first.step() && !first.isNull(0) && last.step() && !last.isNull(0))
+            lo = first.i64(0), hi = last.i64(0);
+    }
+    // Key ids are small dense integers (the metric_keys rowid): a table, not a hash, per row.
+    const int64_t maxKeyId = *std::max_element(keyIds.begin(), keyIds.end());
+    std::vector<int32_t> slotOf(size_t(maxKeyId) + 1, -1);
+    for (size_t i = 0; i < keyIds.size(); ++i)
+        if (keyIds[i] >= 0) slotOf[size_t(keyIds[i])] = int32_t(i);
+    const int64_t span = hi - lo + 1;
+    const int slices =
+        span <= 0 ? 0
+                  : int(std::clamp<int64_t>(std::min<int64_t>(std::thread::hardware_concurrency(), 4), 1,
+                                            std::max<int64_t>(1, span / 500000)));
+    std::vector<std::vector<Series>> parts(size_t(slices), std::vector<Series>(series.size()));
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(slices));
+    std::atomic<int64_t> scanned{0};
+    std::atomic<bool> stop{false};
+    auto scan = [&](int t) {
+        try {
+            ReadOnlyDb own(path);
+            exec(own.db, "BEGIN");
+            struct EndOwn {
+                sqlite3* db;
+                ~EndOwn() { sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr); }
+            } endOwn{own.db};
+            const int64_t from = lo + span * t / slices, to = lo + span * (t + 1) / slices;
+            Stmt rows(own.db, "SELECT key_id, step, value FROM metrics WHERE rowid >= ? AND rowid < ?");
+            rows.bind(1, from).bind(2, to);
+            auto& mine = parts[size_t(t)];
+            // A first guess of each series' share of this slice saves most regrowing.
+            const size_t guess = size_t(std::min<int64_t>((to - from) / int64_t(mine.size()) + 16, 1 << 20));
+            for (auto& m : mine) m.steps.reserve(guess), m.values.reserve(guess);
+            int64_t n = 0;
+            while (rows.step()) {
+                if ((++n & 0xffff) == 0) {
+                    const int64_t all = scanned.fetch_add(0x10000) + 0x10000;
+                    if (stop.load() || (t == 0 && !going(double(all) / double(span)))) {
+                        stop = true;
+                        return;
+                    }
+                }
+                const int64_t keyId = rows.i64(0);
+                if (keyId < 0 || keyId > maxKeyId || slotOf[size_t(keyId)] < 0) continue;
+                Series& s = mine[size_t(slotOf[size_t(keyId)])];
+                s.steps.push_back(float(rows.i64(1)));
+                s.values.push_back(rows.isNull(2) ? std::numeric_limits<float>::quiet_NaN()
+                                                  : float(rows.f64(2)));
+            }
+        } catch (...) {
+            errors[size_t(t)] = std::current_exception();
+            stop = true;
+        }
+    };
+    {
+        std::vector<std::thread> threads;
+        for (int t = 1; t < slices; ++t) threads.emplace_back(scan, t);
+        if (slices > 0) scan(0);
+        for (auto& th : threads) th.join();
+    }
+    for (auto& e : errors)
+        if (e) std::rethrow_exception(e);
+    if (stop.load()) return;
+    for (size_t i = 0; i < series.size(); ++i) {
+        Series& s = series[i];
+        s.steps = std::move(parts[0][i].steps);
+        s.values = std::move(parts[0][i].values);
+        for (size_t p = 1; p < parts.size(); ++p) {
+            s.steps.insert(s.steps.end(), parts[p][i].steps.begin(), parts[p][i].steps.end());
+            s.values.insert(s.values.end(), parts[p][i].values.begin(), parts[p][i].values.end());
+            parts[p][i] = {};
+        }
+        if (s.steps.capacity() > 2 * s.steps.size() + 64) s.steps.shrink_to_fit(), s.values.shrink_to_fit();
+        // Rows come in the order they were written, which is step order unless a stream
+        // recorded steps out of order: then order by step, ties as written (as the index does).
+        if (!std::is_sorted(s.steps.begin(), s.steps.end())) {
+            std::vector<size_t> order(s.steps.size());
+            for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+            std::stable_sort(order.begin(), order.end(),
+                             [&](size_t a, size_t b) { return s.steps[a] < s.steps[b]; });
+            Series sorted{s.runId, s.key, {}, {}};
+            sorted.steps.reserve(order.size());
+            sorted.values.reserve(order.size());
+            for (size_t k : order) sorted.steps.push_back(s.steps[k]), sorted.values.push_back(s.values[k]);
+            s = std::move(sorted);
+        }
+        if (!each(std::move(s))) return;
+    }
 }
 
 std::map<int64_t, double> Store::lastMetricOfRuns(const std::string& key) const {

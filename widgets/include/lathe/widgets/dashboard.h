@@ -3,10 +3,20 @@
 // comes from the store; the live run's points come from the event stream and are merged with
 // the history by step, so selecting a run while it trains neither loses nor doubles points.
 // The "Curves" tab of the window (a RunView).
+//
+// Beyond kOverlayAbove runs the selection is an overlay (run_overlay.h): a worker reads every
+// series on a connection of its own and the charts draw them as one layer, coloured by run or by
+// a chosen parameter, so that selecting 1,000 runs never holds up the GUI thread. Runs with live
+// points stay ordinary graphs on top.
+#include <QThreadPool>
 #include <QWidget>
 
+class QComboBox;
+
+#include <atomic>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -18,11 +28,16 @@
 namespace lathe::widgets {
 
 class MetricChart;
+struct OverlayData;
 
 class Dashboard : public QWidget, public RunView {
     Q_OBJECT
 public:
+    /// More selected runs than this are overlaid rather than drawn as one graph per series.
+    static constexpr size_t kOverlayAbove = 12;
+
     explicit Dashboard(QWidget* parent = nullptr);
+    ~Dashboard() override;
 
     QWidget* widget() override { return this; }
     QString tabTitle() const override;
@@ -47,9 +62,35 @@ public:
     /// Renders both charts stacked into one PNG or PDF (by suffix).
     bool exportCharts(const QString& path, int width = 1200, int height = 900);
 
+    /// Whether an overlay is being read from the store.
+    bool overlayLoading() const { return m_overlayLoading; }
+    /// What overlaid runs are coloured by: "" (the run's position in the selection) or a param.
+    QString overlayColorKey() const;
+    /// Colours the overlay by a parameter ("" : by run); false when no shown run has it.
+    bool setOverlayColorKey(const QString& key);
+    /// The params the colour selector offers (those that differ between the overlaid runs).
+    QStringList overlayColorKeys() const;
+
+Q_SIGNALS:
+    /// The overlay's points are loaded and handed to the charts (which then render them).
+    void overlayLoaded();
+
 private:
     using SeriesKey = std::pair<int64_t, std::string>;
+    using Params = std::map<int64_t, std::map<std::string, std::string>>;
     void plotLive(int64_t runId, const std::string& key, const core::MetricPoint& p);
+    void plotFromStore(const core::Store& store, int64_t runId);
+    void loadOverlay(const std::string& path, std::vector<int64_t> runIds);
+    void applyOverlayColors();
+
+    QComboBox* m_colorBy = nullptr;
+    QWidget* m_overlayBar = nullptr;
+    QThreadPool m_loadPool;  // one thread; waited for in the destructor
+    std::atomic<uint64_t> m_loadGeneration{0};
+    bool m_overlayLoading = false;
+    std::shared_ptr<const OverlayData> m_lossOverlay, m_accuracyOverlay;
+    std::vector<int64_t> m_overlayRuns;  // in selection order
+    Params m_overlayParams;
 
     MetricChart* m_loss = nullptr;
     MetricChart* m_accuracy = nullptr;

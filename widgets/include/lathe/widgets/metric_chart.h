@@ -7,9 +7,14 @@
 #include <QColor>
 #include <QString>
 #include <QStringList>
+#include <QThreadPool>
 
+#include <QRgb>
+
+#include <atomic>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +28,10 @@ class QCPItemTracer;
 class QCPItemText;
 
 namespace lathe::widgets {
+
+struct OverlayData;
+struct OverlayFrame;
+class RunOverlayLayer;
 
 class MetricChart : public ChartPanel {
     Q_OBJECT
@@ -70,6 +79,25 @@ public:
 
     QCPGraph* graph(int64_t runId, const std::string& key) const;
 
+    // ---- overlay of many runs (run_overlay.h) ---------------------------------------------
+    /// Draws `data`'s curves as one layer under the graphs, `colors` one per curve, rendered off
+    /// the GUI thread for the current axes (again after every pan, zoom or resize). `note`
+    /// replaces the legend's entries in the header ("1,000 runs · colour: lr").
+    void setOverlay(std::shared_ptr<const OverlayData> data, std::vector<QRgb> colors, const QString& note);
+    /// New colours for the same curves (colour by another parameter).
+    void setOverlayColors(std::vector<QRgb> colors, const QString& note);
+    void clearOverlay();
+    bool hasOverlay() const { return m_overlay != nullptr; }
+    const OverlayData* overlayData() const { return m_overlay.get(); }
+    /// A line in the header while an overlay loads ("loading 430 of 1,000 runs…"); empty clears it.
+    void setOverlayStatus(const QString& text);
+    /// Whether the layer shows an image rendered for the current axes and size, with no render
+    /// in flight or waiting (tests and the benchmark wait for this).
+    bool overlayCurrent() const;
+    int overlayRenderCount() const { return m_overlayRenders; }
+    /// The line shown in the header: the overlay's note, or its loading status.
+    QString headerNote() const;
+
 public Q_SLOTS:
     /// Moves staged points into the graphs and requests one queued replot.
     void flushStaged() override;
@@ -81,6 +109,8 @@ public Q_SLOTS:
 Q_SIGNALS:
     /// After a flush moved `points` staged points into the graphs.
     void flushed(int points);
+    /// After a rendered overlay image was put on the layer.
+    void overlayRendered();
 
 private:
     using SeriesKey = std::pair<int64_t, std::string>;
@@ -88,6 +118,9 @@ private:
     int keyStyleIndex(const std::string& key);
     void applyAutoRange();
     void updateEmptyHint();
+    void scheduleOverlayRender();
+    void startOverlayRender();
+    QString overlayHover(const QPointF& pos);
 
     QString m_title;
     QStringList m_keys;
@@ -98,6 +131,17 @@ private:
     int m_stagedCount = 0;
     std::map<int64_t, int> m_runColorIndex;
     bool m_adaptiveSampling = true;
+
+    std::shared_ptr<const OverlayData> m_overlay;
+    std::vector<QRgb> m_overlayColors;
+    QString m_overlayNote, m_overlayStatus;
+    RunOverlayLayer* m_overlayLayer = nullptr;
+    QTimer* m_overlayTimer = nullptr;                   // coalesces pans, zooms and resizes into one render
+    QThreadPool m_renderPool;                           // one thread; waited for in the destructor
+    std::shared_ptr<std::atomic<bool>> m_renderCancel;  // the render in flight's
+    bool m_rendering = false, m_renderAgain = false;
+    uint64_t m_overlayGeneration = 0;
+    int m_overlayRenders = 0;
 };
 
 }  // namespace lathe::widgets
