@@ -19,6 +19,7 @@
 #include "lathe/widgets/run_view.h"
 
 class QLabel;
+class QLineEdit;
 class QProgressBar;
 class QSortFilterProxyModel;
 class QTabWidget;
@@ -63,6 +64,7 @@ public:
     QTabWidget* viewTabs() const { return m_tabs; }
     widgets::RunListModel* runModel() const { return m_runModel; }
     QTableView* runTable() const { return m_table; }
+    QLineEdit* runFilter() const { return m_runFilter; }
     /// Re-reads the runs list every few seconds (a test stops it to count reads).
     QTimer* refreshTimer() const { return m_refreshTimer; }
     TrainingSession* session() const { return m_session.get(); }
@@ -178,6 +180,7 @@ private:
     widgets::RunListModel* m_runModel = nullptr;
     QSortFilterProxyModel* m_proxy = nullptr;
     QTableView* m_table = nullptr;
+    QLineEdit* m_runFilter = nullptr;
     QLabel* m_progress = nullptr;
     QProgressBar* m_progressBar = nullptr;
     QTimer* m_refreshTimer = nullptr;

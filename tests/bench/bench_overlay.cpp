@@ -13,6 +13,8 @@
 #include <QApplication>
 #include <QElapsedTimer>
 #include <QEventLoop>
+#include <QSortFilterProxyModel>
+#include <QTableView>
 #include <QTimer>
 
 #include <algorithm>
@@ -32,7 +34,9 @@
 #include "lathe/widgets/dashboard.h"
 #include "lathe/widgets/metric_chart.h"
 #include "lathe/widgets/qcustomplot_include.h"
+#include "lathe/widgets/run_list_model.h"
 #include "lathe/widgets/run_overlay.h"
+#include "main_window.h"
 
 namespace fs = std::filesystem;
 using lathe::core::Store;
@@ -251,6 +255,45 @@ int main(int argc, char** argv) {
             dash.grab().save(QString::fromStdString(screenshot));
         }
 
+        // ---- the workbench: the window on this workspace, every run selected (Ctrl+A) ---------
+        double windowMs = 0, windowStall = 0;
+        {
+            lathe::app::MainWindow window(std::make_unique<Store>(workspace));
+            window.resize(1400, 900);
+            window.show();
+            waitFor([&] { return !window.isRefreshingRuns() && window.runModel()->rowCount() >= runs; },
+                    60000);
+            QApplication::processEvents();
+            auto* d = window.dashboard();
+            QElapsedTimer w;
+            meter.start();
+            post([&] {
+                w.start();
+                window.runTable()->selectAll();
+            });
+            const bool ok = waitFor(
+                [&] {
+                    return w.isValid() && !d->overlayLoading() && d->lossChart()->hasOverlay() &&
+                           d->lossChart()->overlayCurrent() && d->accuracyChart()->overlayCurrent();
+                },
+                600000);
+            windowMs = msSince(w);
+            windowStall = meter.stop();
+            if (!screenshot.empty()) {
+                for (auto* c : {d->lossChart(), d->accuracyChart()})
+                    c->plot()->replot(QCustomPlot::rpImmediateRefresh);
+                const fs::path shot(screenshot);
+                window.grab().save(QString::fromStdString(
+                    (shot.parent_path() / ("window-" + shot.filename().string())).string()));
+            }
+            if (!ok || int(d->shownRuns().size()) != int(window.runModel()->rowCount())) {
+                std::fprintf(stderr, "bench_overlay: FAILED: selecting all %d runs in the window %s\n",
+                             window.runModel()->rowCount(),
+                             ok ? "showed another number of runs" : "never drew");
+                rc = 1;
+            }
+        }
+
         // ---- baseline: one graph per series on the GUI thread ---------------------------------
         dash.clear();
         QApplication::processEvents();
@@ -279,6 +322,9 @@ int main(int argc, char** argv) {
         std::printf(
             "  zoom %.1f ms, pan %.1f ms, colour by lr %.1f ms to a new image; longest GUI stall %6.1f ms\n",
             zoomMs, panMs, recolourMs, interactStall);
+        std::printf(
+            "  the window, Ctrl+A on the runs list: all runs drawn in %8.1f ms; longest GUI stall %6.1f ms\n",
+            windowMs, windowStall);
         std::printf("  baseline, %d runs as graphs on the GUI thread: %8.1f ms (all of it a stall)\n",
                     baselineRuns, baselineMs);
         std::printf("  stall ratio, baseline (%d runs) / overlay (%d runs): %.1fx\n", baselineRuns, runs,
@@ -291,9 +337,75 @@ int main(int argc, char** argv) {
                 << ", \"overlay_longest_stall_ms\": " << overlayStall << ", \"zoom_ms\": " << zoomMs
                 << ", \"pan_ms\": " << panMs << ", \"recolour_ms\": " << recolourMs
                 << ", \"interaction_longest_stall_ms\": " << interactStall
-                << ", \"baseline_runs\": " << baselineRuns << ", \"baseline_stall_ms\": " << baselineStall
-                << "}\n";
+                << ", \"window_select_all_ms\": " << windowMs
+                << ", \"window_longest_stall_ms\": " << windowStall << ", \"baseline_runs\": " << baselineRuns
+                << ", \"baseline_stall_ms\": " << baselineStall << "}\n";
         }
+    }
+    // ---- the runs list at 10,000 runs: fill, refresh, sort, filter (on the GUI thread) -------
+    {
+        const int n = args.quick ? 2000 : 10000;
+        lathe::widgets::RunListModel model;
+        QSortFilterProxyModel proxy;
+        proxy.setSourceModel(&model);
+        proxy.setSortRole(lathe::widgets::RunListModel::SortRole);
+        proxy.setFilterKeyColumn(-1);
+        proxy.setFilterCaseSensitivity(Qt::CaseInsensitive);
+        QTableView view;
+        view.setModel(&proxy);
+        view.setSortingEnabled(true);
+        view.sortByColumn(0, Qt::DescendingOrder);
+        view.resize(900, 600);
+        view.show();
+        QApplication::processEvents();
+        std::vector<lathe::core::RunRecord> records;
+        std::map<int64_t, double> accuracy;
+        for (int i = n; i >= 1; --i) {
+            lathe::core::RunRecord r;
+            r.id = i;
+            r.name = "run-" + std::to_string(int64_t(i) * 7919 % n);
+            r.experiment = "sweep-" + std::to_string(i % 13);
+            r.status = i % 17 ? lathe::core::RunStatus::Completed : lathe::core::RunStatus::Failed;
+            r.model = i % 2 ? "mlp" : "cnn";
+            r.data = "digits";
+            r.createdAt = 1.7e9 + i;
+            records.push_back(r);
+            accuracy[i] = double(i * 31 % 1000) / 1000.0;
+        }
+        auto timed = [&](const std::function<void()>& f) {
+            QElapsedTimer e;
+            e.start();
+            f();
+            QApplication::processEvents();
+            return msSince(e);
+        };
+        const double fill = timed([&] { model.setRuns(records, accuracy); });
+        records[5].status = lathe::core::RunStatus::Running;
+        const double refresh = timed([&] { model.setRuns(records, accuracy); });
+        auto grown = records;
+        for (int i = n + 1; i <= n + 10; ++i) {
+            lathe::core::RunRecord r;
+            r.id = i;
+            r.name = "new-" + std::to_string(i);
+            grown.insert(grown.begin(), r);
+        }
+        const double added = timed([&] { model.setRuns(grown, accuracy); });
+        const double byName =
+            timed([&] { view.sortByColumn(lathe::widgets::RunListModel::ColName, Qt::AscendingOrder); });
+        const double byAccuracy = timed(
+            [&] { view.sortByColumn(lathe::widgets::RunListModel::ColValAccuracy, Qt::DescendingOrder); });
+        const double filter = timed([&] { proxy.setFilterFixedString(QStringLiteral("sweep-12")); });
+        const int shown = proxy.rowCount();
+        const double unfilter = timed([&] { proxy.setFilterFixedString(QString()); });
+        if (model.rowCount() != n + 10 || shown <= 0 || shown >= n) {
+            std::fprintf(stderr, "bench_overlay: FAILED: runs list holds %d rows (want %d), filter kept %d\n",
+                         model.rowCount(), n + 10, shown);
+            rc = 1;
+        }
+        std::printf(
+            "  runs list of %d runs (GUI thread): fill %.1f ms, refresh %.1f ms, 10 new runs %.1f ms, "
+            "sort by name %.1f ms, by accuracy %.1f ms, filter %.1f ms (%d rows), clear filter %.1f ms\n",
+            n, fill, refresh, added, byName, byAccuracy, filter, shown, unfilter);
     }
     if (!tmp.empty()) fs::remove_all(tmp);
     return rc;

@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <QLineEdit>
 #include <QPushButton>
 #include <QSignalSpy>
 #include <QTableView>
@@ -13,6 +14,7 @@
 #include "lathe/widgets/metric_chart.h"
 #include "lathe/widgets/run_form.h"
 #include "lathe/widgets/run_list_model.h"
+#include "lathe/widgets/run_overlay.h"
 #include "main_window.h"
 #include "test_helpers.h"
 #include "training_session.h"
@@ -204,6 +206,43 @@ TEST_CASE("The runs list is read on a worker thread, and refreshes asked for mea
     window->selectRunsWhenRefreshed({a});
     REQUIRE(waitForRuns(*window));
     CHECK(window->selectedRuns() == std::vector<int64_t>{a});
+}
+
+TEST_CASE("The runs list filters as one types, and Ctrl+A overlays every run shown", "[widgets][overlay]") {
+    QTemporaryDir dir;
+    REQUIRE(dir.isValid());
+    const QString db = dir.path() + "/workspace.db";
+    {
+        lathe::core::Store store(db.toStdString());
+        for (int i = 0; i < 20; ++i) {
+            const int64_t id =
+                store.createRun(i < 15 ? "sweep" : "baseline", "r" + std::to_string(i), "mlp",
+                                "synthetic:spirals", "", {{"lr", std::to_string(0.001 * (i + 1))}}, "local");
+            for (int s = 0; s < 50; ++s) store.appendMetric(id, "train/loss", s, 0, 1.0 / (1 + s + i));
+        }
+        store.flush();
+    }
+    auto window = openWindow(db);
+    REQUIRE(waitForRuns(*window));
+    auto* table = window->runTable();
+    REQUIRE(table->model()->rowCount() == 20);
+
+    // Typing filters after a pause, over every column (here the experiment), ignoring case.
+    QTest::keyClicks(window->runFilter(), QStringLiteral("SWEEP"));
+    CHECK(table->model()->rowCount() == 20);  // not per key: once typing pauses
+    REQUIRE(waitUntil([&] { return table->model()->rowCount() == 15; }, 2000));
+
+    // Select all that is shown: 15 runs, more than a dozen, so the Curves tab overlays them.
+    table->setFocus();
+    QTest::keyClick(table, Qt::Key_A, Qt::ControlModifier);
+    CHECK(window->selectedRuns().size() == 15);
+    auto* dash = window->dashboard();
+    REQUIRE(waitUntil([&] { return !dash->overlayLoading() && dash->lossChart()->hasOverlay(); }, 10000));
+    CHECK(dash->lossChart()->overlayData()->curves.size() == 15);
+    CHECK(dash->lossChart()->graphCount() == 0);
+
+    window->runFilter()->clear();
+    REQUIRE(waitUntil([&] { return table->model()->rowCount() == 20; }, 2000));
 }
 
 TEST_CASE("Closing the window while training stops and joins", "[widgets][e2e]") {
