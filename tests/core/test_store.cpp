@@ -578,4 +578,24 @@ TEST_CASE("readSeries hands out every point of many runs, through the index or a
     CHECK_THROWS_AS(Store::readSeries(dir.file("missing.db"), runs, {}, [](Store::Series&&) { return true; }),
                     StoreError);
     CHECK_FALSE(std::filesystem::exists(dir.file("missing.db")));
+
+    // Keys whose points were all dropped (a resume from scratch): empty series, through the scan.
+    Store bare(dir.file("bare.db"));
+    std::vector<int64_t> emptied;
+    for (int r = 0; r < 70; ++r) {
+        const int64_t id = newRun(bare, "e" + std::to_string(r));
+        bare.appendMetric(id, "train/loss", 1, 0, 1.0);
+        emptied.push_back(id);
+    }
+    bare.flush();
+    for (int64_t id : emptied) bare.dropMetricsAfter(id, -1);
+    bare.flush();
+    size_t series = 0, points = 0;
+    Store::readSeries(dir.file("bare.db"), emptied, {}, [&](Store::Series&& s) {
+        ++series;
+        points += s.steps.size();
+        return true;
+    });
+    CHECK(series == 70);
+    CHECK(points == 0);
 }

@@ -179,7 +179,20 @@ TEST_CASE("Selecting more than a dozen runs overlays them, loaded and drawn off 
     const auto& c = loss->curves[10];
     const QPointF at = dash.lossChart()->pixelFor(c.x[50], c.y[50]);
     const QString hover = dash.lossChart()->hoverAt(at);
-    CHECK(hover.startsWith(QStringLiteral("run ")));
+    INFO(hover.toStdString());
+    CHECK(hover.startsWith(QStringLiteral("run ")));  // an overlaid run, not the live graph
+    CHECK_FALSE(hover.startsWith(QStringLiteral("run %1 ").arg(runs[0])));
+
+    // Refitting the axes to where they are (as every live flush does) draws no new image.
+    {
+        const int before = dash.lossChart()->overlayRenderCount();
+        for (int i = 0; i < 3; ++i) {
+            dash.lossChart()->rescale();
+            QTest::qWait(80);
+        }
+        CHECK(dash.lossChart()->overlayCurrent());
+        CHECK(dash.lossChart()->overlayRenderCount() == before);
+    }
 
     // A zoom renders again for the new range.
     const int renders = dash.lossChart()->overlayRenderCount();
@@ -188,6 +201,22 @@ TEST_CASE("Selecting more than a dozen runs overlays them, loaded and drawn off 
     CHECK_FALSE(dash.lossChart()->overlayCurrent());
     REQUIRE(waitUntil([&] { return dash.lossChart()->overlayCurrent(); }, 10000));
     CHECK(dash.lossChart()->overlayRenderCount() > renders);
+
+    // Runs without any accuracy key: the accuracy chart says so instead of an empty overlay.
+    {
+        std::vector<int64_t> lossOnly;
+        for (int r = 0; r < 14; ++r) {
+            const int64_t id =
+                store.createRun("default", "l" + std::to_string(r), "mlp", "digits", "", {}, "x");
+            store.appendMetric(id, "train/loss", 0, 0, 1.0);
+            lossOnly.push_back(id);
+        }
+        store.flush();
+        dash.showRuns(store, lossOnly);
+        REQUIRE(waitUntil([&] { return !dash.overlayLoading() && dash.lossChart()->hasOverlay(); }, 10000));
+        CHECK_FALSE(dash.accuracyChart()->hasOverlay());
+        CHECK(dash.accuracyChart()->headerNote().contains(QStringLiteral("none has accuracy curves")));
+    }
 
     // A few runs are graphs again, at once; a superseded overlay load never lands.
     dash.showRuns(store, runs);

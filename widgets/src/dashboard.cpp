@@ -83,7 +83,10 @@ Dashboard::Dashboard(QWidget* parent) : QWidget(parent) {
     bar->addStretch(1);
     m_overlayBar->setVisible(false);
     layout->addWidget(m_overlayBar);
-    connect(m_colorBy, &QComboBox::currentIndexChanged, this, [this] { applyOverlayColors(); });
+    connect(m_colorBy, &QComboBox::currentIndexChanged, this, [this] {
+        m_colorKey = m_colorBy->currentData().toString();
+        applyOverlayColors();
+    });
     auto* split = new QSplitter(Qt::Vertical, this);
     m_loss = new MetricChart(tr("loss"), {QStringLiteral("train/loss"), QStringLiteral("val/loss")}, split);
     m_loss->setObjectName(QStringLiteral("lossChart"));
@@ -123,6 +126,11 @@ void Dashboard::clear() {
     m_accuracyOverlay.reset();
     m_overlayRuns.clear();
     m_overlayParams.clear();
+    {
+        const QSignalBlocker block(m_colorBy);  // m_colorKey keeps the choice for the next overlay
+        m_colorBy->clear();
+        m_colorBy->addItem(tr("run"), QString());
+    }
     m_overlayBar->setVisible(false);
     m_shown.clear();
     m_lastStep.clear();
@@ -230,11 +238,11 @@ void Dashboard::loadOverlay(const std::string& path, std::vector<int64_t> runIds
                 std::map<std::string, std::set<std::string>> values;
                 for (const auto& [run, kv] : m_overlayParams)
                     for (const auto& [k, v] : kv) values[k].insert(v);
-                const QString previous = m_colorBy->currentData().toString();
+                const QString previous = m_colorKey;
                 {
                     const QSignalBlocker block(m_colorBy);
                     m_colorBy->clear();
-                    m_colorBy->addItem(tr("run (selection order)"), QString());
+                    m_colorBy->addItem(tr("run"), QString());
                     for (const auto& [k, vs] : values)
                         if (vs.size() > 1)
                             m_colorBy->addItem(QString::fromStdString(k), QString::fromStdString(k));
@@ -262,8 +270,7 @@ QStringList Dashboard::overlayColorKeys() const {
 bool Dashboard::setOverlayColorKey(const QString& key) {
     const int i = m_colorBy->findData(key);
     if (i < 0) return false;
-    m_colorBy->setCurrentIndex(i);
-    applyOverlayColors();
+    m_colorBy->setCurrentIndex(i);  // a change colours the overlay (currentIndexChanged)
     return true;
 }
 
@@ -277,7 +284,7 @@ void Dashboard::applyOverlayColors() {
     if (key.empty()) {
         for (size_t i = 0; i < n; ++i)
             colorOf[m_overlayRuns[i]] = ramp(n > 1 ? double(i) / double(n - 1) : 0.0);
-        legend = n ? tr("colour: selection order, run %1 (blue) → run %2 (orange)")
+        legend = n ? tr("colour: run, %1 (blue) → %2 (orange), in the order selected")
                          .arg(m_overlayRuns.front())
                          .arg(m_overlayRuns.back())
                    : QString();
@@ -346,14 +353,16 @@ void Dashboard::applyOverlayColors() {
     auto note = [&](const OverlayData& d) {
         return QStringLiteral("%1 · %2 points · %3").arg(runs, locale.toString(qlonglong(d.points)), legend);
     };
-    if (m_loss->overlayData() == m_lossOverlay.get())
-        m_loss->setOverlayColors(colorsFor(*m_lossOverlay), note(*m_lossOverlay));
-    else
-        m_loss->setOverlay(m_lossOverlay, colorsFor(*m_lossOverlay), note(*m_lossOverlay));
-    if (m_accuracy->overlayData() == m_accuracyOverlay.get())
-        m_accuracy->setOverlayColors(colorsFor(*m_accuracyOverlay), note(*m_accuracyOverlay));
-    else
-        m_accuracy->setOverlay(m_accuracyOverlay, colorsFor(*m_accuracyOverlay), note(*m_accuracyOverlay));
+    for (auto [chart, data] : {std::pair{m_loss, m_lossOverlay}, std::pair{m_accuracy, m_accuracyOverlay}}) {
+        if (data->curves.empty()) {  // none of the runs has this chart's keys
+            chart->clearOverlay();
+            chart->setOverlayStatus(tr("%1 · none has %2 curves").arg(runs, chart->title()));
+        } else if (chart->overlayData() == data.get()) {
+            chart->setOverlayColors(colorsFor(*data), note(*data));
+        } else {
+            chart->setOverlay(data, colorsFor(*data), note(*data));
+        }
+    }
 }
 
 void Dashboard::plotFromStore(const core::Store& store, int64_t runId) {

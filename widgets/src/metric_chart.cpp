@@ -320,6 +320,7 @@ void MetricChart::setOverlay(std::shared_ptr<const OverlayData> data, std::vecto
     m_overlay = std::move(data);
     m_overlayColors = std::move(colors);
     m_overlayNote = note;
+    m_overlayDirty = true;
     m_overlayLayer->clearImage();
     if (m_follow) applyAutoRange();
     updateEmptyHint();
@@ -331,6 +332,7 @@ void MetricChart::setOverlayColors(std::vector<QRgb> colors, const QString& note
     if (!m_overlay) return;
     m_overlayColors = std::move(colors);
     m_overlayNote = note;
+    m_overlayDirty = true;
     updateEmptyHint();
     scheduleOverlayRender();
 }
@@ -344,6 +346,7 @@ void MetricChart::clearOverlay() {
     m_overlayStatus.clear();
     m_overlayTimer->stop();
     m_renderAgain = false;
+    m_overlayDirty = false;
     m_overlayLayer->clearImage();
     updateEmptyHint();
 }
@@ -357,7 +360,8 @@ void MetricChart::setOverlayStatus(const QString& text) {
 
 bool MetricChart::overlayCurrent() const {
     if (!m_overlay) return true;
-    if (m_rendering || m_renderAgain || m_overlayTimer->isActive() || !m_overlayLayer->hasImage())
+    if (m_rendering || m_renderAgain || m_overlayDirty || m_overlayTimer->isActive() ||
+        !m_overlayLayer->hasImage())
         return false;
     const OverlayFrame now = m_overlayLayer->currentFrame(), shown = m_overlayLayer->frame();
     return now.size == shown.size && now.x == shown.x && now.y == shown.y;
@@ -380,14 +384,27 @@ void MetricChart::startOverlayRender() {
     }
     const OverlayFrame frame = m_overlayLayer->currentFrame();
     if (frame.size.isEmpty()) return;  // not laid out yet: afterReplot asks again
+    // Live graphs refit the axes on every flush, through intermediate ranges that end where they
+    // were: the same frame with the same data and colours needs no new image.
+    const OverlayFrame shown = m_overlayLayer->frame();
+    if (!m_overlayDirty && m_overlayLayer->hasImage() && shown.size == frame.size && shown.x == frame.x &&
+        shown.y == frame.y) {
+        m_renderAgain = false;
+        return;
+    }
     m_rendering = true;
     m_renderAgain = false;
+    m_overlayDirty = false;
     auto cancel = std::make_shared<std::atomic<bool>>(false);
     m_renderCancel = cancel;
     const uint64_t generation = m_overlayGeneration;
     // The pool is waited for in the destructor, so `this` outlives the task.
     m_renderPool.start([this, data = m_overlay, colors = m_overlayColors, frame, cancel, generation] {
-        QImage image = renderOverlay(*data, colors, frame, cancel.get());
+        QImage image;
+        try {
+            image = renderOverlay(*data, colors, frame, cancel.get());
+        } catch (const std::exception&) {  // out of memory: no image; the next pan or zoom tries again
+        }
         QMetaObject::invokeMethod(
             this,
             [this, image = std::move(image), frame, generation] {
@@ -415,12 +432,12 @@ QString MetricChart::overlayHover(const QPointF& pos) {
     double bestDist = kHoverRadiusPx, bestX = 0, bestY = 0;
     const OverlayCurve* best = nullptr;
     for (const auto& c : d.curves) {
-        auto b = std::lower_bound(c.x.begin(), c.x.end(), float(std::min(k0, k1)));
-        auto e = std::upper_bound(b, c.x.end(), float(std::max(k0, k1)));
-        const auto n = e - b;
-        const auto stride = std::max<decltype(n)>(1, n / 64);
-        for (auto it = b; it < e; it += stride) {
-            const size_t i = size_t(it - c.x.begin());
+        const size_t b =
+            size_t(std::lower_bound(c.x.begin(), c.x.end(), float(std::min(k0, k1))) - c.x.begin());
+        const size_t e =
+            size_t(std::upper_bound(c.x.begin() + b, c.x.end(), float(std::max(k0, k1))) - c.x.begin());
+        const size_t stride = std::max<size_t>(1, (e - b) / 64);
+        for (size_t i = b; i < e; i += stride) {
             if (!std::isfinite(c.y[i])) continue;
             const double dx = m_plot->xAxis->coordToPixel(c.x[i]) - pos.x();
             const double dy = m_plot->yAxis->coordToPixel(c.y[i]) - pos.y();

@@ -63,9 +63,10 @@ struct ColumnPainter {
     void operator()(int col, double lo, double hi) const {
         if (col < 0 || col >= w) return;
         if (dotted && ((col >> 2) & 1)) return;
-        if (!(hi >= 0) || !(lo < h)) return;  // also NaN
-        const int r0 = std::max(0, int(std::floor(lo)));
-        const int r1 = std::min(h - 1, int(std::floor(hi)));
+        if (!(hi >= 0) || !(lo <= h)) return;  // also NaN; a value at the bottom edge is row h-1
+        // Clamped as doubles: far off-screen rows would overflow an int.
+        const int r0 = int(std::max(0.0, std::floor(lo)));
+        const int r1 = int(std::min(double(h - 1), std::floor(hi)));
         for (int r = r0; r <= r1; ++r) blend(reinterpret_cast<QRgb*>(bits + r * stride)[col]);
     }
 };
@@ -131,6 +132,7 @@ QImage renderOverlay(const OverlayData& data, const std::vector<QRgb>& colors, c
     const int w = frame.size.width(), h = frame.size.height();
     if (w <= 0 || h <= 0 || !(frame.x.upper > frame.x.lower) || !(frame.y.upper > frame.y.lower)) return {};
     QImage image(w, h, QImage::Format_ARGB32_Premultiplied);
+    if (image.isNull()) return {};  // out of memory
     image.fill(Qt::transparent);
     const int alpha = overlayAlpha(data.curves.size());
     uchar* bits = image.bits();  // detaches once, not per pixel

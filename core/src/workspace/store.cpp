@@ -1343,16 +1343,24 @@ void Store::readSeries(const std::string& path, const std::vector<int64_t>& runI
     for (size_t i = 0; i < keyIds.size(); ++i)
         if (keyIds[i] >= 0) slotOf[size_t(keyIds[i])] = int32_t(i);
     const int64_t span = hi - lo + 1;
-    const int slices =
-        span <= 0 ? 0
-                  : int(std::clamp<int64_t>(std::min<int64_t>(std::thread::hardware_concurrency(), 4), 1,
-                                            std::max<int64_t>(1, span / 500000)));
+    // At least one slice (an empty table scans nothing and hands out empty series).
+    const int slices = int(std::clamp<int64_t>(std::min<int64_t>(std::thread::hardware_concurrency(), 4), 1,
+                                               std::max<int64_t>(1, span / 500000)));
     std::vector<std::vector<Series>> parts(size_t(slices), std::vector<Series>(series.size()));
     std::vector<std::exception_ptr> errors(static_cast<size_t>(slices));
     std::atomic<int64_t> scanned{0};
     std::atomic<bool> stop{false};
+    std::atomic<int> running{slices};
+    // Each slice reads in a transaction of its own: one snapshot per slice, not one for the
+    // whole scan. Points recorded meanwhile past the last rowid are left out; a resume that
+    // replaced rows meanwhile can show in one slice and not another (the next read is whole).
     auto scan = [&](int t) {
+        struct Done {
+            std::atomic<int>& running;
+            ~Done() { --running; }
+        } done{running};
         try {
+            if (span <= 0) return;
             ReadOnlyDb own(path);
             exec(own.db, "BEGIN");
             struct EndOwn {
@@ -1370,7 +1378,8 @@ void Store::readSeries(const std::string& path, const std::vector<int64_t>& runI
             while (rows.step()) {
                 if ((++n & 0xffff) == 0) {
                     const int64_t all = scanned.fetch_add(0x10000) + 0x10000;
-                    if (stop.load() || (t == 0 && !going(double(all) / double(span)))) {
+                    if (stop.load() ||
+                        (t == 0 && !going(double(all) / double(span)))) {  // keepGoing: one thread
                         stop = true;
                         return;
                     }
@@ -1389,9 +1398,22 @@ void Store::readSeries(const std::string& path, const std::vector<int64_t>& runI
     };
     {
         std::vector<std::thread> threads;
+        struct Join {
+            std::vector<std::thread>& threads;
+            std::atomic<bool>& stop;
+            ~Join() {
+                if (std::uncaught_exceptions()) stop = true;
+                for (auto& th : threads) th.join();
+            }
+        } join{threads, stop};
         for (int t = 1; t < slices; ++t) threads.emplace_back(scan, t);
-        if (slices > 0) scan(0);
-        for (auto& th : threads) th.join();
+        scan(0);
+        // Slice 0 done: this thread keeps asking keepGoing while the others finish theirs.
+        while (running.load() > 0 && !stop.load()) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            if (!going(std::min(1.0, double(scanned.load()) / double(std::max<int64_t>(span, 1)))))
+                stop = true;
+        }
     }
     for (auto& e : errors)
         if (e) std::rethrow_exception(e);

@@ -161,7 +161,7 @@ public:
     /// `path`: for loaders off the GUI thread (the overlay of 1,000 runs), which then never wait
     /// on, nor hold up, a Store's own reads. Runs in the order given, keys by name; `wanted`
     /// picks keys; `each` takes one series at a time and returns false to stop. `keepGoing`
-    /// (optional, called from reading threads now and then with the share read so far, 0..1)
+    /// (optional, called on the calling thread now and then with the share read so far, 0..1)
     /// returns false to stop early (a newer request superseded this one). A few series are read
     /// through the (key, step) index; a third or more of the workspace's series by scanning the
     /// table in parallel slices, which avoids a table lookup per point (4× fewer page visits).

@@ -91,6 +91,7 @@ private:
     std::shared_ptr<const OverlayData> m_lossOverlay, m_accuracyOverlay;
     std::vector<int64_t> m_overlayRuns;  // in selection order
     Params m_overlayParams;
+    QString m_colorKey;  // the parameter chosen to colour by, kept from one overlay to the next
 
     MetricChart* m_loss = nullptr;
     MetricChart* m_accuracy = nullptr;

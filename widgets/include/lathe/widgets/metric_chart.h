@@ -140,6 +140,7 @@ private:
     QThreadPool m_renderPool;                           // one thread; waited for in the destructor
     std::shared_ptr<std::atomic<bool>> m_renderCancel;  // the render in flight's
     bool m_rendering = false, m_renderAgain = false;
+    bool m_overlayDirty = false;  // data or colours changed since the image on the layer
     uint64_t m_overlayGeneration = 0;
     int m_overlayRenders = 0;
 };
