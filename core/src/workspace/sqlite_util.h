@@ -72,12 +72,12 @@ inline void exec(sqlite3* db, const char* sql) {
     }
 }
 
-/// A connection of its own to a workspace file that Store has validated and migrated: read-write,
-/// a 10 s busy timeout, foreign keys enforced. Closed by sqlite3_close_v2.
-inline sqlite3* openWorkspaceConnection(const std::string& path) {
+/// A connection of its own to a workspace file that Store has validated and migrated: read-write
+/// (or read-only), a 10 s busy timeout, foreign keys enforced. Closed by sqlite3_close_v2.
+inline sqlite3* openWorkspaceConnection(const std::string& path, bool readOnly = false) {
     sqlite3* db = nullptr;
-    if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, nullptr) !=
-        SQLITE_OK) {
+    const int mode = readOnly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE;
+    if (sqlite3_open_v2(path.c_str(), &db, mode | SQLITE_OPEN_NOMUTEX, nullptr) != SQLITE_OK) {
         const std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
         sqlite3_close_v2(db);
         throw StoreError("cannot open workspace " + path + ": " + msg);

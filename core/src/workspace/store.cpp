@@ -1244,17 +1244,9 @@ namespace {
 
 // A read-only connection of its own, for the static readers (loaders off the GUI thread).
 struct ReadOnlyDb {
-    sqlite3* db = nullptr;
-    explicit ReadOnlyDb(const std::string& path) {
-        if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, nullptr) !=
-            SQLITE_OK) {
-            const std::string why = db ? sqlite3_errmsg(db) : "out of memory";
-            sqlite3_close(db);
-            throw StoreError("cannot open workspace " + path + " for reading: " + why);
-        }
-        sqlite3_busy_timeout(db, 5000);
-    }
-    ~ReadOnlyDb() { sqlite3_close(db); }
+    sqlite3* db;
+    explicit ReadOnlyDb(const std::string& path) : db(openWorkspaceConnection(path, /*readOnly=*/true)) {}
+    ~ReadOnlyDb() { sqlite3_close_v2(db); }
     ReadOnlyDb(const ReadOnlyDb&) = delete;
     ReadOnlyDb& operator=(const ReadOnlyDb&) = delete;
 };
