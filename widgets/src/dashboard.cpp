@@ -259,8 +259,6 @@ void Dashboard::loadOverlay(const std::string& path, std::vector<int64_t> runIds
     });
 }
 
-QString Dashboard::overlayColorKey() const { return m_colorBy->currentData().toString(); }
-
 QStringList Dashboard::overlayColorKeys() const {
     QStringList keys;
     for (int i = 1; i < m_colorBy->count(); ++i) keys << m_colorBy->itemData(i).toString();

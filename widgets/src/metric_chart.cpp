@@ -414,10 +414,7 @@ void MetricChart::startOverlayRender() {
                     ++m_overlayRenders;
                     m_plot->replot(QCustomPlot::rpQueuedReplot);
                 }
-                if (m_overlay && (m_renderAgain || generation != m_overlayGeneration))
-                    startOverlayRender();
-                else if (generation == m_overlayGeneration)
-                    Q_EMIT overlayRendered();
+                if (m_overlay && (m_renderAgain || generation != m_overlayGeneration)) startOverlayRender();
             },
             Qt::QueuedConnection);
     });

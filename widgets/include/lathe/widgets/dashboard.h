@@ -64,8 +64,6 @@ public:
 
     /// Whether an overlay is being read from the store.
     bool overlayLoading() const { return m_overlayLoading; }
-    /// What overlaid runs are coloured by: "" (the run's position in the selection) or a param.
-    QString overlayColorKey() const;
     /// Colours the overlay by a parameter ("" : by run); false when no shown run has it.
     bool setOverlayColorKey(const QString& key);
     /// The params the colour selector offers (those that differ between the overlaid runs).

@@ -109,8 +109,6 @@ public Q_SLOTS:
 Q_SIGNALS:
     /// After a flush moved `points` staged points into the graphs.
     void flushed(int points);
-    /// After a rendered overlay image was put on the layer.
-    void overlayRendered();
 
 private:
     using SeriesKey = std::pair<int64_t, std::string>;
