@@ -160,6 +160,8 @@ TEST_CASE("A study started from the Studies page runs its trials, stops and resu
     page->resumeButton()->click();
     REQUIRE(window->studyProcesses()->isRunning("gui-study"));
     REQUIRE(waitUntil([&] { return !window->studyProcesses()->isRunning("gui-study"); }, 180000));
+    // The list still says "running" until it is read again: Resume must not flash on meanwhile.
+    CHECK_FALSE(page->resumeButton()->isEnabled());
     const auto done = studies.study("gui-study");
     REQUIRE(done);
     CHECK(done->status == "completed");

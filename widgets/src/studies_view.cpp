@@ -156,6 +156,7 @@ struct StudiesView::Source {
 struct StudiesView::ListRead {
     std::vector<core::StudyRecord> studies;
     std::string error;
+    uint64_t sequence = 0;  // which read this is (m_readsStarted when it began)
 };
 
 StudiesView::StudiesView(QWidget* parent) : QWidget(parent) {
@@ -343,6 +344,7 @@ void StudiesView::setWorkspace(const QString& path) {
     m_studyLoading = false;
     m_selectedOnce = false;
     m_anyRunning = false;
+    m_endedAt.clear();
     {
         const QSignalBlocker block(m_list->selectionModel());
         m_list->clear();
@@ -367,10 +369,12 @@ void StudiesView::refresh() {
     m_refreshing = true;
     m_refreshAgain = false;
     const uint64_t generation = m_generation.load();
+    const uint64_t sequence = ++m_readsStarted;
     // `this` outlives the task (the destructor waits); the source is shared with it.
-    m_pool.start([this, source = m_source, generation] {
+    m_pool.start([this, source = m_source, generation, sequence] {
         if (m_generation.load() != generation) return;
         auto read = std::make_shared<ListRead>();
+        read->sequence = sequence;
         try {
             read->studies = source->openStudies().list();
         } catch (const std::exception& e) {
@@ -389,6 +393,9 @@ void StudiesView::applyRefresh(uint64_t generation, const std::shared_ptr<ListRe
     if (!read->error.empty()) {
         setStatusText(tr("Could not read the studies: %1").arg(q(read->error)), true);
     } else {
+        // A read begun after a study's process ended shows that study's final status.
+        for (auto it = m_endedAt.begin(); it != m_endedAt.end();)
+            it = it.value() < read->sequence ? m_endedAt.erase(it) : std::next(it);
         const QString selected = selectedStudy();
         QTreeWidgetItem* pick = nullptr;
         int running = 0;
@@ -453,6 +460,11 @@ void StudiesView::applyRefresh(uint64_t generation, const std::shared_ptr<ListRe
 }
 
 void StudiesView::setActiveStudies(const QStringList& names) {
+    // Until a read begun after this shows it, an ended study's listed status ("running") is stale:
+    // it may have completed, so Resume waits for that read.
+    for (const QString& name : std::as_const(m_active))
+        if (!names.contains(name)) m_endedAt.insert(name, m_readsStarted);
+    for (const QString& name : names) m_endedAt.remove(name);
     m_active = names;
     // A study started here is running: keep re-reading while it is.
     if (!names.isEmpty()) m_anyRunning = true;
@@ -467,7 +479,8 @@ void StudiesView::updateControls() {
     const bool ours = !name.isEmpty() && m_active.contains(name);
     m_stop->setEnabled(ours);
     // Not completed and not run from here: stopped, or left "running" by a process that died.
-    m_resume->setEnabled(!name.isEmpty() && !ours && status != QLatin1String("completed"));
+    m_resume->setEnabled(!name.isEmpty() && !ours && !m_endedAt.contains(name) &&
+                         status != QLatin1String("completed"));
 }
 
 QString StudiesView::selectedStudy() const {

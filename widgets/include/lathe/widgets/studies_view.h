@@ -12,6 +12,7 @@
 // and uses them only from a one-thread pool; results come back by queued call, and a generation
 // counter drops reads of a workspace switched away from (and study reads of a selection that
 // moved on). While the page is shown and a study is running, it re-reads every few seconds.
+#include <QHash>
 #include <QList>
 #include <QString>
 #include <QStringList>
@@ -181,6 +182,10 @@ private:
     QPushButton* m_stop = nullptr;
     QPushButton* m_resume = nullptr;
     QStringList m_active;  // studies this window's processes run
+    // Studies whose process ended, with m_readsStarted then: their listed status is stale until a
+    // later read lands.
+    QHash<QString, uint64_t> m_endedAt;
+    uint64_t m_readsStarted = 0;
     QTabWidget* m_charts = nullptr;
     StudyHistoryChart* m_history = nullptr;
     ParallelCoordinatesChart* m_parallel = nullptr;
