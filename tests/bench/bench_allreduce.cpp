@@ -87,9 +87,13 @@ int runRank(int rank, int port, bool quick, const std::string& out) {
                 c.format = mode;
                 c.errorFeedback = c.format == "int8" || c.format == "int4";
                 Reducer red(ctx, {p}, mb + 1, c);  // one bucket
+                // As the trainer runs it: zero_grad() keeps the gradients, backward adds into them.
+                auto zeroGrad = [](torch::Tensor& t) {
+                    if (t.grad().defined()) t.mutable_grad().zero_();
+                };
                 std::vector<double> backwardOnly;
                 for (int r = 0; r < reps; ++r) {
-                    q.mutable_grad() = torch::Tensor();
+                    zeroGrad(q);
                     const auto b0 = Clock::now();
                     (q * 1.0f).sum().backward();
                     backwardOnly.push_back(
@@ -99,7 +103,7 @@ int runRank(int rank, int port, bool quick, const std::string& out) {
                 for (int r = 0; r < reps; ++r) {
                     ctx.any(false);
                     red.prepare(r);
-                    p.mutable_grad() = torch::Tensor();
+                    zeroGrad(p);
                     const long long w0 = measured ? writtenBytes() : 0;
                     const auto t0 = Clock::now();
                     (p * 1.0f).sum().backward();
@@ -115,6 +119,50 @@ int runRank(int rank, int port, bool quick, const std::string& out) {
             rows.push_back({mode, mb, ms, 2.0 * (2 - 1) / 2 * mb * 1024 * 1024 / 4 * 4 / (ms / 1000) / 1e9,
                             ratio, accounted, written.empty() ? -1.0 : median(written)});
         }
+    }
+    // The reducer's own cost, fp32: Reducer::finish() without overlap (the gradient already in
+    // place, as backward leaves it) against the plain all-reduce of the same bytes, in alternated
+    // pairs so that both see the same machine.
+    struct Cost {
+        double mb, glooMs, reducerMs, pairRatio;
+    };
+    std::vector<Cost> costs;
+    for (double mb : sizes) {
+        const auto n = static_cast<int64_t>(mb * 1024 * 1024 / 4);
+        const int pairs = mb >= 100 ? 7 : (mb >= 10 ? 15 : 41);
+        auto t = torch::randn({n});
+        auto p = torch::randn({n}).requires_grad_(true);
+        const auto g = torch::randn({n});
+        CompressOptions c;
+        Reducer red(ctx, {p}, mb + 1, c, {}, /*overlap=*/false);
+        p.mutable_grad() = g.clone();
+        red.prepare(0);
+        red.finish();  // warm: from here on the gradient is the bucket's memory
+        std::vector<double> gloo, reducer, ratios;
+        for (int r = 0; r < pairs; ++r) {
+            double ms[2] = {0, 0};
+            for (int half = 0; half < 2; ++half) {
+                const bool plain = (half == 0) == (r % 2 == 0);  // ABBA...: neither always goes first
+                if (plain) {
+                    t.copy_(g);
+                } else {
+                    torch::NoGradGuard noGrad;
+                    p.mutable_grad().copy_(g);
+                    red.prepare(r + 1);
+                }
+                ctx.any(false);
+                const auto t0 = Clock::now();
+                if (plain)
+                    ctx.allreduceSum(t);
+                else
+                    red.finish();
+                ms[plain ? 0 : 1] = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+            }
+            gloo.push_back(ms[0]);
+            reducer.push_back(ms[1]);
+            ratios.push_back(ms[1] / ms[0]);
+        }
+        costs.push_back({mb, median(gloo), median(reducer), median(ratios)});
     }
     if (rank != 0) return 0;
     std::printf(
@@ -152,7 +200,23 @@ int runRank(int rank, int port, bool quick, const std::string& out) {
     std::printf(" all-reduce's measured bytes / this mode's. accounted B, stated x: the reducer's own\n");
     std::printf(" Stats.bytesSent and compressionRatio (fp32 ring bytes by formula / bytes sent), which\n");
     std::printf(" lathectl train records as comm/bytes_sent and comm/compression_ratio)\n");
-    if (!out.empty()) std::ofstream(out + "/bench_allreduce.json") << json << "]\n";
+    std::printf(
+        "\nThe reducer's own cost, fp32 (Reducer::finish without overlap vs the plain Gloo all-reduce\n"
+        "of the same bytes, in alternated pairs; target: at most 1.2x)\n");
+    std::printf("%6s %10s %12s %8s %14s\n", "MB", "gloo ms", "reducer ms", "ratio", "median of pairs");
+    std::string costJson = "[";
+    for (const auto& c : costs) {
+        std::printf("%6.0f %10.3f %12.3f %7.2fx %13.2fx\n", c.mb, c.glooMs, c.reducerMs,
+                    c.reducerMs / c.glooMs, c.pairRatio);
+        costJson += std::string(costJson.size() > 1 ? "," : "") + "{\"mb\":" + std::to_string(c.mb) +
+                    ",\"gloo_ms\":" + std::to_string(c.glooMs) +
+                    ",\"reducer_ms\":" + std::to_string(c.reducerMs) +
+                    ",\"pair_ratio\":" + std::to_string(c.pairRatio) + "}";
+    }
+    if (!out.empty()) {
+        std::ofstream(out + "/bench_allreduce.json") << json << "]\n";
+        std::ofstream(out + "/bench_allreduce_cost.json") << costJson << "]\n";
+    }
     return 0;
 }
 

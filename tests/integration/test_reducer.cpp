@@ -123,3 +123,55 @@ TEST_CASE("each exchange strategy is found by the name the run spec offers", "[d
     CompressOptions ring;
     CHECK_THROWS_WITH(Reducer(ctx, {table}, 1, ring, {0}), Catch::Contains("use strategy = \"ps\""));
 }
+
+TEST_CASE("gradients alias the reducer's buckets: no copies, zero_grad works, and the hooks leave with it",
+          "[distributed][reducer]") {
+    DistEnv env;
+    env.masterPort = freePort();
+    env.timeoutSec = 30;
+    DistContext ctx(env);
+    torch::manual_seed(7);
+    const auto g1 = torch::randn({3000}), g2 = torch::randn({20, 50});
+    auto p1 = torch::zeros({3000}).requires_grad_(true);
+    auto p2 = torch::zeros({20, 50}).requires_grad_(true);
+    torch::optim::SGD opt(std::vector<torch::Tensor>{p1, p2}, 0.1);
+    auto backward = [&](double k1, double k2) {
+        auto loss = (p1 * (g1 * k1)).sum();
+        if (k2 != 0) loss = loss + (p2 * (g2 * k2)).sum();
+        loss.backward();
+    };
+    {
+        Reducer reducer(ctx, {p1, p2}, 1, CompressOptions{});
+        reducer.prepare(1);
+        backward(1, 1);
+        reducer.finish();
+        CHECK(torch::equal(p1.grad(), g1));
+        CHECK(torch::equal(p2.grad(), g2));
+        // From the first exchange on, both gradients are the one bucket's memory.
+        REQUIRE(p1.grad().storage().is_alias_of(p2.grad().storage()));
+        const void* const at1 = p1.grad().data_ptr();
+        const void* const at2 = p2.grad().data_ptr();
+
+        opt.zero_grad();  // detach_() and zero_(): refused on an autograd view, fine on an alias
+        CHECK(p1.grad().count_nonzero().item<int64_t>() == 0);
+        reducer.prepare(2);
+        backward(2, 3);
+        reducer.finish();
+        CHECK(torch::equal(p1.grad(), g1 * 2));
+        CHECK(torch::equal(p2.grad(), g2 * 3));
+        CHECK(p1.grad().data_ptr() == at1);
+        CHECK(p2.grad().data_ptr() == at2);
+
+        // A parameter this step's graph leaves out averages to zeros, as every rank must send.
+        opt.zero_grad();
+        reducer.prepare(3);
+        backward(1, 0);
+        reducer.finish();
+        CHECK(torch::equal(p1.grad(), g1));
+        CHECK(p2.grad().count_nonzero().item<int64_t>() == 0);
+    }
+    // The reducer is gone: backward accumulates as plain autograd does, with no hook left to call.
+    backward(1, 1);
+    CHECK(torch::equal(p1.grad(), g1 * 2));
+    CHECK(torch::equal(p2.grad(), g2));
+}

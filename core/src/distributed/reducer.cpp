@@ -10,6 +10,9 @@
 #include <mutex>
 #include <thread>
 
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
 #include "distributed/exchange.h"
 #include "distributed/process_group_impl.h"
 #include "lathe/core/error.h"
@@ -39,6 +42,9 @@ struct Reducer::Impl {
     // Residuals read from a checkpoint (restoreResiduals), by name, until their bucket's buffers
     // are allocated on its first compressed exchange.
     std::map<std::string, torch::Tensor> pendingResiduals;
+    // The post hooks on the parameters' gradient accumulators (held: a leaf keeps its accumulator
+    // only weakly), removed when the reducer goes.
+    std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks;
 
     static std::string residualName(int rank, size_t bucket, bool shard) {
         return residualPrefix(rank) + std::to_string(bucket) + (shard ? ".shard" : ".residual");
@@ -135,12 +141,42 @@ struct Reducer::Impl {
         }
     }
 
-    void onGrad(size_t index, const torch::Tensor& grad) {
+    // Whether `grad` is parameter `index`'s slice of its bucket (what gradFor handed out).
+    bool isBucketView(size_t index, const torch::Tensor& grad) const {
+        const auto [bi, slot] = where[index];
+        const auto& b = buckets[bi];
+        return grad.defined() && grad.is_contiguous() && grad.numel() == params[index].numel() &&
+               grad.device() == b.buffer.device() && grad.scalar_type() == b.buffer.scalar_type() &&
+               grad.data_ptr() == static_cast<void*>(b.buffer.data_ptr<float>() + b.offsets[slot]);
+    }
+
+    // Parameter `index`'s gradient as an alias of its slice of the bucket, as PyTorch DDP's
+    // gradient_as_bucket_view: backward then adds into the bucket and the averaged result is the
+    // gradient, with no copy in or out. An alias of the storage, not an autograd view, so that
+    // Optimizer::zero_grad's detach_() accepts it. None where the parameter is not an fp32 tensor
+    // on the communication device (a GPU model exchanged by Gloo through host memory).
+    torch::Tensor gradFor(size_t index) const {
+        const auto& p = params[index];
+        const auto [bi, slot] = where[index];
+        const auto& b = buckets[bi];
+        if (p.device() != b.buffer.device() || p.scalar_type() != torch::kFloat) return {};
+        torch::NoGradGuard noGrad;
+        return torch::empty({0}, b.buffer.options())
+            .set_(b.buffer.storage(), b.buffer.storage_offset() + b.offsets[slot], p.sizes());
+    }
+
+    // Parameter `index`'s gradient for this step is complete (backward accumulated it): into the
+    // bucket with it, unless it is there already, and launch what is ready.
+    void onGrad(size_t index) {
         std::lock_guard<std::mutex> lk(mutex);
         const auto [bi, slot] = where[index];
         auto& b = buckets[bi];
+        const auto& grad = params[index].grad();
         const auto n = params[index].numel();
-        b.buffer.narrow(0, b.offsets[slot], n).copy_(grad.reshape({-1}));
+        if (!grad.defined())
+            b.buffer.narrow(0, b.offsets[slot], n).zero_();
+        else if (!isBucketView(index, grad))
+            b.buffer.narrow(0, b.offsets[slot], n).copy_(grad.reshape({-1}));
         if (!b.ready[slot]) {
             b.ready[slot] = 1;
             if (b.pending > 0) --b.pending;
@@ -196,13 +232,29 @@ Reducer::Reducer(DistContext& ctx, std::vector<torch::Tensor> params, double buc
         b.buffer = torch::zeros({n}, torch::TensorOptions().dtype(torch::kFloat).device(ctx.commDevice()));
     }
     if (!d.strategy->asynchronous()) d.commThread = std::thread([impl = m_impl.get()] { impl->commLoop(); });
+    // Overlap: each parameter's bucket slot is filled once backward has accumulated its gradient,
+    // by a hook after its AccumulateGrad node (as DDP's autograd_hook), so that a gradient aliasing
+    // the bucket is complete there and needs no copy.
     for (size_t k = 0; k < d.params.size() && overlap; ++k)
-        if (!isSparse(k))
-            d.params[k].register_hook(
-                [impl = m_impl.get(), k](const torch::Tensor& grad) { impl->onGrad(k, grad); });
+        if (!isSparse(k)) {
+            auto accumulator = torch::autograd::impl::grad_accumulator(d.params[k]);
+            if (!accumulator)
+                throw ConfigError("data-parallel training needs parameters that require gradients");
+            const auto key =
+                accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+                    [impl = m_impl.get(), k](const torch::autograd::variable_list& outputs,
+                                             const torch::autograd::variable_list&) {
+                        impl->onGrad(k);
+                        return outputs;
+                    }));
+            d.hooks.emplace_back(std::move(accumulator), key);
+        }
 }
 
-Reducer::~Reducer() = default;
+Reducer::~Reducer() {
+    // The parameters outlive the reducer: their accumulators must not call into it any more.
+    for (auto& [accumulator, key] : m_impl->hooks) accumulator->del_post_hook(key);
+}
 
 void Reducer::prepare(int64_t step) {
     auto& d = *m_impl;
@@ -302,7 +354,7 @@ Reducer::Stats Reducer::finish() {
         for (size_t k = d.params.size(); k-- > 0;)
             if (d.params[k].grad().defined() &&
                 std::find(d.sparse.begin(), d.sparse.end(), k) == d.sparse.end())
-                d.onGrad(k, d.params[k].grad());
+                d.onGrad(k);
     {
         std::lock_guard<std::mutex> lk(d.mutex);
         // A parameter that took no part in this step's graph: contribute zeros, so that the
@@ -332,7 +384,14 @@ Reducer::Stats Reducer::finish() {
         if (ring) b.work->wait();
         payload += b.buffer.numel() * 4;
         for (size_t slot = 0; slot < b.params.size(); ++slot) {
-            auto& p = d.params[b.params[slot]];
+            const size_t k = b.params[slot];
+            auto& p = d.params[k];
+            if (d.isBucketView(k, p.grad())) continue;  // averaged in place
+            if (auto alias = d.gradFor(k); alias.defined()) {
+                // From now on backward adds into the bucket (this step's gradient was copied in).
+                p.mutable_grad() = std::move(alias);
+                continue;
+            }
             auto avg = b.buffer.narrow(0, b.offsets[slot], p.numel()).view_as(p);
             if (p.grad().defined())
                 p.mutable_grad().copy_(avg);
