@@ -110,6 +110,12 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
     m_tabs->setObjectName(QStringLiteral("viewTabs"));
     m_tabs->setDocumentMode(true);
     m_dashboard = new widgets::Dashboard;
+    // Runs overlaid from rows (recorded before packs existed) are packed for the next overlay.
+    connect(m_dashboard, &widgets::Dashboard::runsUnpacked, this,
+            [this](const QString& path, const QList<qint64>& runIds) {
+                if (!m_store || QString::fromStdString(m_store->path()) != path) return;
+                m_store->packSeries(std::vector<int64_t>(runIds.begin(), runIds.end()));
+            });
     // The per-run views: one line each.
     addRunView(m_dashboard, QStringLiteral("dashboard"));
     addRunView(new widgets::LossScaleView, QStringLiteral("lossScaleView"));

@@ -4,11 +4,13 @@
 //   overlay   Dashboard::showRuns of all N runs: read and rendered off the GUI thread
 //   baseline  the one-graph-per-series path (store reads and setSeries on the GUI thread, as the
 //             dashboard draws up to a dozen runs) for the first K runs
-// and then a zoom, a pan and a colour change of the overlay. Fails when the overlay never
-// arrives or holds the wrong number of curves or points; never because a figure is slow.
+// and then a zoom, a pan and a colour change of the overlay. The overlay is measured from rows
+// (the workspace's packed series dropped first) and then from packs (Store::packSeries, timed). Fails when
+// the overlay never arrives or holds the wrong number of curves or points; never because a figure is slow.
 //
 //   QT_QPA_PLATFORM=offscreen bench_overlay [--runs N] [--points P] [--baseline-runs K]
 //                                           [--workspace FILE] [--screenshot PNG] [--quick] [--out DIR]
+#include <sqlite3.h>
 #include <unistd.h>
 #include <QApplication>
 #include <QElapsedTimer>
@@ -45,6 +47,19 @@ using lathe::widgets::Dashboard;
 namespace {
 
 double msSince(const QElapsedTimer& t) { return double(t.nsecsElapsed()) / 1e6; }
+
+// Drops the workspace's packed series, so that an overlay reads rows (as in a workspace recorded
+// before packs existed).
+void dropPacks(const std::string& path) {
+    sqlite3* db = nullptr;
+    if (sqlite3_open(path.c_str(), &db) != SQLITE_OK ||
+        sqlite3_exec(db, "DELETE FROM metric_packs", nullptr, nullptr, nullptr) != SQLITE_OK) {
+        std::fprintf(stderr, "bench_overlay: cannot drop the packs of %s: %s\n", path.c_str(),
+                     sqlite3_errmsg(db));
+        std::exit(1);
+    }
+    sqlite3_close(db);
+}
 
 // Counts points per run: train keys every step, val keys every 20th step, P points in all.
 int64_t stepsFor(int64_t points) { return std::max<int64_t>(1, points * 10 / 21); }
@@ -189,33 +204,56 @@ int main(int argc, char** argv) {
         StallMeter meter;
 
         // ---- overlay: all runs -------------------------------------------------------------
-        QElapsedTimer shown;
-        meter.start();
-        post([&] {
-            shown.start();
-            dash.showRuns(store, ids);
-        });
-        auto overlayDone = [&] {
+        // Twice: first from rows (the workspace's packs dropped, as in a workspace recorded before
+        // packs), then from the packs that ended runs keep (Store::packSeries, timed between).
+        auto overlayDone = [&](const QElapsedTimer& shown) {
             return shown.isValid() && !dash.overlayLoading() && dash.lossChart()->hasOverlay() &&
                    dash.lossChart()->overlayCurrent() && dash.accuracyChart()->overlayCurrent();
         };
-        double loadedMs = 0;
-        QObject::connect(&dash, &Dashboard::overlayLoaded, [&] { loadedMs = msSince(shown); });
-        const bool arrived = waitFor(overlayDone, 600000);
-        const double overlayMs = msSince(shown);
-        const double overlayStall = meter.stop();
-        const auto* loss = dash.lossChart()->overlayData();
-        const auto* acc = dash.accuracyChart()->overlayData();
-        const int64_t gotPoints = (loss ? loss->points : 0) + (acc ? acc->points : 0);
-        const size_t gotCurves = (loss ? loss->curves.size() : 0) + (acc ? acc->curves.size() : 0);
-        if (!arrived || gotCurves != size_t(runs) * 4 || gotPoints != int64_t(runs) * perRun) {
-            std::fprintf(stderr,
-                         "bench_overlay: FAILED: overlay %s with %zu curves and %lld points (expected %d "
-                         "curves, %lld points)\n",
-                         arrived ? "arrived" : "never arrived", gotCurves, static_cast<long long>(gotPoints),
-                         runs * 4, static_cast<long long>(int64_t(runs) * perRun));
-            rc = 1;
-        }
+        struct OverlayFigures {
+            double loadedMs = 0, drawnMs = 0, stallMs = 0;
+        };
+        auto measureOverlay = [&](const char* what) {
+            OverlayFigures f;
+            dash.clear();
+            QApplication::processEvents();
+            QElapsedTimer shown;
+            meter.start();
+            post([&] {
+                shown.start();
+                dash.showRuns(store, ids);
+            });
+            const auto c =
+                QObject::connect(&dash, &Dashboard::overlayLoaded, [&] { f.loadedMs = msSince(shown); });
+            const bool arrived = waitFor([&] { return overlayDone(shown); }, 600000);
+            QObject::disconnect(c);
+            f.drawnMs = msSince(shown);
+            f.stallMs = meter.stop();
+            const auto* loss = dash.lossChart()->overlayData();
+            const auto* acc = dash.accuracyChart()->overlayData();
+            const int64_t gotPoints = (loss ? loss->points : 0) + (acc ? acc->points : 0);
+            const size_t gotCurves = (loss ? loss->curves.size() : 0) + (acc ? acc->curves.size() : 0);
+            if (!arrived || gotCurves != size_t(runs) * 4 || gotPoints != int64_t(runs) * perRun) {
+                std::fprintf(
+                    stderr,
+                    "bench_overlay: FAILED: overlay %s %s with %zu curves and %lld points (expected %d "
+                    "curves, %lld points)\n",
+                    what, arrived ? "arrived" : "never arrived", gotCurves, static_cast<long long>(gotPoints),
+                    runs * 4, static_cast<long long>(int64_t(runs) * perRun));
+                rc = 1;
+            }
+            return f;
+        };
+        dropPacks(workspace);
+        const OverlayFigures fromRows = measureOverlay("from rows");
+        QElapsedTimer packing;
+        packing.start();
+        store.packSeries(ids);
+        store.flush();
+        const double packMs = msSince(packing);
+        const OverlayFigures fromPacks = measureOverlay("from packs");
+        const double loadedMs = fromPacks.loadedMs, overlayMs = fromPacks.drawnMs,
+                     overlayStall = fromPacks.stallMs;
 
         // ---- zoom, pan and recolour the overlay: renders off the GUI thread -----------------
         auto rendered = [&] {
@@ -317,8 +355,16 @@ int main(int argc, char** argv) {
                     static_cast<long long>(perRun), static_cast<long long>(int64_t(runs) * perRun),
                     qPrintable(QApplication::platformName()));
         std::printf(
-            "  overlay of %d runs: loaded in %8.1f ms, drawn in %8.1f ms; longest GUI stall %6.1f ms\n", runs,
-            loadedMs, overlayMs, overlayStall);
+            "  overlay of %d runs from rows:  loaded in %8.1f ms, drawn in %8.1f ms; longest GUI stall %6.1f "
+            "ms\n",
+            runs, fromRows.loadedMs, fromRows.drawnMs, fromRows.stallMs);
+        std::printf("  packing their series (once, Store::packSeries): %.1f ms\n", packMs);
+        std::printf(
+            "  overlay of %d runs from packs: loaded in %8.1f ms, drawn in %8.1f ms; longest GUI stall %6.1f "
+            "ms\n",
+            runs, loadedMs, overlayMs, overlayStall);
+        std::printf("  rows / packs, time to drawn: %.2fx\n",
+                    overlayMs > 0 ? fromRows.drawnMs / overlayMs : 0.0);
         std::printf(
             "  zoom %.1f ms, pan %.1f ms, colour by lr %.1f ms to a new image; longest GUI stall %6.1f ms\n",
             zoomMs, panMs, recolourMs, interactStall);
@@ -333,6 +379,7 @@ int main(int argc, char** argv) {
             fs::create_directories(args.out);
             std::ofstream(fs::path(args.out) / "bench_overlay.json")
                 << "{\"runs\": " << runs << ", \"points_per_run\": " << perRun
+                << ", \"rows_overlay_drawn_ms\": " << fromRows.drawnMs << ", \"pack_ms\": " << packMs
                 << ", \"overlay_loaded_ms\": " << loadedMs << ", \"overlay_drawn_ms\": " << overlayMs
                 << ", \"overlay_longest_stall_ms\": " << overlayStall << ", \"zoom_ms\": " << zoomMs
                 << ", \"pan_ms\": " << panMs << ", \"recolour_ms\": " << recolourMs

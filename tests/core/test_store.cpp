@@ -215,7 +215,8 @@ TEST_CASE("a schema-1 workspace is migrated forward and keeps its runs", "[store
         "DROP TABLE deployments; DROP TABLE serving_metrics; DROP TABLE alerts; DROP TABLE workspace; "
         "DROP TABLE hosts; DROP TABLE deployment_tokens; DROP TABLE rollout_decisions; DROP TABLE rollouts; "
         "DROP TABLE dataset_history; DROP TABLE dataset_files; DROP TABLE dataset_versions; DROP TABLE "
-        "datasets; DROP TABLE trial_rungs; DROP TABLE trials; DROP TABLE studies; ALTER TABLE runs DROP "
+        "datasets; DROP TABLE metric_packs; DROP TABLE trial_rungs; DROP TABLE trials; DROP TABLE studies; "
+        "ALTER TABLE runs DROP "
         "COLUMN data_version_id; PRAGMA user_version = 1;");
     Store s(path);
     CHECK(s.schemaVersion() == Store::kSchemaVersion);
@@ -426,7 +427,8 @@ TEST_CASE("a schema-5 workspace is migrated forward and gets an empty hosts tabl
             "ALTER TABLE model_versions DROP COLUMN parent_model; ALTER TABLE model_versions DROP COLUMN "
             "derivation; ALTER TABLE model_versions DROP COLUMN report; DROP TABLE rollout_decisions; "
             "DROP TABLE rollouts; DROP TABLE dataset_history; DROP TABLE dataset_files; DROP TABLE "
-            "dataset_versions; DROP TABLE datasets; DROP TABLE trial_rungs; DROP TABLE trials; DROP TABLE "
+            "dataset_versions; DROP TABLE datasets; DROP TABLE metric_packs; DROP TABLE trial_rungs; DROP "
+            "TABLE trials; DROP TABLE "
             "studies; ALTER TABLE runs DROP COLUMN data_version_id; PRAGMA "
             "user_version = 5;");
     Store s(path);
@@ -456,7 +458,8 @@ TEST_CASE("a schema-6 workspace is migrated to 7, keeps its deployments and gets
             "action, started_at, instance) VALUES('digits', 1, 'local', 'http://127.0.0.1:8500', 42, 'user', "
             "'deploy', 1.0, 'nonce'); DROP TABLE rollout_decisions; DROP TABLE rollouts; "
             "DROP TABLE dataset_history; DROP TABLE dataset_files; DROP TABLE dataset_versions; DROP TABLE "
-            "datasets; DROP TABLE trial_rungs; DROP TABLE trials; DROP TABLE studies; ALTER TABLE runs DROP "
+            "datasets; DROP TABLE metric_packs; DROP TABLE trial_rungs; DROP TABLE trials; DROP TABLE "
+            "studies; ALTER TABLE runs DROP "
             "COLUMN data_version_id; PRAGMA user_version = 6;");
     {
         Store s(path);
@@ -598,4 +601,104 @@ TEST_CASE("readSeries hands out every point of many runs, through the index or a
     });
     CHECK(series == 70);
     CHECK(points == 0);
+}
+
+namespace {
+
+int64_t countRows(const std::string& path, const std::string& sql) {
+    sqlite3* db = nullptr;
+    REQUIRE(sqlite3_open(path.c_str(), &db) == SQLITE_OK);
+    sqlite3_stmt* st = nullptr;
+    REQUIRE(sqlite3_prepare_v2(db, sql.c_str(), -1, &st, nullptr) == SQLITE_OK);
+    REQUIRE(sqlite3_step(st) == SQLITE_ROW);
+    const auto n = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return n;
+}
+
+std::vector<Store::Series> readAll(const std::string& path, const std::vector<int64_t>& runs,
+                                   std::vector<int64_t>* unpacked = nullptr) {
+    std::vector<Store::Series> got;
+    Store::readSeries(
+        path, runs, {},
+        [&](Store::Series&& s) {
+            got.push_back(std::move(s));
+            return true;
+        },
+        {}, unpacked);
+    return got;
+}
+
+}  // namespace
+
+TEST_CASE("an ended run's series are read from their packs, and a pack goes when its points change",
+          "[store][overlay]") {
+    TempDir dir;
+    const std::string path = dir.file("p.db");
+    Store store(path);
+    std::vector<int64_t> runs;
+    // 70 runs of 2 keys: the first 10 end (completed, stopped or failed) and are packed; the
+    // other 60 are still running, enough unpacked series for the parallel scan.
+    for (int r = 0; r < 70; ++r) {
+        const int64_t id = newRun(store, "run" + std::to_string(r));
+        runs.push_back(id);
+        store.setRunStatus(id, RunStatus::Running);
+        for (int64_t s = 0; s < 600; ++s) {
+            const int64_t step = r == 0 ? (s * 7) % 600 : s;  // run 0 wrote its steps out of order
+            store.appendMetric(id, "train/loss", step, 0,
+                               r == 0 && s % 50 == 0 ? std::nan("") : 1.0 / (1 + s + r));
+            store.appendMetric(id, "train/accuracy", step, 0, 0.001 * double(s));
+        }
+        if (r < 10)
+            store.setRunStatus(id, r % 3 == 0 ? RunStatus::Completed
+                                              : (r % 3 == 1 ? RunStatus::Stopped : RunStatus::Failed));
+    }
+    store.flush();
+    CHECK(countRows(path, "SELECT count(*) FROM metric_packs") == 20);
+
+    // Packed and unpacked series mixed, through the scan and through the index: the same points.
+    std::vector<int64_t> unpacked;
+    checkAgainstMetrics(store, readAll(path, runs, &unpacked), runs);
+    CHECK(unpacked == std::vector<int64_t>(runs.begin() + 10, runs.end()));
+    const std::vector<int64_t> few{runs[0], runs[4], runs[20]};
+    unpacked.clear();
+    checkAgainstMetrics(store, readAll(path, few, &unpacked), few);
+    CHECK(unpacked == std::vector<int64_t>{runs[20]});
+
+    // A pack that disagrees with itself is not believed: the rows are read.
+    sqlExec(path, ("UPDATE metric_packs SET points = points + 1 WHERE key_id IN (SELECT id FROM metric_keys "
+                   "WHERE run_id = " +
+                   std::to_string(runs[4]) + ")")
+                      .c_str());
+    unpacked.clear();
+    checkAgainstMetrics(store, readAll(path, few, &unpacked), few);
+    CHECK(unpacked == std::vector<int64_t>{runs[4], runs[20]});
+
+    // Points added to an ended run (an evaluation afterwards) or dropped (a resume): its packs go,
+    // and the reads see the change.
+    store.appendMetric(runs[0], "train/loss", 600, 0, 0.25);
+    store.dropMetricsAfter(runs[1], 300);
+    store.flush();
+    CHECK(countRows(path, "SELECT count(*) FROM metric_packs") == 20 - 1 - 2);
+    CHECK(countRows(path,
+                    "SELECT count(*) FROM metric_packs WHERE key_id IN (SELECT id FROM metric_keys WHERE "
+                    "run_id = " +
+                        std::to_string(runs[0]) + ")") == 1);
+    checkAgainstMetrics(store, readAll(path, runs), runs);
+    REQUIRE(store.metrics(runs[0], "train/loss").size() == 601);
+
+    // Packing on request: ended runs only, in small transactions; a running run is left alone.
+    store.packSeries(runs);
+    store.flush();
+    CHECK(countRows(path, "SELECT count(*) FROM metric_packs") == 20);
+    unpacked.clear();
+    checkAgainstMetrics(store, readAll(path, runs, &unpacked), runs);
+    CHECK(unpacked.size() == 60);
+
+    // A run deleted with its keys takes its packs along.
+    sqlExec(path,
+            ("PRAGMA foreign_keys=ON; DELETE FROM metric_keys WHERE run_id = " + std::to_string(runs[2]))
+                .c_str());
+    CHECK(countRows(path, "SELECT count(*) FROM metric_packs") == 18);
 }

@@ -131,7 +131,8 @@ TEST_CASE("files of the old shared layout are adopted into the workspace's own d
                       "ALTER TABLE model_versions DROP COLUMN derivation; "
                       "ALTER TABLE model_versions DROP COLUMN report; DROP TABLE rollout_decisions; "
                       "DROP TABLE rollouts; DROP TABLE dataset_history; DROP TABLE dataset_files; DROP TABLE "
-                      "dataset_versions; DROP TABLE datasets; DROP TABLE trial_rungs; DROP TABLE trials; "
+                      "dataset_versions; DROP TABLE datasets; DROP TABLE metric_packs; DROP TABLE "
+                      "trial_rungs; DROP TABLE trials; "
                       "DROP TABLE studies; ALTER TABLE runs DROP COLUMN data_version_id; "
                       "PRAGMA user_version = 4;");
 

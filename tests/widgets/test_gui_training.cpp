@@ -212,16 +212,30 @@ TEST_CASE("The runs list filters as one types, and Ctrl+A overlays every run sho
     QTemporaryDir dir;
     REQUIRE(dir.isValid());
     const QString db = dir.path() + "/workspace.db";
+    std::vector<int64_t> ids;
     {
         lathe::core::Store store(db.toStdString());
         for (int i = 0; i < 20; ++i) {
             const int64_t id =
                 store.createRun(i < 15 ? "sweep" : "baseline", "r" + std::to_string(i), "mlp",
                                 "synthetic:spirals", "", {{"lr", std::to_string(0.001 * (i + 1))}}, "local");
+            ids.push_back(id);
             for (int s = 0; s < 50; ++s) store.appendMetric(id, "train/loss", s, 0, 1.0 / (1 + s + i));
+            if (i < 10) {
+                // Ended, then given a point: its pack is dropped, as for a run recorded before packs.
+                store.setRunStatus(id, lathe::core::RunStatus::Completed);
+                store.appendMetric(id, "train/loss", 50, 0, 0.01);
+            }
         }
         store.flush();
     }
+    auto unpackedRuns = [&] {
+        std::vector<int64_t> unpacked;
+        lathe::core::Store::readSeries(
+            db.toStdString(), ids, {}, [](lathe::core::Store::Series&&) { return true; }, {}, &unpacked);
+        return unpacked;
+    };
+    REQUIRE(unpackedRuns().size() == 20);
     auto window = openWindow(db);
     REQUIRE(waitForRuns(*window));
     auto* table = window->runTable();
@@ -240,6 +254,10 @@ TEST_CASE("The runs list filters as one types, and Ctrl+A overlays every run sho
     REQUIRE(waitUntil([&] { return !dash->overlayLoading() && dash->lossChart()->hasOverlay(); }, 10000));
     CHECK(dash->lossChart()->overlayData()->curves.size() == 15);
     CHECK(dash->lossChart()->graphCount() == 0);
+    // The overlay read the ended runs' rows: the window has them packed for the next overlay,
+    // and leaves the runs that never ended (5 of them overlaid) as they are.
+    REQUIRE(waitUntil([&] { return unpackedRuns().size() == 10; }, 10000));
+    CHECK(unpackedRuns() == std::vector<int64_t>(ids.begin() + 10, ids.end()));
 
     window->runFilter()->clear();
     REQUIRE(waitUntil([&] { return table->model()->rowCount() == 20; }, 2000));

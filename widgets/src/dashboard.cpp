@@ -176,6 +176,7 @@ void Dashboard::loadOverlay(const std::string& path, std::vector<int64_t> runIds
         auto loss = std::make_shared<OverlayData>(), accuracy = std::make_shared<OverlayData>();
         Params params;
         QString error;
+        std::vector<int64_t> unpacked;
         QElapsedTimer sinceReport;
         sinceReport.start();
         const QString total = QLocale().toString(qlonglong(runIds.size()));
@@ -212,7 +213,7 @@ void Dashboard::loadOverlay(const std::string& path, std::vector<int64_t> runIds
                     (chart == 0 ? loss : accuracy)->curves.push_back(std::move(c));
                     return true;
                 },
-                keepGoing);
+                keepGoing, &unpacked);
             if (current()) params = core::Store::readParams(path, runIds);
         } catch (const std::exception& e) {
             error = QString::fromUtf8(e.what());
@@ -220,11 +221,13 @@ void Dashboard::loadOverlay(const std::string& path, std::vector<int64_t> runIds
         if (!current()) return;
         loss->finish();
         accuracy->finish();
+        QList<qint64> toPack(unpacked.begin(), unpacked.end());
         QMetaObject::invokeMethod(
             this,
-            [this, generation, loss, accuracy, params = std::move(params), error] {
+            [this, generation, loss, accuracy, params = std::move(params), error, path, toPack] {
                 if (generation != m_loadGeneration.load()) return;
                 m_overlayLoading = false;
+                if (!toPack.isEmpty() && error.isEmpty()) Q_EMIT runsUnpacked(QString::fromStdString(path), toPack);
                 if (!error.isEmpty()) {
                     const QString text = tr("could not load the runs: %1").arg(error);
                     m_loss->setOverlayStatus(text);

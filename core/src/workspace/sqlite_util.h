@@ -27,6 +27,9 @@ public:
         return check(sqlite3_bind_text(m_stmt, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT));
     }
     Stmt& bindNull(int i) { return check(sqlite3_bind_null(m_stmt, i)); }
+    Stmt& bindBlob(int i, const void* data, size_t bytes) {
+        return check(sqlite3_bind_blob64(m_stmt, i, data, bytes, SQLITE_TRANSIENT));
+    }
     /// true while there is a row.
     bool step() {
         const int rc = sqlite3_step(m_stmt);
@@ -49,6 +52,12 @@ public:
     int64_t i64(int c) const { return sqlite3_column_int64(m_stmt, c); }
     double f64(int c) const { return sqlite3_column_double(m_stmt, c); }
     bool isNull(int c) const { return sqlite3_column_type(m_stmt, c) == SQLITE_NULL; }
+    /// Column c's bytes (a blob; valid until the next step or reset) and their count.
+    const void* blob(int c, size_t& bytes) const {
+        const void* p = sqlite3_column_blob(m_stmt, c);
+        bytes = static_cast<size_t>(sqlite3_column_bytes(m_stmt, c));
+        return p;
+    }
     std::string text(int c) const {
         const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(m_stmt, c));
         return p ? std::string(p, sqlite3_column_bytes(m_stmt, c)) : std::string();

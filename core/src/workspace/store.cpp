@@ -14,6 +14,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <filesystem>
@@ -316,6 +317,17 @@ CREATE TABLE trial_rungs(
   promoted INTEGER NOT NULL,
   PRIMARY KEY(trial_id, rung)) WITHOUT ROWID;
 )sql",
+    // 11 -> 12: packed copies of ended runs' series (float32 steps and values in step order, as
+    // the overlay draws them), so that overlaying many runs reads a blob per series rather than
+    // a row per point. Derived data: the writer packs a run when it ends (Store::packSeries for
+    // older ones) and drops a key's pack whenever points are added to it or dropped from it.
+    R"sql(
+CREATE TABLE metric_packs(
+  key_id INTEGER PRIMARY KEY REFERENCES metric_keys(id) ON DELETE CASCADE,
+  points INTEGER NOT NULL,
+  steps BLOB NOT NULL,
+  vals BLOB NOT NULL);
+)sql",
 };
 constexpr int kLatestSchema = static_cast<int>(sizeof(kMigrations) / sizeof(kMigrations[0]));
 static_assert(kLatestSchema == Store::kSchemaVersion, "add a migration when bumping the schema version");
@@ -339,6 +351,7 @@ struct WriteOp {
         Log,
         Artifact,
         DropMetrics,
+        PackSeries,
         MaxPages,
         AddHost,
         UpdateHost,
@@ -353,6 +366,7 @@ struct WriteOp {
     std::vector<MetricRow> rows;                         // Kind::Metrics: consecutive points, in order
     std::vector<std::pair<int64_t, ProfileSpan>> spans;  // Kind::Spans: (run, span), in order
     std::shared_ptr<const HostRecord> host;              // AddHost, UpdateHost (RemoveHost: a = name)
+    std::vector<int64_t> ids;                            // PackSeries: the runs
     std::shared_ptr<std::promise<int64_t>> reply;
 };
 
@@ -389,8 +403,14 @@ struct Store::Impl {
     std::thread writer;
     // Writer-thread state: metric_keys ids per (run, interned key), so each point is one insert.
     std::vector<std::string> writerKeyNames;  // the writer's copy of keyNames
-    std::map<std::pair<int64_t, uint32_t>, int64_t> keyIds;
-    std::unique_ptr<Stmt> insertMetric, insertLog, insertSpan;
+    // With each id, the Metrics op that last dropped its pack (metricsOps): once per op and key.
+    struct KeyEntry {
+        int64_t id = 0;
+        uint64_t unpackedIn = 0;
+    };
+    std::map<std::pair<int64_t, uint32_t>, KeyEntry> keyIds;
+    uint64_t metricsOps = 0;
+    std::unique_ptr<Stmt> insertMetric, insertLog, insertSpan, dropPack;
 
     ~Impl() {
         if (writer.joinable()) {
@@ -404,6 +424,7 @@ struct Store::Impl {
         insertMetric.reset();
         insertLog.reset();
         insertSpan.reset();
+        dropPack.reset();
         if (readDb) sqlite3_close_v2(readDb);
         if (writeDb) sqlite3_close_v2(writeDb);
     }
@@ -415,7 +436,8 @@ struct Store::Impl {
     void writerLoop();
     void beginWrite();
     int64_t apply(const WriteOp& op);
-    int64_t keyId(int64_t run, uint32_t key);
+    KeyEntry& keyId(int64_t run, uint32_t key);
+    void packRun(int64_t run);
     void enqueue(WriteOp op) {
         {
             std::lock_guard<std::mutex> lk(queueMutex);
@@ -627,7 +649,7 @@ void Store::Impl::migrate() {
     }
 }
 
-int64_t Store::Impl::keyId(int64_t run, uint32_t key) {
+Store::Impl::KeyEntry& Store::Impl::keyId(int64_t run, uint32_t key) {
     const auto cacheKey = std::make_pair(run, key);
     auto it = keyIds.find(cacheKey);
     if (it != keyIds.end()) return it->second;
@@ -638,8 +660,38 @@ int64_t Store::Impl::keyId(int64_t run, uint32_t key) {
     select.bind(1, run).bind(2, name);
     if (!select.step()) throw StoreError("metric key lookup failed");
     const int64_t id = select.i64(0);
-    keyIds.emplace(cacheKey, id);
-    return id;
+    return keyIds.emplace(cacheKey, KeyEntry{id, 0}).first->second;
+}
+
+void Store::Impl::packRun(int64_t run) {
+    Stmt status(writeDb, "SELECT status FROM runs WHERE id = ?");
+    status.bind(1, run);
+    if (!status.step()) return;  // deleted meanwhile
+    const std::string st = status.text(0);
+    if (st == "running" || st == "created") return;  // still gaining points
+    Stmt keys(writeDb, "SELECT id FROM metric_keys WHERE run_id = ?");
+    keys.bind(1, run);
+    std::vector<int64_t> ids;
+    while (keys.step()) ids.push_back(keys.i64(0));
+    Stmt points(writeDb, "SELECT step, value FROM metrics WHERE key_id = ? ORDER BY step, rowid");
+    Stmt put(writeDb, "INSERT OR REPLACE INTO metric_packs(key_id, points, steps, vals) VALUES(?,?,?,?)");
+    std::vector<float> steps, values;
+    for (const int64_t id : ids) {
+        steps.clear();
+        values.clear();
+        points.bind(1, id);
+        while (points.step()) {
+            steps.push_back(float(points.i64(0)));
+            values.push_back(points.isNull(1) ? std::numeric_limits<float>::quiet_NaN()
+                                              : float(points.f64(1)));
+        }
+        points.reset();
+        put.bind(1, id)
+            .bind(2, int64_t(steps.size()))
+            .bindBlob(3, steps.data(), steps.size() * sizeof(float))
+            .bindBlob(4, values.data(), values.size() * sizeof(float))
+            .run();
+    }
 }
 
 int64_t Store::Impl::apply(const WriteOp& op) {
@@ -649,6 +701,7 @@ int64_t Store::Impl::apply(const WriteOp& op) {
             writeDb, "INSERT INTO metrics(key_id, step, wall_time, value) VALUES(?,?,?,?)");
         insertLog = std::make_unique<Stmt>(
             writeDb, "INSERT INTO events(run_id, wall_time, level, text) VALUES(?,?,?,?)");
+        dropPack = std::make_unique<Stmt>(writeDb, "DELETE FROM metric_packs WHERE key_id = ?");
         insertSpan = std::make_unique<Stmt>(
             writeDb,
             "INSERT INTO profile_spans(run_id, step, kind, name, shapes, thread, start_ns, "
@@ -658,9 +711,16 @@ int64_t Store::Impl::apply(const WriteOp& op) {
         case WriteOp::Kind::Metrics: {
             auto& s = *insertMetric;
             std::exception_ptr firstError;
+            // A key given points is no longer what its pack says: the pack goes (once per key here).
+            const uint64_t thisOp = ++metricsOps;
             for (const auto& r : op.rows) {
                 try {
-                    s.bind(1, keyId(r.run, r.key)).bind(2, r.step).bind(3, r.t);
+                    auto& key = keyId(r.run, r.key);
+                    if (key.unpackedIn != thisOp) {
+                        dropPack->bind(1, key.id).run();
+                        key.unpackedIn = thisOp;
+                    }
+                    s.bind(1, key.id).bind(2, r.step).bind(3, r.t);
                     if (std::isnan(r.value))
                         s.bindNull(4);
                     else
@@ -736,6 +796,8 @@ int64_t Store::Impl::apply(const WriteOp& op) {
             Stmt s(writeDb, sql);
             s.bind(1, op.a).bind(2, op.b).bind(3, op.t).bind(4, op.run).run();
             if (sqlite3_changes(writeDb) == 0) throw StoreError("no run " + std::to_string(op.run));
+            // A run that ended has all its points: pack them for overlays of many runs.
+            if (op.a != "running" && op.a != "created") packRun(op.run);
             return 0;
         }
         case WriteOp::Kind::UpdateConfig: {
@@ -757,10 +819,17 @@ int64_t Store::Impl::apply(const WriteOp& op) {
                    "DELETE FROM metrics WHERE step > ? AND key_id IN (SELECT id FROM metric_keys WHERE "
                    "run_id = ?)");
             s.bind(1, op.step).bind(2, op.run).run();
+            Stmt packs(
+                writeDb,
+                "DELETE FROM metric_packs WHERE key_id IN (SELECT id FROM metric_keys WHERE run_id = ?)");
+            packs.bind(1, op.run).run();
             Stmt p(writeDb, "DELETE FROM profile_spans WHERE run_id = ? AND step > ?");
             p.bind(1, op.run).bind(2, op.step).run();
             return 0;
         }
+        case WriteOp::Kind::PackSeries:
+            for (const int64_t run : op.ids) packRun(run);
+            return 0;
         case WriteOp::Kind::MaxPages: {
             // A connection setting, applied on the writer's own connection (opened NOMUTEX).
             const std::string sql = "PRAGMA max_page_count = " + std::to_string(op.step);
@@ -841,8 +910,22 @@ void Store::Impl::writerLoop() {
                 queueCv.wait_for(lk, kLinger, [&] { return stopping || urgent || queuedRows >= kWakeRows; });
             urgent = false;
             if (queue.empty() && stopping) return;
-            batch.swap(queue);
-            queuedRows = 0;
+            // Packing reads every point of its runs: at most one PackSeries op per transaction, so
+            // that other writers (and this Store's own points) wait for one op's worth at most.
+            const auto firstPack = std::find_if(queue.begin(), queue.end(), [](const WriteOp& o) {
+                return o.kind == WriteOp::Kind::PackSeries;
+            });
+            if (firstPack == queue.end() || std::next(firstPack) == queue.end()) {
+                batch.swap(queue);
+                queuedRows = 0;
+            } else {
+                const auto cut = std::next(firstPack);
+                for (auto it = queue.begin(); it != cut; ++it)
+                    queuedRows -= std::min(queuedRows, it->rows.size() + it->spans.size());
+                batch.assign(std::make_move_iterator(queue.begin()), std::make_move_iterator(cut));
+                queue.erase(queue.begin(), cut);
+                urgent = true;  // the rest follows at once
+            }
             for (size_t i = writerKeyNames.size(); i < keyNames.size(); ++i)
                 writerKeyNames.push_back(keyNames[i]);
         }
@@ -1032,6 +1115,17 @@ void Store::dropMetricsAfter(int64_t runId, int64_t step) {
     op.run = runId;
     op.step = step;
     d->enqueue(std::move(op));
+}
+
+void Store::packSeries(const std::vector<int64_t>& runIds) {
+    // A few runs per op, one op per transaction (writerLoop): a run of 10,000 points packs in
+    // about 10 ms, so no transaction holds the workspace for long.
+    constexpr size_t kRunsPerOp = 16;
+    for (size_t i = 0; i < runIds.size(); i += kRunsPerOp) {
+        WriteOp op{WriteOp::Kind::PackSeries};
+        op.ids.assign(runIds.begin() + long(i), runIds.begin() + long(std::min(runIds.size(), i + kRunsPerOp)));
+        d->enqueue(std::move(op));
+    }
 }
 
 void Store::setMaxPages(int64_t pages) {
@@ -1269,7 +1363,8 @@ std::map<int64_t, std::map<std::string, std::string>> Store::readParams(const st
 void Store::readSeries(const std::string& path, const std::vector<int64_t>& runIds,
                        const std::function<bool(const std::string& key)>& wanted,
                        const std::function<bool(Series&&)>& each,
-                       const std::function<bool(double done)>& keepGoing) {
+                       const std::function<bool(double done)>& keepGoing,
+                       std::vector<int64_t>* unpackedRuns) {
     ReadOnlyDb ro(path);
     sqlite3* db = ro.db;
     // One read transaction: every series of one snapshot, however long the read takes.
@@ -1294,6 +1389,38 @@ void Store::readSeries(const std::string& path, const std::vector<int64_t>& runI
             keys.reset();
         }
     }
+    // Series of runs that ended come packed (Impl::packRun): a blob each, no row per point. A
+    // pack whose sizes disagree is ignored and its rows are read.
+    std::vector<char> packed(series.size(), 0);
+    size_t unpackedCount = 0;
+    {
+        Stmt pack(db, "SELECT points, steps, vals FROM metric_packs WHERE key_id = ?");
+        for (size_t i = 0; i < series.size(); ++i) {
+            pack.bind(1, keyIds[i]);
+            if (pack.step()) {
+                const int64_t n = pack.i64(0);
+                size_t stepBytes = 0, valueBytes = 0;
+                const void* steps = pack.blob(1, stepBytes);
+                const void* values = pack.blob(2, valueBytes);
+                if (n >= 0 && stepBytes == size_t(n) * sizeof(float) && valueBytes == stepBytes &&
+                    (n == 0 || (steps && values))) {
+                    series[i].steps.resize(size_t(n));
+                    series[i].values.resize(size_t(n));
+                    if (n > 0) {
+                        std::memcpy(series[i].steps.data(), steps, stepBytes);
+                        std::memcpy(series[i].values.data(), values, valueBytes);
+                    }
+                    packed[i] = 1;
+                }
+            }
+            pack.reset();
+            if (!packed[i]) {
+                ++unpackedCount;
+                if (unpackedRuns && (unpackedRuns->empty() || unpackedRuns->back() != series[i].runId))
+                    unpackedRuns->push_back(series[i].runId);
+            }
+        }
+    }
     int64_t allKeys = 0;
     {
         Stmt count(db, "SELECT count(*) FROM metric_keys");
@@ -1301,12 +1428,16 @@ void Store::readSeries(const std::string& path, const std::vector<int64_t>& runI
     }
     auto going = [&](double done) { return !keepGoing || keepGoing(done); };
 
-    if (series.size() < 64 || series.size() * 3 < size_t(allKeys)) {
+    if (unpackedCount < 64 || unpackedCount * 3 < size_t(allKeys)) {
         // Through the index: one range of (key, step) per series, a table lookup per point.
         Stmt points(db, "SELECT step, value FROM metrics WHERE key_id = ? ORDER BY step, rowid");
         for (size_t i = 0; i < series.size(); ++i) {
             if (!going(double(i) / double(series.size()))) return;
             Series& s = series[i];
+            if (packed[i]) {
+                if (!each(std::move(s))) return;
+                continue;
+            }
             points.bind(1, keyIds[i]);
             while (points.step()) {
                 s.steps.push_back(points.i64(0));
@@ -1333,7 +1464,7 @@ void Store::readSeries(const std::string& path, const std::vector<int64_t>& runI
     const int64_t maxKeyId = *std::max_element(keyIds.begin(), keyIds.end());
     std::vector<int32_t> slotOf(size_t(maxKeyId) + 1, -1);
     for (size_t i = 0; i < keyIds.size(); ++i)
-        if (keyIds[i] >= 0) slotOf[size_t(keyIds[i])] = int32_t(i);
+        if (keyIds[i] >= 0 && !packed[i]) slotOf[size_t(keyIds[i])] = int32_t(i);
     const int64_t span = hi - lo + 1;
     // At least one slice (an empty table scans nothing and hands out empty series).
     const int slices = int(std::clamp<int64_t>(std::min<int64_t>(std::thread::hardware_concurrency(), 4), 1,
@@ -1364,8 +1495,10 @@ void Store::readSeries(const std::string& path, const std::vector<int64_t>& runI
             rows.bind(1, from).bind(2, to);
             auto& mine = parts[size_t(t)];
             // A first guess of each series' share of this slice saves most regrowing.
-            const size_t guess = size_t(std::min<int64_t>((to - from) / int64_t(mine.size()) + 16, 1 << 20));
-            for (auto& m : mine) m.steps.reserve(guess), m.values.reserve(guess);
+            const size_t guess = size_t(
+                std::min<int64_t>((to - from) / int64_t(std::max<size_t>(unpackedCount, 1)) + 16, 1 << 20));
+            for (size_t i = 0; i < mine.size(); ++i)
+                if (!packed[i]) mine[i].steps.reserve(guess), mine[i].values.reserve(guess);
             int64_t n = 0;
             while (rows.step()) {
                 if ((++n & 0xffff) == 0) {
@@ -1412,6 +1545,10 @@ void Store::readSeries(const std::string& path, const std::vector<int64_t>& runI
     if (stop.load()) return;
     for (size_t i = 0; i < series.size(); ++i) {
         Series& s = series[i];
+        if (packed[i]) {
+            if (!each(std::move(s))) return;
+            continue;
+        }
         s.steps = std::move(parts[0][i].steps);
         s.values = std::move(parts[0][i].values);
         for (size_t p = 1; p < parts.size(); ++p) {

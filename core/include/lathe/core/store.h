@@ -68,7 +68,7 @@ struct HostRecord {
 
 class Store {
 public:
-    static constexpr int kSchemaVersion = 11;
+    static constexpr int kSchemaVersion = 12;
 
     /// Opens or creates a workspace (the path is made absolute). Throws StoreError (file untouched) when the
     /// file is not a Lathe workspace or has a newer schema than this build knows.
@@ -114,6 +114,10 @@ public:
     /// Removes metric points and profile spans recorded after `step` (a resumed run replays
     /// those steps).
     void dropMetricsAfter(int64_t runId, int64_t step);
+    /// Packs the series of these runs (those that have ended) for readSeries: a blob per series
+    /// instead of a row per point. Runs pack themselves when they end; this is for runs recorded
+    /// before workspaces had packs. Queued like the writes.
+    void packSeries(const std::vector<int64_t>& runIds);
     /// Blocks until everything queued so far is committed. Rethrows a writer failure.
     void flush();
     /// Whether the writer has given up a batch since the last flush() (which will throw its
@@ -165,11 +169,14 @@ public:
     /// returns false to stop early (a newer request superseded this one). A few series are read
     /// through the (key, step) index; a third or more of the workspace's series by scanning the
     /// table in parallel slices, which avoids a table lookup per point (4× fewer page visits).
+    /// The series of runs that ended are read packed, a blob each (packSeries); the runs that
+    /// had a series without a pack are added to `unpackedRuns` when given.
     /// Throws StoreError when the file cannot be opened or read.
     static void readSeries(const std::string& path, const std::vector<int64_t>& runIds,
                            const std::function<bool(const std::string& key)>& wanted,
                            const std::function<bool(Series&&)>& each,
-                           const std::function<bool(double done)>& keepGoing = {});
+                           const std::function<bool(double done)>& keepGoing = {},
+                           std::vector<int64_t>* unpackedRuns = nullptr);
     /// The params of many runs, read as readSeries reads (runs without params are absent).
     static std::map<int64_t, std::map<std::string, std::string>> readParams(
         const std::string& path, const std::vector<int64_t>& runIds);

@@ -8,6 +8,8 @@
 // series on a connection of its own and the charts draw them as one layer, coloured by run or by
 // a chosen parameter, so that selecting 1,000 runs never holds up the GUI thread. Runs with live
 // points stay ordinary graphs on top.
+#include <QList>
+#include <QString>
 #include <QThreadPool>
 #include <QWidget>
 
@@ -72,6 +74,10 @@ public:
 Q_SIGNALS:
     /// The overlay's points are loaded and handed to the charts (which then render them).
     void overlayLoaded();
+    /// The overlay of the workspace at `path` read these runs' points row by row: they have no
+    /// packed series yet (recorded before workspaces had them). The window asks its Store to pack
+    /// them (Store::packSeries), so that the next overlay of them reads a blob per series.
+    void runsUnpacked(const QString& path, const QList<qint64>& runIds);
 
 private:
     using SeriesKey = std::pair<int64_t, std::string>;
