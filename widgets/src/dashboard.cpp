@@ -227,7 +227,8 @@ void Dashboard::loadOverlay(const std::string& path, std::vector<int64_t> runIds
             [this, generation, loss, accuracy, params = std::move(params), error, path, toPack] {
                 if (generation != m_loadGeneration.load()) return;
                 m_overlayLoading = false;
-                if (!toPack.isEmpty() && error.isEmpty()) Q_EMIT runsUnpacked(QString::fromStdString(path), toPack);
+                if (!toPack.isEmpty() && error.isEmpty())
+                    Q_EMIT runsUnpacked(QString::fromStdString(path), toPack);
                 if (!error.isEmpty()) {
                     const QString text = tr("could not load the runs: %1").arg(error);
                     m_loss->setOverlayStatus(text);
