@@ -1123,7 +1123,8 @@ void Store::packSeries(const std::vector<int64_t>& runIds) {
     constexpr size_t kRunsPerOp = 16;
     for (size_t i = 0; i < runIds.size(); i += kRunsPerOp) {
         WriteOp op{WriteOp::Kind::PackSeries};
-        op.ids.assign(runIds.begin() + long(i), runIds.begin() + long(std::min(runIds.size(), i + kRunsPerOp)));
+        op.ids.assign(runIds.begin() + long(i),
+                      runIds.begin() + long(std::min(runIds.size(), i + kRunsPerOp)));
         d->enqueue(std::move(op));
     }
 }
