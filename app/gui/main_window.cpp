@@ -16,7 +16,6 @@
 #include <QProgressBar>
 #include <QPushButton>
 #include <QScrollArea>
-#include <QSortFilterProxyModel>
 #include <QSplitter>
 #include <QStatusBar>
 #include <QTabWidget>
@@ -89,7 +88,7 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
     formScroll->setMinimumWidth(300);
 
     m_runModel = new widgets::RunListModel(this);
-    m_proxy = new QSortFilterProxyModel(this);
+    m_proxy = new widgets::RunFilterProxy(this);
     m_proxy->setSourceModel(m_runModel);
     m_proxy->setSortRole(widgets::RunListModel::SortRole);
     m_table = new QTableView;
@@ -132,18 +131,16 @@ MainWindow::MainWindow(std::unique_ptr<core::Store> store, QWidget* parent)
     m_runFilter->setObjectName(QStringLiteral("runFilter"));
     m_runFilter->setPlaceholderText(tr("Filter runs: name, experiment, status, model, data…"));
     m_runFilter->setClearButtonEnabled(true);
-    m_proxy->setFilterKeyColumn(-1);
-    m_proxy->setFilterCaseSensitivity(Qt::CaseInsensitive);
     auto* filterTimer = new QTimer(this);  // one filter pass per pause in typing, not per key
     filterTimer->setSingleShot(true);
     filterTimer->setInterval(150);
     connect(m_runFilter, &QLineEdit::textChanged, filterTimer, qOverload<>(&QTimer::start));
     connect(m_runFilter, &QLineEdit::returnPressed, filterTimer, [this, filterTimer] {
         filterTimer->stop();
-        m_proxy->setFilterFixedString(m_runFilter->text().trimmed());
+        m_proxy->setFilterText(m_runFilter->text().trimmed());
     });
     connect(filterTimer, &QTimer::timeout, this,
-            [this] { m_proxy->setFilterFixedString(m_runFilter->text().trimmed()); });
+            [this] { m_proxy->setFilterText(m_runFilter->text().trimmed()); });
     auto* runsPane = new QWidget;
     auto* runsLayout = new QVBoxLayout(runsPane);
     runsLayout->setContentsMargins(0, 0, 0, 0);

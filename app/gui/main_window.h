@@ -21,7 +21,6 @@
 class QLabel;
 class QLineEdit;
 class QProgressBar;
-class QSortFilterProxyModel;
 class QTabWidget;
 class QTableView;
 class QTimer;
@@ -34,6 +33,7 @@ class GraphView;
 class HostsView;
 class ModelsView;
 class RunForm;
+class RunFilterProxy;
 class RunListModel;
 class StudiesView;
 class StudyDialog;
@@ -178,7 +178,7 @@ private:
     std::vector<widgets::RunView*> m_runViews;  // owned by m_tabs
     QTabWidget* m_tabs = nullptr;
     widgets::RunListModel* m_runModel = nullptr;
-    QSortFilterProxyModel* m_proxy = nullptr;
+    widgets::RunFilterProxy* m_proxy = nullptr;
     QTableView* m_table = nullptr;
     QLineEdit* m_runFilter = nullptr;
     QLabel* m_progress = nullptr;

