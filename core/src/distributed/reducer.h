@@ -13,10 +13,12 @@
 namespace lathe::core {
 
 /// DDP-style gradient averaging: parameters are grouped into buckets in reverse registration
-/// order (the first bucket 1 MB, the others `bucketMb`); autograd hooks copy each gradient into
-/// its bucket as backward produces it, and a full bucket's exchange starts while backward
-/// continues (the ring's asynchronous all-reduce, or the other exchanges on a communication
-/// thread). Buckets launch in the same order on every rank.
+/// order (the first bucket 1 MB, the others `bucketMb`). From the first exchange on, each fp32
+/// gradient is an alias of its slice of the bucket, so backward adds into the bucket; a hook
+/// after each parameter's gradient accumulator marks it ready (copying it in where it cannot
+/// alias), and a full bucket's exchange starts while backward continues (the ring's asynchronous
+/// all-reduce, or the other exchanges on a communication thread). Buckets launch in the same
+/// order on every rank.
 /// Gradient compression on the wire (see Reducer).
 struct CompressOptions {
     std::string strategy = "ring";  // ring | hierarchical | ps
