@@ -232,8 +232,7 @@ void RunFilterProxy::setFilterText(const QString& text) {
 }
 
 bool RunFilterProxy::filterAcceptsRow(int sourceRow, const QModelIndex& sourceParent) const {
-    if (m_needle.isEmpty() || sourceParent.isValid()) return true;
-    if (!m_runs) return QSortFilterProxyModel::filterAcceptsRow(sourceRow, sourceParent);
+    if (m_needle.isEmpty() || !m_runs || sourceParent.isValid()) return true;
     return m_runs->searchText(sourceRow).contains(m_needle);
 }
 

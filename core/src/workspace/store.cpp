@@ -332,6 +332,19 @@ CREATE TABLE metric_packs(
 constexpr int kLatestSchema = static_cast<int>(sizeof(kMigrations) / sizeof(kMigrations[0]));
 static_assert(kLatestSchema == Store::kSchemaVersion, "add a migration when bumping the schema version");
 
+// One key's points as the overlay draws them, through the (key, step) index: floats in step
+// order, ties as written, NaN for a missing value. Packs (Impl::packRun) and readSeries' reads of
+// unpacked series both come this way, so the two never disagree.
+constexpr const char* kKeyPointsSql = "SELECT step, value FROM metrics WHERE key_id = ? ORDER BY step, rowid";
+void readKeyPoints(Stmt& points, int64_t keyId, std::vector<float>& steps, std::vector<float>& values) {
+    points.bind(1, keyId);
+    while (points.step()) {
+        steps.push_back(float(points.i64(0)));
+        values.push_back(points.isNull(1) ? std::numeric_limits<float>::quiet_NaN() : float(points.f64(1)));
+    }
+    points.reset();
+}
+
 // A metric point as queued: 40 bytes, the key interned (Impl::keyNames), so a million queued
 // points cost ~40 MB rather than a full WriteOp each.
 struct MetricRow {
@@ -673,19 +686,13 @@ void Store::Impl::packRun(int64_t run) {
     keys.bind(1, run);
     std::vector<int64_t> ids;
     while (keys.step()) ids.push_back(keys.i64(0));
-    Stmt points(writeDb, "SELECT step, value FROM metrics WHERE key_id = ? ORDER BY step, rowid");
+    Stmt points(writeDb, kKeyPointsSql);
     Stmt put(writeDb, "INSERT OR REPLACE INTO metric_packs(key_id, points, steps, vals) VALUES(?,?,?,?)");
     std::vector<float> steps, values;
     for (const int64_t id : ids) {
         steps.clear();
         values.clear();
-        points.bind(1, id);
-        while (points.step()) {
-            steps.push_back(float(points.i64(0)));
-            values.push_back(points.isNull(1) ? std::numeric_limits<float>::quiet_NaN()
-                                              : float(points.f64(1)));
-        }
-        points.reset();
+        readKeyPoints(points, id, steps, values);
         put.bind(1, id)
             .bind(2, int64_t(steps.size()))
             .bindBlob(3, steps.data(), steps.size() * sizeof(float))
@@ -1431,7 +1438,7 @@ void Store::readSeries(const std::string& path, const std::vector<int64_t>& runI
 
     if (unpackedCount < 64 || unpackedCount * 3 < size_t(allKeys)) {
         // Through the index: one range of (key, step) per series, a table lookup per point.
-        Stmt points(db, "SELECT step, value FROM metrics WHERE key_id = ? ORDER BY step, rowid");
+        Stmt points(db, kKeyPointsSql);
         for (size_t i = 0; i < series.size(); ++i) {
             if (!going(double(i) / double(series.size()))) return;
             Series& s = series[i];
@@ -1439,13 +1446,7 @@ void Store::readSeries(const std::string& path, const std::vector<int64_t>& runI
                 if (!each(std::move(s))) return;
                 continue;
             }
-            points.bind(1, keyIds[i]);
-            while (points.step()) {
-                s.steps.push_back(points.i64(0));
-                s.values.push_back(points.isNull(1) ? std::numeric_limits<double>::quiet_NaN()
-                                                    : points.f64(1));
-            }
-            points.reset();
+            readKeyPoints(points, keyIds[i], s.steps, s.values);
             if (!each(std::move(s))) return;
         }
         return;
