@@ -9,6 +9,7 @@
 
 using lathe::test::binPath;
 using lathe::test::runShell;
+using lathe::test::said;
 using lathe::test::TempDir;
 using nlohmann::json;
 
@@ -156,7 +157,7 @@ TEST_CASE("Ctrl+C stops the run cleanly and records it as stopped", "[cli]") {
         runShell("(" + lathectl("train --epochs 100000 -q --json --db " + db) +
                  " & pid=$!; for i in $(seq 600); do " + lathectl("runs list --db " + db) +
                  " 2>/dev/null | grep -q running && break; sleep 0.1; done; kill -INT $pid; wait $pid)");
-    INFO(r.err);  // train's own stderr: why it ended, if not by the SIGINT
+    INFO(said(r));  // train's own stderr: why it ended, if not by the SIGINT
     CHECK(r.exitCode == 130);
     CHECK(json::parse(r.out).at("status") == "stopped");
     lathe::core::Store store(db);
@@ -403,7 +404,7 @@ TEST_CASE("lathectl data versions a folder, trains on it and shows the lineage t
     std::filesystem::create_directories(dir.file("src"));
     write(150, 1);
     auto r = runShell(lathectl("data add points " + dir.file("src/points.csv") + " --json" + db));
-    INFO(r.err);
+    INFO(said(r));
     REQUIRE(r.exitCode == 0);
     const auto v1 = json::parse(r.out);
     CHECK(v1.at("version") == 1);
@@ -412,14 +413,14 @@ TEST_CASE("lathectl data versions a folder, trains on it and shows the lineage t
     CHECK(v1.at("created") == true);
 
     r = runShell(lathectl("train --data dataset:points --epochs 2 --hidden 8 --json" + db));
-    INFO(r.err);
+    INFO(said(r));
     REQUIRE(r.exitCode == 0);
     CHECK(json::parse(r.out).at("status") == "completed");
     r = runShell(lathectl("runs show 1 --json" + db));
     CHECK(json::parse(r.out).at("params").at("data") == "dataset:points:1");
     REQUIRE(runShell(lathectl("models register pts --run 1" + db)).exitCode == 0);
     r = runShell(lathectl("lineage pts --json" + db));
-    INFO(r.err);
+    INFO(said(r));
     REQUIRE(r.exitCode == 0);
     auto lineage = json::parse(r.out);
     CHECK(lineage.at("run") == 1);
@@ -472,7 +473,7 @@ TEST_CASE("an image data set: versioned, trained on through the loader and its c
     TempDir dir;
     const auto db = " --db " + dir.file("ws/lathe.db");
     auto r = runShell(lathectl("data example " + dir.file("img") + " --per-class 12 --side 40"));
-    INFO(r.err);
+    INFO(said(r));
     REQUIRE(r.exitCode == 0);
     CHECK_THAT(r.out, Catch::Contains("120 images of 40x40"));
     r = runShell(lathectl("data add digits-img " + dir.file("img") + " --json" + db));
@@ -482,7 +483,7 @@ TEST_CASE("an image data set: versioned, trained on through the loader and its c
     const std::string steps =
         " --model cnn --resize 40 --crop 32 --random-crop true --hflip true --batch 16 --json";
     r = runShell(lathectl("train --data dataset:digits-img --epochs 2 --cache-disk-gb 0.1" + steps + db));
-    INFO(r.err);
+    INFO(said(r));
     REQUIRE(r.exitCode == 0);
     auto j = json::parse(r.out);
     CHECK(j.at("status") == "completed");
@@ -500,7 +501,7 @@ TEST_CASE("an image data set: versioned, trained on through the loader and its c
     CHECK(json::parse(r.out).at("data/hit_disk").get<double>() == 1.0);
     // Two ranks, each its shard, through their own loaders.
     r = runShell(lathectl("train --data dataset:digits-img --epochs 1 --nproc 2" + steps + db));
-    INFO(r.err);
+    INFO(said(r));
     REQUIRE(r.exitCode == 0);
     CHECK(json::parse(r.out).at("status") == "completed");
     r = runShell(lathectl("runs show 3 --json" + db));
@@ -515,7 +516,7 @@ TEST_CASE("an image data set: versioned, trained on through the loader and its c
     CHECK_THAT(r.out + r.err, Catch::Contains("zz-broken.jpg"));
     r = runShell(lathectl("train --data images:" + dir.file("bad") +
                           " --epochs 1 --val-split 0.01 --bad-samples skip" + steps + db));
-    INFO(r.err);
+    INFO(said(r));
     REQUIRE(r.exitCode == 0);
     CHECK(json::parse(r.out).at("data/skipped").get<double>() == 1.0);
 }

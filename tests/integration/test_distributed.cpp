@@ -16,6 +16,7 @@
 
 using lathe::test::binPath;
 using lathe::test::runShell;
+using lathe::test::said;
 using lathe::test::TempDir;
 using lathe::test::workerPids;
 using nlohmann::json;
@@ -50,10 +51,13 @@ std::pair<json, json> oneAndTwoRanks(const std::string& db, const std::string& f
                                      const std::string& twoFlags) {
     const auto one =
         runShell(lathectl("train --epochs 1 --batch 64 --threads 1 -q --json" + flags + " --db " + db));
-    REQUIRE(one.exitCode == 0);
+    {
+        INFO(said(one));
+        REQUIRE(one.exitCode == 0);
+    }
     const auto two = runShell(
         lathectl("train --epochs 1 --batch 32 --nproc 2 -q --json" + flags + twoFlags + " --db " + db));
-    INFO(two.err);
+    INFO(said(two));
     REQUIRE(two.exitCode == 0);
     return {json::parse(one.out), json::parse(two.out)};
 }
@@ -120,7 +124,7 @@ TEST_CASE("Ctrl+C on a multi-process run stops every rank and records it as stop
         "(" + lathectl("train --nproc 2 --epochs 100000 -q --json --db " + db) +
         " & pid=$!; for i in $(seq 600); do " + lathectl("runs list --db " + db) +
         " 2>/dev/null | grep -q running && break; sleep 0.1; done; sleep 2; kill -INT $pid; wait $pid)");
-    INFO(r.err);  // train's own stderr: why it ended, if not by the SIGINT
+    INFO(said(r));  // train's own stderr: why it ended, if not by the SIGINT
     CHECK(r.exitCode == 130);
     CHECK(json::parse(r.out).at("status") == "stopped");
     CHECK(workerPids(dir.file("l.db-files/artifacts/run-1/config.toml")).empty());
@@ -160,7 +164,7 @@ TEST_CASE("int8 and int4 gradients with error feedback train digits to within a 
     const std::string common = "train --nproc 2 --batch 32 --epochs 20 -q --json";
     auto run = [&](const std::string& extra) {
         const auto r = runShell(lathectl(common + " " + extra + db));
-        INFO(r.err);
+        INFO(said(r));
         REQUIRE(r.exitCode == 0);
         return json::parse(r.out);
     };
@@ -184,7 +188,7 @@ TEST_CASE("hierarchical and parameter-server exchanges compress too and keep the
     const auto db = " --db " + dir.file("l.db");
     auto run = [&](const std::string& extra) {
         const auto r = runShell(lathectl("train --epochs 20 -q --json " + extra + db));
-        INFO(r.err);
+        INFO(said(r));
         REQUIRE(r.exitCode == 0);
         return json::parse(r.out);
     };
@@ -277,7 +281,7 @@ TEST_CASE("a resumed compressed run carries its error-feedback residuals and fol
         "--checkpoint-every 1";
     auto train = [&](const std::string& extra) {
         const auto r = runShell(lathectl(common + " " + extra + db));
-        INFO(r.err);
+        INFO(said(r));
         REQUIRE(r.exitCode == 0);
         return json::parse(r.out).at("run_id").get<int64_t>();
     };
@@ -285,7 +289,7 @@ TEST_CASE("a resumed compressed run carries its error-feedback residuals and fol
     const auto partial = train("--epochs 2");
     const auto resumed =
         runShell(lathectl("train --resume " + std::to_string(partial) + " --epochs 4 -q --json" + db));
-    INFO(resumed.err);
+    INFO(said(resumed));
     REQUIRE(resumed.exitCode == 0);
     lathe::core::Store store(dir.file("l.db"));
     // Step by step: the resumed steps (epochs 3 and 4) start from the residuals the first two

@@ -216,7 +216,7 @@ void checkRanksFollow(const std::string& twoRankFlags) {
     REQUIRE(one.exitCode == 0);
     const auto two = test::runShell(
         lathectl("train --device cuda --epochs 1 --batch 32 --nproc 2 -q --json " + twoRankFlags + db));
-    INFO(two.err);
+    INFO(test::said(two));
     REQUIRE(two.exitCode == 0);
     const auto a = json::parse(one.out), b = json::parse(two.out);
     core::Store store(dir.file("l.db"));

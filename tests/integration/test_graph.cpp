@@ -61,7 +61,7 @@ int64_t moduleParameters(const std::string& path) {
 nlohmann::json graphModels(const TempDir& dir) {
     const auto r = test::runShell("/usr/bin/python3 " + std::string(LATHE_SOURCE_DIR) +
                                   "/tests/integration/graph_models.py " + dir.path());
-    INFO(r.err);
+    INFO(test::said(r));
     REQUIRE(r.exitCode == 0);
     return nlohmann::json::parse(r.out);
 }
@@ -342,7 +342,7 @@ TEST_CASE("ONNX files of ResNet-18 and a TransformerEncoderLayer match PyTorch a
         const std::string file = facts.at("resnet18").at("onnx").at("file");
         const auto svg = dir.file("r18.svg"), png = dir.file("r18.png");
         auto cli = test::runShell(test::binPath("lathectl") + " graph " + file + " -o " + svg);
-        INFO(cli.err);
+        INFO(test::said(cli));
         REQUIRE(cli.exitCode == 0);
         std::ifstream s(svg);
         const std::string text((std::istreambuf_iterator<char>(s)), std::istreambuf_iterator<char>());
@@ -440,7 +440,7 @@ TEST_CASE("lathectl graph: a summary, --json, dot, a run and a registered model,
     CnnRun run;
     const auto lathectl = test::binPath("lathectl") + " graph ";
     auto r = test::runShell(lathectl + run.model);
-    INFO(r.err);
+    INFO(test::said(r));
     REQUIRE(r.exitCode == 0);
     CHECK(r.out.find("output shape") != std::string::npos);
     CHECK(r.out.find("[1, 16, 8, 8]") != std::string::npos);
@@ -470,7 +470,7 @@ TEST_CASE("lathectl graph: a summary, --json, dot, a run and a registered model,
     const auto spec = run.dir.file("cnn.toml");
     std::ofstream(spec) << "model = \"cnn\"\ndata = \"digits\"\n";
     r = test::runShell(lathectl + "--spec " + spec + " --json");
-    INFO(r.err);
+    INFO(test::said(r));
     REQUIRE(r.exitCode == 0);
     const auto fromSpec = nlohmann::json::parse(r.out);
     CHECK(fromSpec.at("name") == "cnn for digits");

@@ -511,13 +511,14 @@ TEST_CASE("an exception from the progress callback ends the run and reaches the 
 TEST_CASE("lathectl load prints a report, records it, and exits by outcome", "[loadgen][cli]") {
     using lathe::test::binPath;
     using lathe::test::runShell;
+    using lathe::test::said;
     const auto& ws = workspace();
     auto server = ws.serve();
     const std::string lathectl = binPath("lathectl") + " load --url " + localUrl(server->port());
 
     const auto r = runShell(
         lathectl + " --model digits --rate 100 --duration 1.5 --users 2 --json --record --db " + ws.db());
-    INFO(r.err);
+    INFO(said(r));
     REQUIRE(r.exitCode == 0);
     const auto j = json::parse(r.out);
     CHECK(j.at("sent").get<int>() + j.at("unsent").get<int>() == 150);
@@ -553,7 +554,7 @@ TEST_CASE("lathectl load prints a report, records it, and exits by outcome", "[l
     CHECK_THAT(none.err, Catch::Contains("Connection refused — is a server running?"));
 
     const auto closed = runShell(lathectl + " --model digits --connections 2 --duration 0.5 --json");
-    INFO(closed.err);
+    INFO(said(closed));
     REQUIRE(closed.exitCode == 0);
     const auto c = json::parse(closed.out);
     CHECK(c.at("mode") == "closed");

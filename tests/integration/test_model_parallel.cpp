@@ -31,6 +31,7 @@ std::ostream& operator<<(std::ostream& out, TpSplit split) { return out << toStr
 using namespace lathe::core;
 using lathe::test::binPath;
 using lathe::test::runShell;
+using lathe::test::said;
 using lathe::test::TempDir;
 using lathe::test::workerPids;
 using nlohmann::json;
@@ -51,7 +52,7 @@ const std::string kNet = " --hidden 64,64,64,64 --threads 1 -q --json";
 json train(const std::string& db, const std::string& flags, int epochs = 1) {
     const auto r =
         runShell(lathectl("train" + kNet + flags + " --epochs " + std::to_string(epochs) + " --db " + db));
-    INFO(r.err);
+    INFO(said(r));
     REQUIRE(r.exitCode == 0);
     return json::parse(r.out);
 }
@@ -215,7 +216,7 @@ TEST_CASE("a model-parallel run resumed from its stage and shard checkpoints fol
     CHECK(std::filesystem::exists(dir.file(std::string("l.db-files/artifacts/run-2/") + second)));
     const auto resumed =
         runShell(lathectl("train --resume " + std::to_string(run) + " --epochs 2 -q --json --db " + db));
-    INFO(resumed.err);
+    INFO(said(resumed));
     REQUIRE(resumed.exitCode == 0);
     checkSameParameters(exported(db, 1, dir.file("a.pt")), exported(db, run, dir.file("b.pt")));
     Store store(db);
@@ -348,7 +349,7 @@ TEST_CASE("tensor parallel 2 trains the same parameters as one process, MLP and 
         const auto r = runShell(lathectl("train --threads 1 -q --json --epochs 1 --batch 64" +
                                          (net.empty() ? std::string(" --hidden 64,64,64,64") : net) + flags +
                                          " --db " + db));
-        INFO(r.err);
+        INFO(said(r));
         REQUIRE(r.exitCode == 0);
         return json::parse(r.out);
     };

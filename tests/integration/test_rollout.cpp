@@ -155,7 +155,7 @@ TEST_CASE("a candidate that fails 10% of requests is rolled back automatically u
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     auto r = test::runShell(lathectl() + " rollout start digits --candidate " + std::to_string(faulty) +
                             kFast + " --db " + ws.db());
-    INFO(r.err);
+    INFO(test::said(r));
     REQUIRE(r.exitCode == 0);
     CHECK(r.out.find("running") != std::string::npos);
     // Two unhealthy windows of 2 s each (and a little for the first scrape).
@@ -284,7 +284,7 @@ TEST_CASE(
     std::thread load([&] { report = core::runLoad(lo); });
     std::this_thread::sleep_for(std::chrono::milliseconds(1500));
     r = test::runShell(lathectl() + " rollout abort digits --reason 'seen enough' --db " + ws.db());
-    INFO(r.err);
+    INFO(test::said(r));
     CHECK(r.exitCode == 0);
     CHECK(r.out.find("aborted") != std::string::npos);
     load.join();
@@ -335,7 +335,7 @@ TEST_CASE("a controller that was killed is started again and goes on from the re
     r = test::runShell(lathectl() + " rollout status digits --db " + ws.db());
     CHECK(r.out.find("lathectl rollout resume digits") != std::string::npos);
     r = test::runShell(lathectl() + " rollout resume digits --db " + ws.db());
-    INFO(r.err);
+    INFO(test::said(r));
     REQUIRE(r.exitCode == 0);
     s = waitFor(ws, 12, [](const json& j) { return j["state"] != "running"; });
     INFO(s.dump(2));
@@ -375,7 +375,7 @@ TEST_CASE("after a reboot, deploying the baseline again puts the split back and 
     CHECK_FALSE(status(ws)["controller_running"].get<bool>());
     // The baseline deployed again: a new server, and the controller runs again and sets its split.
     r = test::runShell(lathectl() + " deploy digits:1 --port 0 --db " + ws.db());
-    INFO(r.err);
+    INFO(test::said(r));
     REQUIRE(r.exitCode == 0);
     CHECK(r.err.find("starting a server") != std::string::npos);
     CHECK(r.err.find("had no controller: starting it again") != std::string::npos);

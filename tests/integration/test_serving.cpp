@@ -1456,7 +1456,7 @@ TEST_CASE(
 
     // Hot swap and rollback through lathectl, which sends the stored token.
     r = lathectl("deploy digits:2 --json");
-    INFO(r.err);
+    INFO(test::said(r));
     REQUIRE(r.exitCode == 0);
     CHECK(json::parse(r.out)["started_server"] == false);
     CHECK(servedVersionOf(port) == "2");

@@ -16,6 +16,7 @@
 
 using lathe::test::binPath;
 using lathe::test::runShell;
+using lathe::test::said;
 using lathe::test::TempDir;
 using nlohmann::json;
 
@@ -34,14 +35,14 @@ double rerun(const std::string& db, int64_t runId, const TempDir& dir) {
     const std::string file = dir.file("again-" + std::to_string(runId) + ".toml");
     lathe::test::writeFile(file, json::parse(show.out).at("config").get<std::string>());
     const auto r = runShell(lathectl("train " + file + " --json -q --db " + db));
-    INFO(r.err);
+    INFO(said(r));
     REQUIRE(r.exitCode == 0);
     return json::parse(r.out).at("val/accuracy").get<double>();
 }
 
 json studyJson(const std::string& db, const std::string& name) {
     const auto r = runShell(lathectl("studies show " + name + " --json --db " + db));
-    INFO(r.err);
+    INFO(said(r));
     REQUIRE(r.exitCode == 0);
     return json::parse(r.out);
 }
@@ -90,7 +91,7 @@ TEST_CASE(
     const std::string db = dir.file("lathe.db");
     const auto r = runShell(lathectl("tune --epochs 2 --trials 6 --parallel 2 --startup-trials 3 --study s1" +
                                      kBase + kSpace + " --json --db " + db));
-    INFO(r.err);
+    INFO(said(r));
     REQUIRE(r.exitCode == 0);
     const auto j = json::parse(r.out);
     CHECK(j.at("sampler") == "tpe");
@@ -127,7 +128,7 @@ TEST_CASE(
     std::string params;
     for (const auto& [k, v] : j.at("best_params").items()) params += " --" + k + " " + v.get<std::string>();
     const auto again = runShell(lathectl("train --epochs 2" + kBase + params + " --json --db " + db));
-    INFO(again.err);
+    INFO(said(again));
     REQUIRE(again.exitCode == 0);
     CHECK(json::parse(again.out).at("val/accuracy").get<double>() == Approx(best).margin(1e-9));
     // studies list / show
@@ -150,7 +151,7 @@ TEST_CASE("a study ends early at its target or timeout and resuming it runs the 
     // Every val/accuracy is >= 0: the first complete trial meets the target.
     auto r = runShell(lathectl("tune --epochs 1 --trials 4 --study early --stop-at 0" + kBase + kSpace +
                                " --json --db " + db));
-    INFO(r.err);
+    INFO(said(r));
     REQUIRE(r.exitCode == 0);
     auto j = json::parse(r.out);
     CHECK(j.at("ended") == "target");
@@ -161,7 +162,7 @@ TEST_CASE("a study ends early at its target or timeout and resuming it runs the 
     CHECK_THAT(r.err, Catch::Contains("ran 1 of its 4 trials"));
     // Resumed without a target, it runs the other three.
     r = runShell(lathectl("tune --resume early --json --db " + db));
-    INFO(r.err);
+    INFO(said(r));
     REQUIRE(r.exitCode == 0);
     j = json::parse(r.out);
     CHECK(j.at("ended") == "trials");
@@ -177,7 +178,7 @@ TEST_CASE("a study ends early at its target or timeout and resuming it runs the 
     // running ones finish.
     r = runShell(lathectl("tune --epochs 1 --trials 6 --parallel 2 --study timed --timeout 0.001" + kBase +
                           kSpace + " --json --db " + db));
-    INFO(r.err);
+    INFO(said(r));
     REQUIRE(r.exitCode == 0);
     j = json::parse(r.out);
     CHECK(j.at("ended") == "timeout");
@@ -194,7 +195,7 @@ TEST_CASE("an ASHA study prunes trials at its rungs and the pruned runs say so",
         "tune --epochs 9 --trials 8 --parallel 2 --algo asha --min-budget 1 --eta 3 --study a1 --space "
         "'lr=loguniform(1e-4,5)' --space 'hidden=choice([16],[64])'" +
         kBase + " --json --db " + db));
-    INFO(r.err);
+    INFO(said(r));
     REQUIRE(r.exitCode == 0);
     const auto j = json::parse(r.out);
     CHECK(j.at("sampler") == "random");
@@ -257,7 +258,7 @@ TEST_CASE("a study killed mid-trial resumes without repeating finished trials", 
     }
     ::kill(pid, SIGKILL);
     const auto r = runShell(lathectl("tune --resume k1 --json --db " + db));
-    INFO(r.err);
+    INFO(said(r));
     REQUIRE(r.exitCode == 0);
     const auto j = json::parse(r.out);
     REQUIRE(j.at("trials").size() == 4);
@@ -307,7 +308,7 @@ TEST_CASE("a trial stopped before its first checkpoint starts again as a new run
         REQUIRE(store.artifacts(firstRun).empty());  // stopped inside its first epoch
     }
     const auto r = runShell(lathectl("tune --resume c1 --json --db " + db));
-    INFO(r.err);
+    INFO(said(r));
     REQUIRE(r.exitCode == 0);
     const auto j = json::parse(r.out);
     REQUIRE(j.at("trials").size() == 1);
@@ -373,7 +374,7 @@ TEST_CASE("a PPO study's agent changes lr and batch during its runs and learns f
     const std::string db = dir.file("lathe.db");
     const auto r = runShell(lathectl("tune --epochs 4 --trials 3 --parallel 1 --algo ppo --study p1" + kBase +
                                      " --space 'hidden=choice([16],[64])' --json --db " + db));
-    INFO(r.err);
+    INFO(said(r));
     REQUIRE(r.exitCode == 0);
     const auto j = json::parse(r.out);
     CHECK(j.at("sampler") == "ppo");

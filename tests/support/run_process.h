@@ -33,6 +33,15 @@ inline ProcessResult runShell(const std::string& command) {
     return r;
 }
 
+/// What a failed command said, for a test's INFO: its exit code and the ends of its stderr and
+/// stdout (a `--json` command reports its error on stdout, not stderr).
+inline std::string said(const ProcessResult& r, size_t most = 3000) {
+    auto tail = [most](const std::string& s) {
+        return s.size() > most ? "..." + s.substr(s.size() - most) : s;
+    };
+    return "exit " + std::to_string(r.exitCode) + "\nstderr: " + tail(r.err) + "\nstdout: " + tail(r.out);
+}
+
 inline std::string binPath(const std::string& program) { return std::string(LATHE_BIN_DIR) + "/" + program; }
 
 /// The process ids (sorted) of the processes whose command line matches `pattern` (pgrep -f).
