@@ -8,6 +8,7 @@ set -euo pipefail
 core=(
   build-essential cmake ninja-build ccache pkg-config git
   libtorch-dev libopenblas0-pthread          # LibTorch 1.13; OpenBLAS makes CPU matmuls ~45x faster than reference BLAS
+  libblas-dev                                # cblas.h and libblas.so for the plain-MLP step (same libblas.so.3)
   libgloo-dev                                # c10d Gloo process group (data-parallel training on the CPU)
   libsqlite3-dev libssh-dev libssl-dev zlib1g-dev
   libtomlplusplus-dev nlohmann-json3-dev libcli11-dev

@@ -180,14 +180,14 @@ TEST_CASE("lathectl worker writes the event stream and ingest records it", "[cli
 
     // A stream cut short (a killed worker) keeps what arrived and fails the run with the reason.
     const auto cut =
-        runShell(lathectl("worker --epochs 2") + " | head -n 13 | " + lathectl("ingest --db " + db));
+        runShell(lathectl("worker --epochs 2") + " | head -n 14 | " + lathectl("ingest --db " + db));
     CHECK(cut.exitCode == 1);
     CHECK_THAT(cut.out, Catch::Contains("ended before the run finished"));
     const auto runs = store.listRuns();
     REQUIRE(runs.size() == 2);
     CHECK(runs.front().status == lathe::core::RunStatus::Failed);
-    // run, status, two logs (network, data), then per step data/wait_ms, data/samples_per_s and
-    // train/grad_norm: the three steps that arrived are kept.
+    // run, status, three logs (network, data, the MLP's step), then per step data/wait_ms,
+    // data/samples_per_s and train/grad_norm: the three steps that arrived are kept.
     CHECK(store.metrics(runs.front().id, "train/grad_norm").size() == 3);
     CHECK(store.metrics(runs.front().id, "data/wait_ms").size() == 3);
 

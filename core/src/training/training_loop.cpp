@@ -23,6 +23,7 @@
 #include "training/fused_optim.h"
 #include "training/loss_scaler.h"
 #include "training/memory.h"
+#include "training/mlp_step.h"
 #include "training/profiler.h"
 #include "training/zoo.h"
 
@@ -66,6 +67,13 @@ bool unfusedStep() {
         return v && *v && std::string(v) != "0";
     }();
     return unfused;
+}
+
+// LATHE_AUTOGRAD_STEP=1: plain MLPs take autograd's forward and backward too, not MlpStep's
+// (for A/B measurements and debugging).
+bool mlpStepOff() {
+    const char* v = std::getenv("LATHE_AUTOGRAD_STEP");  // read by each run (tests compare both)
+    return v && *v && std::string(v) != "0";
 }
 
 // The fused classes are LibTorch's optimizers with the step on Lathe's kernels (fused_optim.h):
@@ -777,7 +785,22 @@ TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, EpochTal
         batch = nextBatch(tally);
     }
     const auto tData = Clock::now();
-    const bool gradsToNone = !m_reducer && !m_pipe && !m_tpGroup && !sampleMemory && !unfusedStep();
+    // A plain MLP's forward and backward by hand (mlp_step.h), where nothing needs autograd's
+    // graph: no autocast, checkpointing, hooks, exchange or model parallelism; not on a step
+    // that samples activation memory or is profiled (whose ops the profile shows).
+    if (!m_mlpChecked) {
+        m_mlpChecked = true;
+        if (m_device.is_cpu() && !m_autocast && !m_spec.activationCheckpointing && m_hooks.empty() &&
+            !m_reducer && !m_pipe && !m_tpGroup && !m_wantBlocks && !unfusedStep() && !mlpStepOff())
+            m_mlpStep = MlpStep::of(m_model);
+        if (m_mlpStep)
+            emit(Event::log("info",
+                            "step: a plain MLP, forward and backward by hand without autograd's "
+                            "graph (LATHE_AUTOGRAD_STEP=1 uses autograd)"));
+    }
+    const bool byHand = m_mlpStep && !sampleMemory && !profiler && m_mlpStep->accepts(batch.x, batch.y);
+    const bool gradsToNone =
+        !byHand && !m_reducer && !m_pipe && !m_tpGroup && !sampleMemory && !unfusedStep();
     if (gradsToNone) {
         // Backward then hands each parameter its gradient buffer as computed (AccumulateGrad
         // steals it) instead of adding it into a zeroed one: one pass and one op per tensor less.
@@ -789,7 +812,7 @@ TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, EpochTal
             m_hadGrad[i] = m_hadGrad[i] || g.defined();
             g.reset();
         }
-    } else {
+    } else if (!byHand) {
         // The exchanges rely on defined, zeroed gradients; and a step that samples activation
         // memory must not count the gradients' allocation as activations.
         m_optimizer->zero_grad();
@@ -820,6 +843,13 @@ TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, EpochTal
         m_stageGroup->allreduceSum(l);
         lossValue = l.item<double>();
         correct = pipe.correct;
+    } else if (byHand) {
+        auto r =
+            m_mlpStep->run(batch.x, batch.y, scaler.enabled() ? static_cast<float>(scaler.scale()) : 1.0f);
+        tForward = r.forwardDone;
+        out = r.logits;
+        lossValue = r.loss;
+        correct = countCorrect(out, batch.y);
     } else {
         {
             PhaseScope phase(profiler, "forward");

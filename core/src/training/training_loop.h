@@ -34,6 +34,7 @@ class LossScaler;
 class PipelineStage;
 enum class TpSplit : int64_t;
 class Profiler;
+class MlpStep;
 class Reducer;
 
 enum class TrainingPhase { SetUp, Resume, Broadcast, Epoch, Evaluation, Checkpoint };
@@ -173,6 +174,8 @@ private:
     std::vector<torch::Tensor> m_params;  // the network's, then the hooks' (parameters())
     std::vector<char> m_hadGrad;          // per m_params: a gradient was seen (gradients set to none)
     bool m_wantBlocks = false;
+    std::unique_ptr<MlpStep> m_mlpStep;  // a plain MLP's step without autograd (mlp_step.h)
+    bool m_mlpChecked = false;
     std::unique_ptr<torch::optim::Optimizer> m_optimizer;
     std::unique_ptr<LossScaler> m_scaler;
     std::unique_ptr<Profiler> m_profiler;
