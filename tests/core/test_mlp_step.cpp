@@ -136,6 +136,23 @@ TEST_CASE("the MLP step takes plain fp32 MLPs and batches it can compute, and le
     CHECK_FALSE(with(torch::nn::Flatten(), false));  // a Flatten only as the first layer
     CHECK_FALSE(with(torch::nn::Flatten(torch::nn::FlattenOptions().start_dim(0)), true));
     CHECK(with(torch::nn::Flatten(), true));
+    torch::nn::Sequential square;
+    torch::nn::Linear same(4, 4);
+    square->push_back(same);
+    square->push_back(same);  // one module twice: shared weights, whose gradients add up
+    CHECK_FALSE(MlpStep::of(square));
+    auto flat = mlp();
+    auto flatStep = MlpStep::of(flat);
+    CHECK_FALSE(flatStep->accepts(torch::randn({5, 2, 2}), y));  // no Flatten: autograd's error
+    auto resized = mlp();
+    auto resizedStep = MlpStep::of(resized);
+    resized->ptr(2)->as<torch::nn::Linear>()->bias =
+        torch::zeros({2}).requires_grad_();  // not the layer's size
+    CHECK_FALSE(resizedStep->accepts(x, y));
+    auto frozenLater = mlp();
+    auto frozenStep = MlpStep::of(frozenLater);
+    frozenLater->ptr(0)->parameters()[0].requires_grad_(false);
+    CHECK_FALSE(frozenStep->accepts(x, y));
     auto twoRelu = mlp();
     twoRelu->push_back(torch::nn::ReLU());
     twoRelu->push_back(torch::nn::ReLU());

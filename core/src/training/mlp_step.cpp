@@ -38,12 +38,14 @@ std::unique_ptr<MlpStep> MlpStep::of(torch::nn::Sequential& model) {
     return nullptr;
 #else
     std::vector<Layer> layers;
+    bool flattens = false;
     for (size_t i = 0; i < model->size(); ++i) {
         const auto& m = model->ptr(i);
         if (auto* flatten = dynamic_cast<torch::nn::FlattenImpl*>(m.get())) {
             // Only a leading Flatten of every dimension after the batch's: a view of the input.
             if (i != 0 || flatten->options.start_dim() != 1 || flatten->options.end_dim() != -1)
                 return nullptr;
+            flattens = true;
         } else if (dynamic_cast<torch::nn::ReLUImpl*>(m.get())) {
             if (layers.empty() || layers.back().relu) return nullptr;
             layers.back().relu = true;
@@ -52,30 +54,41 @@ std::unique_ptr<MlpStep> MlpStep::of(torch::nn::Sequential& model) {
             l.linear = torch::nn::Linear(std::dynamic_pointer_cast<torch::nn::LinearImpl>(m));
             l.in = l.linear->options.in_features();
             l.out = l.linear->options.out_features();
-            if (!layers.empty() && layers.back().out != l.in) return nullptr;
+            if (l.in <= 0 || l.out <= 0 || (!layers.empty() && layers.back().out != l.in)) return nullptr;
+            for (const auto& other : layers)  // one module twice shares its weights: gradients add up
+                if (other.linear.ptr() == l.linear.ptr()) return nullptr;
             layers.push_back(std::move(l));
         } else {
             return nullptr;  // anything else (dropout, normalization, convolutions): autograd's step
         }
     }
     if (layers.empty()) return nullptr;
-    for (const auto& l : layers)
-        if (!plainFloat(l.linear->weight) || !l.linear->weight.requires_grad() ||
-            (l.linear->bias.defined() && (!plainFloat(l.linear->bias) || !l.linear->bias.requires_grad())))
-            return nullptr;
-    return std::unique_ptr<MlpStep>(new MlpStep(std::move(layers)));
+    auto step = std::unique_ptr<MlpStep>(new MlpStep(std::move(layers)));
+    step->m_flatten = flattens;
+    return step->layersFit() ? std::move(step) : nullptr;
 #endif
 }
 
+bool MlpStep::layersFit() const {
+    for (const auto& l : m_layers) {
+        const auto& w = l.linear->weight;
+        const auto& b = l.linear->bias;
+        if (!plainFloat(w) || !w.requires_grad() || w.dim() != 2 || w.size(0) != l.out || w.size(1) != l.in)
+            return false;
+        if (b.defined() && (!plainFloat(b) || !b.requires_grad() || b.dim() != 1 || b.size(0) != l.out))
+            return false;
+    }
+    return true;
+}
+
 bool MlpStep::accepts(const torch::Tensor& x, const torch::Tensor& y) const {
-    if (!plainFloat(x) || x.dim() < 2 || x.size(0) == 0 || x.numel() / x.size(0) != m_layers.front().in)
+    if (!plainFloat(x) || x.dim() < 2 || (x.dim() > 2 && !m_flatten) || x.size(0) == 0 ||
+        x.numel() / x.size(0) != m_layers.front().in)
         return false;
     if (!y.defined() || !y.device().is_cpu() || y.scalar_type() != torch::kLong || !y.is_contiguous() ||
         y.dim() != 1 || y.size(0) != x.size(0))
         return false;
-    for (const auto& l : m_layers)  // still fp32 on the CPU (a model can be moved or cast)
-        if (!plainFloat(l.linear->weight) || (l.linear->bias.defined() && !plainFloat(l.linear->bias)))
-            return false;
+    if (!layersFit()) return false;  // still trainable fp32 of the same shapes (a model can be cast)
     const int64_t classes = m_layers.back().out;
     const int64_t* labels = y.data_ptr<int64_t>();
     for (int64_t i = 0; i < y.size(0); ++i)

@@ -19,7 +19,7 @@ namespace lathe::core {
 class MlpStep {
 public:
     /// The fast step for `model` if it is a plain fp32 MLP on the CPU (Linear and ReLU only, a
-    /// Flatten first allowed) and this build has a BLAS to call; null otherwise.
+    /// Flatten first allowed; no module twice) and this build has a BLAS to call; null otherwise.
     static std::unique_ptr<MlpStep> of(torch::nn::Sequential& model);
 
     /// Whether this batch can take the fast step: fp32 contiguous inputs of the first layer's
@@ -48,8 +48,11 @@ private:
     };
     explicit MlpStep(std::vector<Layer> layers);
     void ensureBuffers(int64_t batch);
+    // Every layer's weight and bias: fp32 contiguous on the CPU, trainable, of the shapes seen.
+    bool layersFit() const;
 
     std::vector<Layer> m_layers;
+    bool m_flatten = false;  // a leading Flatten: inputs of more than two dimensions are rows
     int64_t m_batch = -1;
     std::vector<torch::Tensor> m_act;   // per layer: its output (after its ReLU), [batch, out]
     std::vector<torch::Tensor> m_grad;  // per layer: the loss's gradient w.r.t. its output

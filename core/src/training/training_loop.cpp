@@ -786,8 +786,8 @@ TrainingLoop::StepEnd TrainingLoop::trainStep(int64_t epoch, int64_t b, EpochTal
     }
     const auto tData = Clock::now();
     // A plain MLP's forward and backward by hand (mlp_step.h), where nothing needs autograd's
-    // graph: no autocast, checkpointing, hooks, exchange or model parallelism; not on a step
-    // that samples activation memory or is profiled (whose ops the profile shows).
+    // graph: no autocast, checkpointing, hooks, exchange or model parallelism; not in a profiled
+    // run (whose ops the profile shows) nor on the step that samples activation memory.
     if (!m_mlpChecked) {
         m_mlpChecked = true;
         if (m_device.is_cpu() && !m_autocast && !m_spec.activationCheckpointing && m_hooks.empty() &&
