@@ -7,7 +7,7 @@
 // takes tens of microseconds and autograd's graph, dispatch and allocations took more than that:
 // this path is what makes such a step 2x PyTorch eager's (tests/bench/README.md#trainer). It
 // computes what autograd computes, in float32, in another summation order: gradients agree with
-// autograd's to a few ulp (tests/core/test_mlp_step.cpp), not bit for bit.
+// autograd's to 2e-6 of their largest magnitude (tests/core/test_mlp_step.cpp), not bit for bit.
 #include <torch/torch.h>
 
 #include <chrono>
@@ -33,8 +33,8 @@ public:
         std::chrono::steady_clock::time_point forwardDone;  // where the step's backward began
     };
     /// Forward, loss and backward on the network's current weights. Each layer's weight and bias
-    /// gradient is left in its .grad() (buffers this object keeps and hands out again each step,
-    /// overwritten, not accumulated: zero_grad() is not needed). The gradients are those of
+    /// gradient is written into its .grad() (made once, then overwritten each step rather than
+    /// accumulated into: zero_grad() is not needed). The gradients are those of
     /// `lossScale` times the loss, as a loss scaler's backward (the loss returned is unscaled).
     Result run(const torch::Tensor& x, const torch::Tensor& y, float lossScale = 1.0f);
 
