@@ -1,4 +1,8 @@
 // lathectl: Lathe's capabilities without a display (also what runs on remote hosts).
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -6,8 +10,12 @@
 #include "cli_common.h"
 #include "command_tree.h"
 #include "lathe/core/error.h"
+#include "lathe/core/fork_server.h"
+#include "lathe/core/torch_runtime.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+int runCommandLine(int argc, char** argv) {
     CLI::App app{"lathectl — train, inspect and manage Lathe runs without a display", "lathectl"};
     app.require_subcommand(1);
     app.set_version_flag("--version", lathe::cli::versionLine());
@@ -68,4 +76,29 @@ int main(int argc, char** argv) {
         return lathe::cli::kRunFailed;
     }
     return exitCode;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    // `lathectl __fork-server FD`, started by lathectl tune: LibTorch loaded once, then each trial a
+    // forked copy running the command line it was sent (lathe/core/fork_server.h).
+    if (argc == 3 && std::string(argv[1]) == "__fork-server")
+        return lathe::core::serveForks(std::atoi(argv[2]), [](std::vector<std::string> args) {
+            std::vector<char*> v;
+            for (auto& a : args) v.push_back(a.data());
+            v.push_back(nullptr);
+            return runCommandLine(static_cast<int>(args.size()), v.data());
+        });
+    const int code = runCommandLine(argc, argv);
+    // A command that loaded LibTorch leaves without running its static destructors: they
+    // deregister thousands of operators, about 0.3 s of every `lathectl train`. The command has
+    // closed its workspace and joined its threads by now; only the streams need flushing.
+    if (lathe::core::torchRuntimeLoaded()) {
+        std::cout.flush();
+        std::cerr.flush();
+        std::fflush(nullptr);
+        ::_exit(code);
+    }
+    return code;
 }

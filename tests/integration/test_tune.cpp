@@ -144,6 +144,39 @@ TEST_CASE(
     CHECK_THAT(runShell(lathectl("__complete tune --algo ''")).out, Catch::Contains("asha"));
 }
 
+TEST_CASE("trials forked from the study's fork server train exactly as fresh processes", "[cli][tune]") {
+    TempDir dir;
+    const std::string args =
+        "tune --epochs 2 --trials 3 --parallel 2 --algo random --study f1" + kBase + kSpace + " --json --db ";
+    const auto forked = runShell(lathectl(args + dir.file("forked.db")));
+    INFO(said(forked));
+    REQUIRE(forked.exitCode == 0);
+    const auto fresh = runShell("LATHE_FORK_SERVER=0 " + lathectl(args + dir.file("fresh.db")));
+    INFO(said(fresh));
+    REQUIRE(fresh.exitCode == 0);
+    // Which way each study started its trials, as it says on its progress lines.
+    const std::string says = "trials start as forks of process ";
+    REQUIRE_THAT(forked.err, Catch::Contains(says));
+    CHECK_THAT(fresh.err, !Catch::Contains(says));
+    // The same trials, to the last bit of their objective, each in a process of its own.
+    const auto a = json::parse(forked.out).at("trials");
+    const auto b = json::parse(fresh.out).at("trials");
+    REQUIRE(a.size() == 3);
+    REQUIRE(b.size() == 3);
+    std::set<int64_t> pids;
+    for (size_t i = 0; i < a.size(); ++i) {
+        CHECK(a[i].at("state") == "complete");
+        CHECK(a[i].at("params") == b[i].at("params"));
+        CHECK(a[i].at("value").get<double>() == b[i].at("value").get<double>());
+        pids.insert(a[i].at("pid").get<int64_t>());
+    }
+    CHECK(pids.size() == 3);
+    // The server is gone with its study.
+    const auto at = forked.err.find(says) + says.size();
+    const auto server = std::stol(forked.err.substr(at, forked.err.find_first_not_of("0123456789", at) - at));
+    CHECK(::kill(static_cast<pid_t>(server), 0) != 0);
+}
+
 TEST_CASE("a study ends early at its target or timeout and resuming it runs the trials it has left",
           "[cli][tune]") {
     TempDir dir;

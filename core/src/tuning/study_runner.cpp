@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -20,6 +21,7 @@
 #include "lathe/core/error.h"
 #include "lathe/core/events.h"
 #include "lathe/core/executable.h"
+#include "lathe/core/fork_server.h"
 #include "lathe/core/store.h"
 #include "lathe/core/tuner.h"
 #include "torch_backend.h"
@@ -455,7 +457,7 @@ private:
         c.host = host;
         c.slot = slot;
         c.errPath = trialFile(number, ".log");
-        c.pid = spawn(m_options.lathectl, args, trialFile(number, ".json"), c.errPath);
+        c.pid = launch(args, trialFile(number, ".json"), c.errPath);
         m_children.push_back(c);
         std::string shown;
         for (const auto& [k, v] : params) shown += (shown.empty() ? "" : " ") + k + "=" + v;
@@ -463,6 +465,32 @@ private:
                                             std::to_string(resumeRun) + ")"
                                       : "trial " + std::to_string(number) + " started") +
             (host.empty() ? "" : " on " + hostName) + ": " + shown);
+    }
+
+    // A trial's process: a fork of the study's fork server (LibTorch already loaded: about 0.7 s
+    // less per trial), else a fresh `lathectl train` as before (fork_server.h).
+    pid_t launch(const std::vector<std::string>& args, const std::string& outPath,
+                 const std::string& errPath) {
+        if (!m_forksTried) {
+            m_forksTried = true;
+            std::string why;
+            m_forks = ForkServer::start(m_options.lathectl, &why);
+            if (m_forks)
+                say("trials start as forks of process " + std::to_string(m_forks->serverPid()) +
+                    ", which loaded LibTorch once (LATHE_FORK_SERVER=0 starts each afresh)");
+            else if (!why.empty())
+                say("trials start as fresh processes (the fork server is not available: " + why + ")");
+        }
+        if (m_forks) {
+            std::vector<std::string> argv{m_options.lathectl};
+            argv.insert(argv.end(), args.begin(), args.end());
+            std::string why;
+            const pid_t pid = m_forks->spawn(argv, outPath, errPath, &why);
+            if (pid > 0) return pid;
+            say("the fork server failed (" + why + "): trials start as fresh processes from now on");
+            m_forks.reset();
+        }
+        return spawn(m_options.lathectl, args, outPath, errPath);
     }
 
     static std::string flagOf(const std::string& key) {
@@ -669,6 +697,8 @@ private:
     std::vector<Child> m_children;
     std::vector<TrialRecord> m_toResume;
     int64_t m_next = 0;
+    std::unique_ptr<ForkServer> m_forks;  // started with the first trial
+    bool m_forksTried = false;
 };
 
 }  // namespace

@@ -1,0 +1,292 @@
+// The fork server for lathectl commands (lathe/core/fork_server.h).
+//
+// Protocol, over a SOCK_SEQPACKET socket pair (one message per request or answer):
+//   server -> asker, once:  "ready" | "error <why>"
+//   asker -> server:        "spawn\0<stdout path>\0<stderr path>\0<argv[0]>\0<argv[1]>\0..."
+//   server -> asker:        "pid <N>" | "error <why>"
+// For each request the server forks a middle process that forks the command and exits at once:
+// the command is orphaned and reparented to the asker, its child subreaper. The middle process
+// hands the command's pid back through a pipe, and the server answers only after reaping the
+// middle one, so by the time the asker reads the pid the command is already its child.
+#include "lathe/core/fork_server.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+
+#include "lathe/core/torch_runtime.h"
+
+namespace lathe::core {
+namespace {
+
+constexpr size_t kMaxMessage = 256 * 1024;
+
+bool sendText(int fd, const std::string& text) {
+    return ::send(fd, text.data(), text.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(text.size());
+}
+
+// One message, or nullopt-like false on EOF, error or a timeout (timeoutMs < 0: wait forever).
+bool receive(int fd, std::string& out, int timeoutMs) {
+    pollfd p{fd, POLLIN, 0};
+    for (;;) {
+        const int r = ::poll(&p, 1, timeoutMs);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return false;
+        break;
+    }
+    out.resize(kMaxMessage);
+    for (;;) {
+        const ssize_t n = ::recv(fd, out.data(), out.size(), MSG_TRUNC);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0 || static_cast<size_t>(n) > out.size()) return false;  // EOF, error or too long
+        out.resize(static_cast<size_t>(n));
+        return true;
+    }
+}
+
+std::vector<std::string> splitNul(const std::string& s) {
+    std::vector<std::string> parts;
+    size_t pos = 0;
+    while (pos < s.size()) {
+        const size_t end = s.find('\0', pos);
+        if (end == std::string::npos) {
+            parts.push_back(s.substr(pos));
+            break;
+        }
+        parts.push_back(s.substr(pos, end - pos));
+        pos = end + 1;
+    }
+    return parts;
+}
+
+int threadCount() {
+    int n = 0;
+    if (DIR* d = ::opendir("/proc/self/task")) {
+        while (const dirent* e = ::readdir(d))
+            if (e->d_name[0] != '.') ++n;
+        ::closedir(d);
+    }
+    return n;
+}
+
+void unblockAllSignals() {
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+}
+
+// In the command's process: wait to be the asker's child, then become a fresh command.
+[[noreturn]] void becomeCommand(pid_t asker, pid_t middle, const std::vector<std::string>& parts,
+                                const std::function<int(std::vector<std::string>)>& run) {
+    // The middle process exits right after forking us; the kernel then hands us to the asker.
+    for (int i = 0; ::getppid() == middle && i < 200000; ++i) ::usleep(50);
+    // Only now: a death signal set earlier would have fired when the middle process exited.
+    ::prctl(PR_SET_PDEATHSIG, SIGINT);
+    if (::getppid() != asker) ::_exit(130);  // the asker is gone, or is not our parent
+    for (int s = 1; s < NSIG; ++s)
+        if (s != SIGKILL && s != SIGSTOP) ::signal(s, SIG_DFL);
+    unblockAllSignals();
+    const int in = ::open("/dev/null", O_RDONLY);
+    const int out = ::open(parts[1].c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    const int err = ::open(parts[2].c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (in < 0 || out < 0 || err < 0) ::_exit(127);
+    ::dup2(in, 0);
+    ::dup2(out, 1);
+    ::dup2(err, 2);
+    for (int fd : {in, out, err})
+        if (fd > 2) ::close(fd);
+    int code = 70;
+    try {
+        code = run(std::vector<std::string>(parts.begin() + 3, parts.end()));
+    } catch (...) {
+    }
+    // Out without the static destructors: LibTorch's deregister thousands of operators (about a
+    // tenth of a short trial), and a command has closed its workspace and joined its threads by
+    // the time it returns. Only the streams need flushing.
+    std::cout.flush();
+    std::cerr.flush();
+    std::fflush(nullptr);
+    ::_exit(code);
+}
+
+}  // namespace
+
+// ---- The asker's side ---------------------------------------------------------------------------
+
+std::unique_ptr<ForkServer> ForkServer::start(const std::string& program, std::string* why,
+                                              double timeoutSeconds) {
+    const auto fail = [&](const std::string& text) {
+        if (why) *why = text;
+        return std::unique_ptr<ForkServer>();
+    };
+    if (const char* v = std::getenv("LATHE_FORK_SERVER"); v && std::string(v) == "0") return fail("");
+    int before = 0;
+    ::prctl(PR_GET_CHILD_SUBREAPER, &before);
+    if (::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
+        return fail(std::string("cannot become a child subreaper: ") + std::strerror(errno));
+    std::unique_ptr<ForkServer> s(new ForkServer);
+    s->m_subreaperBefore = before;
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+        return fail(std::string("socketpair: ") + std::strerror(errno));
+    const std::string fdText = std::to_string(sv[1]);
+    std::vector<std::string> all{program, "__fork-server", fdText};
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+        unblockAllSignals();
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // nothing to save: it only forks
+        if (::getppid() != parent) ::_exit(127);
+        ::fcntl(sv[1], F_SETFD, 0);  // the one descriptor the server keeps across exec
+        const int null = ::open("/dev/null", O_RDWR);
+        if (null >= 0) {
+            ::dup2(null, 0);
+            ::dup2(null, 1);
+            ::dup2(null, 2);
+        }
+        ::execv(program.c_str(), argv.data());
+        ::_exit(127);
+    }
+    const int e = errno;
+    ::close(sv[1]);
+    s->m_fd = sv[0];
+    s->m_pid = pid;
+    if (pid < 0) {
+        s->m_pid = -1;
+        return fail(std::string("cannot start it: ") + std::strerror(e));
+    }
+    std::string answer;
+    if (!receive(s->m_fd, answer, static_cast<int>(std::lround(timeoutSeconds * 1000))))
+        return fail(program + " __fork-server did not answer");
+    if (answer != "ready") return fail(answer.rfind("error ", 0) == 0 ? answer.substr(6) : answer);
+    return s;
+}
+
+ForkServer::~ForkServer() {
+    close();
+    ::prctl(PR_SET_CHILD_SUBREAPER, m_subreaperBefore);
+}
+
+void ForkServer::close() {
+    if (m_fd >= 0) ::close(m_fd);
+    m_fd = -1;
+    if (m_pid > 0) {
+        ::kill(m_pid, SIGKILL);
+        int status = 0;
+        while (::waitpid(m_pid, &status, 0) < 0 && errno == EINTR) {
+        }
+    }
+    m_pid = -1;
+}
+
+pid_t ForkServer::spawn(const std::vector<std::string>& args, const std::string& outPath,
+                        const std::string& errPath, std::string* why) {
+    const auto fail = [&](const std::string& text) {
+        if (why) *why = text;
+        close();
+        return pid_t{-1};
+    };
+    if (m_fd < 0) return fail("the fork server is closed");
+    if (args.empty()) return fail("no program");
+    std::string request = std::string("spawn") + '\0' + outPath + '\0' + errPath;
+    for (const auto& a : args) request += '\0' + a;
+    if (request.size() > kMaxMessage) return fail("the command line is too long for the fork server");
+    if (!sendText(m_fd, request))
+        return fail(std::string("cannot reach the fork server: ") + std::strerror(errno));
+    std::string answer;
+    if (!receive(m_fd, answer, 30000)) return fail("the fork server did not answer");
+    if (answer.rfind("pid ", 0) != 0) return fail(answer.rfind("error ", 0) == 0 ? answer.substr(6) : answer);
+    const long pid = std::strtol(answer.c_str() + 4, nullptr, 10);
+    if (pid <= 0) return fail("the fork server answered " + answer);
+    // Ours now (reparented before the answer was sent)? Checked without reaping it.
+    siginfo_t info{};
+    if (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0)
+        return fail("process " + std::to_string(pid) + " from the fork server is not this process's child");
+    return static_cast<pid_t>(pid);
+}
+
+// ---- The server's side ----------------------------------------------------------------------------
+
+int serveForks(int fd, const std::function<int(std::vector<std::string>)>& run) {
+    const pid_t asker = ::getppid();
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != asker || asker == 1) return 1;
+    try {
+        loadTorchRuntime();
+    } catch (const std::exception& e) {
+        sendText(fd, std::string("error ") + e.what());
+        return 1;
+    }
+    // Forking is safe only if no thread of ours is left running: a thread holding a lock at the
+    // fork leaves it held in the copy. OpenBLAS, which starts its pool when loaded, stops it
+    // before a fork (pthread_atfork); anything else that started one would show here.
+    const pid_t probe = ::fork();
+    if (probe == 0) ::_exit(0);
+    if (probe > 0) ::waitpid(probe, nullptr, 0);
+    if (const int n = threadCount(); probe < 0 || n != 1) {
+        sendText(fd,
+                 "error the server runs " + std::to_string(n) + " threads after a fork: not safe to fork");
+        return 1;
+    }
+    if (!sendText(fd, "ready")) return 1;
+    std::string request;
+    for (;;) {
+        if (!receive(fd, request, -1)) return 0;  // the asker closed its end, or died
+        const auto parts = splitNul(request);
+        if (parts.size() < 4 || parts[0] != "spawn") {
+            sendText(fd, "error malformed request");
+            continue;
+        }
+        int pipeFd[2];
+        if (::pipe2(pipeFd, O_CLOEXEC) != 0) {
+            sendText(fd, std::string("error pipe: ") + std::strerror(errno));
+            continue;
+        }
+        const pid_t middle = ::fork();
+        if (middle == 0) {
+            ::close(pipeFd[0]);
+            const pid_t self = ::getpid();
+            const pid_t command = ::fork();
+            if (command == 0) {
+                ::close(pipeFd[1]);
+                ::close(fd);
+                becomeCommand(asker, self, parts, run);
+            }
+            const int e[2] = {static_cast<int>(command), errno};
+            [[maybe_unused]] const auto w = ::write(pipeFd[1], e, sizeof e);
+            ::_exit(0);
+        }
+        const int forkErr = errno;
+        ::close(pipeFd[1]);
+        int e[2] = {-1, 0};
+        if (middle < 0) {
+            e[1] = forkErr;
+        } else {
+            while (::waitpid(middle, nullptr, 0) < 0 && errno == EINTR) {
+            }
+            if (::read(pipeFd[0], e, sizeof e) != static_cast<ssize_t>(sizeof e)) e[0] = -1;
+        }
+        ::close(pipeFd[0]);
+        if (e[0] > 0)
+            sendText(fd, "pid " + std::to_string(e[0]));
+        else
+            sendText(fd, std::string("error fork: ") + std::strerror(e[1] ? e[1] : EAGAIN));
+    }
+}
+
+}  // namespace lathe::core
