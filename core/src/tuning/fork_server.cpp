@@ -19,12 +19,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <utility>
 
 #include "lathe/core/torch_runtime.h"
 
@@ -37,11 +40,19 @@ bool sendText(int fd, const std::string& text) {
     return ::send(fd, text.data(), text.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(text.size());
 }
 
-// One message, or nullopt-like false on EOF, error or a timeout (timeoutMs < 0: wait forever).
+// One message; false on EOF, an error or when `timeoutMs` passed (< 0: no limit). A signal does
+// not restart the wait from the beginning.
 bool receive(int fd, std::string& out, int timeoutMs) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeoutMs);
     pollfd p{fd, POLLIN, 0};
     for (;;) {
-        const int r = ::poll(&p, 1, timeoutMs);
+        int left = -1;
+        if (timeoutMs >= 0)
+            left =
+                static_cast<int>(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                          deadline - std::chrono::steady_clock::now())
+                                                          .count()));
+        const int r = ::poll(&p, 1, left);
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) return false;
         break;
@@ -56,15 +67,13 @@ bool receive(int fd, std::string& out, int timeoutMs) {
     }
 }
 
+// Fields each ended by a NUL (so an empty last argument survives); nothing if the text is not.
 std::vector<std::string> splitNul(const std::string& s) {
     std::vector<std::string> parts;
+    if (s.empty() || s.back() != '\0') return parts;
     size_t pos = 0;
     while (pos < s.size()) {
         const size_t end = s.find('\0', pos);
-        if (end == std::string::npos) {
-            parts.push_back(s.substr(pos));
-            break;
-        }
         parts.push_back(s.substr(pos, end - pos));
         pos = end + 1;
     }
@@ -88,7 +97,17 @@ void unblockAllSignals() {
 }
 
 // In the command's process: wait to be the asker's child, then become a fresh command.
-[[noreturn]] void becomeCommand(pid_t asker, pid_t middle, const std::vector<std::string>& parts,
+// The files a command writes, opened by the server before it forks (a path that cannot be
+// opened is answered as an error, with nothing started): stdin, stdout, stderr.
+struct Stdio {
+    int in = -1, out = -1, err = -1;
+    void close() {
+        for (int* fd : {&in, &out, &err})
+            if (*fd >= 0) ::close(std::exchange(*fd, -1));
+    }
+};
+
+[[noreturn]] void becomeCommand(pid_t asker, pid_t middle, Stdio io, const std::vector<std::string>& parts,
                                 const std::function<int(std::vector<std::string>)>& run) {
     // The middle process exits right after forking us; the kernel then hands us to the asker.
     for (int i = 0; ::getppid() == middle && i < 200000; ++i) ::usleep(50);
@@ -98,14 +117,9 @@ void unblockAllSignals() {
     for (int s = 1; s < NSIG; ++s)
         if (s != SIGKILL && s != SIGSTOP) ::signal(s, SIG_DFL);
     unblockAllSignals();
-    const int in = ::open("/dev/null", O_RDONLY);
-    const int out = ::open(parts[1].c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    const int err = ::open(parts[2].c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (in < 0 || out < 0 || err < 0) ::_exit(127);
-    ::dup2(in, 0);
-    ::dup2(out, 1);
-    ::dup2(err, 2);
-    for (int fd : {in, out, err})
+    // dup2 clears close-on-exec on 0-2; the originals (close-on-exec) are closed.
+    if (::dup2(io.in, 0) < 0 || ::dup2(io.out, 1) < 0 || ::dup2(io.err, 2) < 0) ::_exit(127);
+    for (int fd : {io.in, io.out, io.err})
         if (fd > 2) ::close(fd);
     int code = 70;
     try {
@@ -134,6 +148,9 @@ std::unique_ptr<ForkServer> ForkServer::start(const std::string& program, std::s
     if (const char* v = std::getenv("LATHE_FORK_SERVER"); v && std::string(v) == "0") return fail("");
     int before = 0;
     ::prctl(PR_GET_CHILD_SUBREAPER, &before);
+    // A subreaper while the server is forked, so that it and the processes it forks carry the
+    // kernel's "has a subreaper above" mark; after that only while a command is being handed over
+    // (spawn), so that other orphans (a crashed trial's workers) go to init as before.
     if (::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
         return fail(std::string("cannot become a child subreaper: ") + std::strerror(errno));
     std::unique_ptr<ForkServer> s(new ForkServer);
@@ -141,8 +158,17 @@ std::unique_ptr<ForkServer> ForkServer::start(const std::string& program, std::s
     int sv[2];
     if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
         return fail(std::string("socketpair: ") + std::strerror(errno));
-    const std::string fdText = std::to_string(sv[1]);
-    std::vector<std::string> all{program, "__fork-server", fdText};
+    // The server's end is moved to 3 or above in the child (stdio may have been closed here, and
+    // the dup2s below must not overwrite it); its number is decided here, before the fork.
+    const int serverEnd = sv[1] > 2 ? sv[1] : ::fcntl(sv[1], F_DUPFD_CLOEXEC, 3);
+    if (serverEnd < 0) {
+        const int e = errno;
+        ::close(sv[0]);
+        ::close(sv[1]);
+        return fail(std::string("fcntl: ") + std::strerror(e));
+    }
+    if (serverEnd != sv[1]) ::close(sv[1]);
+    std::vector<std::string> all{program, "__fork-server", std::to_string(serverEnd)};
     std::vector<char*> argv;
     for (auto& a : all) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -152,8 +178,8 @@ std::unique_ptr<ForkServer> ForkServer::start(const std::string& program, std::s
         unblockAllSignals();
         ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // nothing to save: it only forks
         if (::getppid() != parent) ::_exit(127);
-        ::fcntl(sv[1], F_SETFD, 0);  // the one descriptor the server keeps across exec
-        const int null = ::open("/dev/null", O_RDWR);
+        ::fcntl(serverEnd, F_SETFD, 0);  // the one descriptor the server keeps across exec
+        const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
         if (null >= 0) {
             ::dup2(null, 0);
             ::dup2(null, 1);
@@ -163,7 +189,7 @@ std::unique_ptr<ForkServer> ForkServer::start(const std::string& program, std::s
         ::_exit(127);
     }
     const int e = errno;
-    ::close(sv[1]);
+    ::close(serverEnd);
     s->m_fd = sv[0];
     s->m_pid = pid;
     if (pid < 0) {
@@ -174,12 +200,13 @@ std::unique_ptr<ForkServer> ForkServer::start(const std::string& program, std::s
     if (!receive(s->m_fd, answer, static_cast<int>(std::lround(timeoutSeconds * 1000))))
         return fail(program + " __fork-server did not answer");
     if (answer != "ready") return fail(answer.rfind("error ", 0) == 0 ? answer.substr(6) : answer);
+    ::prctl(PR_SET_CHILD_SUBREAPER, s->m_subreaperBefore);
     return s;
 }
 
 ForkServer::~ForkServer() {
     close();
-    ::prctl(PR_SET_CHILD_SUBREAPER, m_subreaperBefore);
+    ::prctl(PR_SET_CHILD_SUBREAPER, m_subreaperBefore);  // as it was, whatever failed where
 }
 
 void ForkServer::close() {
@@ -195,22 +222,37 @@ void ForkServer::close() {
 }
 
 pid_t ForkServer::spawn(const std::vector<std::string>& args, const std::string& outPath,
-                        const std::string& errPath, std::string* why) {
+                        const std::string& errPath, std::string* why, bool* maybeStarted) {
+    bool sent = false;
     const auto fail = [&](const std::string& text) {
         if (why) *why = text;
+        if (maybeStarted) *maybeStarted = sent;
         close();
+        ::prctl(PR_SET_CHILD_SUBREAPER, m_subreaperBefore);
         return pid_t{-1};
     };
+    if (maybeStarted) *maybeStarted = false;
     if (m_fd < 0) return fail("the fork server is closed");
     if (args.empty()) return fail("no program");
-    std::string request = std::string("spawn") + '\0' + outPath + '\0' + errPath;
-    for (const auto& a : args) request += '\0' + a;
+    std::string request;
+    for (const auto* field : {"spawn", outPath.c_str(), errPath.c_str()})
+        request.append(field).push_back('\0');
+    for (const auto& a : args) request.append(a).push_back('\0');
     if (request.size() > kMaxMessage) return fail("the command line is too long for the fork server");
+    // The command is reparented to us when the server's middle process exits, which happens
+    // before the answer is sent.
+    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
     if (!sendText(m_fd, request))
         return fail(std::string("cannot reach the fork server: ") + std::strerror(errno));
+    sent = true;
     std::string answer;
     if (!receive(m_fd, answer, 30000)) return fail("the fork server did not answer");
-    if (answer.rfind("pid ", 0) != 0) return fail(answer.rfind("error ", 0) == 0 ? answer.substr(6) : answer);
+    ::prctl(PR_SET_CHILD_SUBREAPER, m_subreaperBefore);
+    if (answer.rfind("error ", 0) == 0) {
+        sent = false;  // the server answers an error only when it started nothing
+        return fail(answer.substr(6));
+    }
+    if (answer.rfind("pid ", 0) != 0) return fail("the fork server answered " + answer);
     const long pid = std::strtol(answer.c_str() + 4, nullptr, 10);
     if (pid <= 0) return fail("the fork server answered " + answer);
     // Ours now (reparented before the answer was sent)? Checked without reaping it.
@@ -252,8 +294,19 @@ int serveForks(int fd, const std::function<int(std::vector<std::string>)>& run) 
             sendText(fd, "error malformed request");
             continue;
         }
+        Stdio io;
+        io.in = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+        io.out = ::open(parts[1].c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        io.err = ::open(parts[2].c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        if (io.in < 0 || io.out < 0 || io.err < 0) {
+            const int e = errno;
+            io.close();
+            sendText(fd, "error cannot open a trial's log file " + parts[2] + ": " + std::strerror(e));
+            continue;
+        }
         int pipeFd[2];
         if (::pipe2(pipeFd, O_CLOEXEC) != 0) {
+            io.close();
             sendText(fd, std::string("error pipe: ") + std::strerror(errno));
             continue;
         }
@@ -265,7 +318,7 @@ int serveForks(int fd, const std::function<int(std::vector<std::string>)>& run) 
             if (command == 0) {
                 ::close(pipeFd[1]);
                 ::close(fd);
-                becomeCommand(asker, self, parts, run);
+                becomeCommand(asker, self, io, parts, run);
             }
             const int e[2] = {static_cast<int>(command), errno};
             [[maybe_unused]] const auto w = ::write(pipeFd[1], e, sizeof e);
@@ -273,6 +326,7 @@ int serveForks(int fd, const std::function<int(std::vector<std::string>)>& run) 
         }
         const int forkErr = errno;
         ::close(pipeFd[1]);
+        io.close();
         int e[2] = {-1, 0};
         if (middle < 0) {
             e[1] = forkErr;

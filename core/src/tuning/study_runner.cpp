@@ -458,6 +458,13 @@ private:
         c.slot = slot;
         c.errPath = trialFile(number, ".log");
         c.pid = launch(args, trialFile(number, ".json"), c.errPath);
+        if (c.pid < 0) {
+            m_studies.finishTrial(trialId, TrialState::Failed, std::nullopt,
+                                  "the fork server did not say whether it started the trial");
+            say("trial " + std::to_string(number) +
+                " failed: the fork server did not say whether it started it");
+            return;
+        }
         m_children.push_back(c);
         std::string shown;
         for (const auto& [k, v] : params) shown += (shown.empty() ? "" : " ") + k + "=" + v;
@@ -485,12 +492,33 @@ private:
             std::vector<std::string> argv{m_options.lathectl};
             argv.insert(argv.end(), args.begin(), args.end());
             std::string why;
-            const pid_t pid = m_forks->spawn(argv, outPath, errPath, &why);
+            bool maybeStarted = false;
+            const pid_t pid = m_forks->spawn(argv, outPath, errPath, &why, &maybeStarted);
             if (pid > 0) return pid;
-            say("the fork server failed (" + why + "): trials start as fresh processes from now on");
             m_forks.reset();
+            say("the fork server failed (" + why + "): trials start as fresh processes from now on");
+            if (maybeStarted) {
+                // The trial may be running without us knowing its pid: stop any child of ours that
+                // is not a known trial, and give this one up rather than run it twice.
+                stopUnknownChildren();
+                return -1;
+            }
         }
         return spawn(m_options.lathectl, args, outPath, errPath);
+    }
+
+    void stopUnknownChildren() {
+        std::set<pid_t> known;
+        for (const auto& c : m_children) known.insert(c.pid);
+        std::error_code ec;
+        for (const auto& task : fs::directory_iterator("/proc/self/task", ec)) {
+            std::ifstream in(task.path() / "children");
+            for (pid_t pid = 0; in >> pid;)
+                if (!known.count(pid)) {
+                    ::kill(pid, SIGKILL);
+                    ::waitpid(pid, nullptr, 0);
+                }
+        }
     }
 
     static std::string flagOf(const std::string& key) {

@@ -38,9 +38,11 @@ public:
 
     /// Starts `program args...` as a forked copy of the server, stdout appended to `outPath`,
     /// stderr to `errPath`. Returns its pid (this process's child), or -1 with `why` set; after
-    /// a failure the server is closed and every later call fails at once.
+    /// a failure the server is closed and every later call fails at once. `maybeStarted` says
+    /// whether the command may have started all the same (the request went out, no answer came
+    /// back): then it must not simply be started again another way.
     pid_t spawn(const std::vector<std::string>& args, const std::string& outPath, const std::string& errPath,
-                std::string* why);
+                std::string* why, bool* maybeStarted = nullptr);
 
     bool usable() const { return m_fd >= 0; }
     pid_t serverPid() const { return m_pid; }
