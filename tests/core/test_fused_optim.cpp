@@ -293,3 +293,19 @@ TEST_CASE("a large fused step split over threads equals torch::optim", "[fused_o
     at::set_num_threads(threadsBefore);
     for (size_t i = 0; i < ref.size(); ++i) CHECK(maxUlps(ref[i], fus[i]) <= 1);
 }
+
+TEST_CASE("the state key written by hand is LibTorch's own", "[fused_optim]") {
+    // A mismatch would make the fused step start fresh state where torch::optim's (or a
+    // checkpoint's) is filed, and the tests above would see the trajectories part.
+    std::vector<torch::Tensor> ts{torch::zeros({3}), torch::ones({128, 64}), torch::empty({0})};
+    for (const auto& t : ts) {
+#if TORCH_VERSION_MAJOR >= 2
+        CHECK(optimizerStateKey(t) == static_cast<void*>(t.unsafeGetTensorImpl()));
+#else
+        CHECK(optimizerStateKey(t) == c10::guts::to_string(t.unsafeGetTensorImpl()));
+        std::ostringstream stream;
+        stream << static_cast<const void*>(t.unsafeGetTensorImpl());
+        CHECK(optimizerStateKey(t) == stream.str());
+#endif
+    }
+}

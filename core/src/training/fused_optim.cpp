@@ -93,7 +93,9 @@ bool adamFamilyStep(std::vector<torch::optim::OptimizerParamGroup>& groups, Stat
                     double gradScale) {
     // Everything is checked before anything changes: the fallback must find the state untouched.
     // The states found are kept for the second loop (one lookup per parameter and step).
-    std::vector<State*> found;
+    // The lists are kept from step to step (per thread and optimizer kind): no allocation.
+    static thread_local std::vector<State*> found;
+    found.clear();
     for (auto& group : groups) {
         const auto& o = static_cast<const Options&>(group.options());
         if (o.amsgrad()) return false;
@@ -108,9 +110,12 @@ bool adamFamilyStep(std::vector<torch::optim::OptimizerParamGroup>& groups, Stat
             found.push_back(s);
         }
     }
-    std::vector<kernels::AdamHyper> hypers;
-    std::vector<kernels::OptimTensor> tensors;
-    std::vector<torch::Tensor> written;
+    static thread_local std::vector<kernels::AdamHyper> hypers;
+    static thread_local std::vector<kernels::OptimTensor> tensors;
+    static thread_local std::vector<torch::Tensor> written;
+    hypers.clear();
+    tensors.clear();
+    written.clear();
     size_t next = 0;
     for (auto& group : groups) {
         const auto& o = static_cast<const Options&>(group.options());
@@ -162,13 +167,15 @@ bool adamFamilyStep(std::vector<torch::optim::OptimizerParamGroup>& groups, Stat
         kernels::adamStep(h, t, n);
     });
     bumpVersions(written);
+    written.clear();  // no reference kept past the step
     return true;
 }
 
 bool sgdStep(std::vector<torch::optim::OptimizerParamGroup>& groups, StateMap& states, double gradScale) {
     using torch::optim::SGDOptions;
     using torch::optim::SGDParamState;
-    std::vector<SGDParamState*> found;  // as in adamFamilyStep
+    static thread_local std::vector<SGDParamState*> found;  // as in adamFamilyStep
+    found.clear();
     for (auto& group : groups) {
         const auto& o = static_cast<const SGDOptions&>(group.options());
         for (const auto& p : group.params()) {
@@ -182,9 +189,12 @@ bool sgdStep(std::vector<torch::optim::OptimizerParamGroup>& groups, StateMap& s
             found.push_back(s);
         }
     }
-    std::vector<kernels::SgdHyper> hypers;
-    std::vector<kernels::OptimTensor> tensors;
-    std::vector<torch::Tensor> written;
+    static thread_local std::vector<kernels::SgdHyper> hypers;
+    static thread_local std::vector<kernels::OptimTensor> tensors;
+    static thread_local std::vector<torch::Tensor> written;
+    hypers.clear();
+    tensors.clear();
+    written.clear();
     size_t next = 0;
     for (auto& group : groups) {
         const auto& o = static_cast<const SGDOptions&>(group.options());
@@ -225,6 +235,7 @@ bool sgdStep(std::vector<torch::optim::OptimizerParamGroup>& groups, StateMap& s
         kernels::sgdStep(h, t, n);
     });
     bumpVersions(written);
+    written.clear();  // no reference kept past the step
     return true;
 }
 

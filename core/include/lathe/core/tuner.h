@@ -1,6 +1,7 @@
 #pragma once
 // Running a hyper-parameter study (`lathectl tune`; tuning/study_runner.cpp): every trial is a
 // `lathectl train` process of its own (a trainer's seeds and thread settings are process-wide),
+// forked from a server that loaded LibTorch once (fork_server.h) or started afresh,
 // `parallel` at a time on this machine, or one per host placement over SSH. The sampler (random,
 // TPE, or TPE for the static parameters with the PPO agent steering lr and batch inside each run)
 // proposes each trial's values from the trials finished so far; ASHA stops trials whose objective
