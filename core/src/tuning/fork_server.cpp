@@ -257,8 +257,10 @@ pid_t ForkServer::spawn(const std::vector<std::string>& args, const std::string&
     if (pid <= 0) return fail("the fork server answered " + answer);
     // Ours now (reparented before the answer was sent)? Checked without reaping it.
     siginfo_t info{};
-    if (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0)
+    if (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0) {
+        ::kill(static_cast<pid_t>(pid), SIGKILL);  // our server's command, run where we cannot see it
         return fail("process " + std::to_string(pid) + " from the fork server is not this process's child");
+    }
     return static_cast<pid_t>(pid);
 }
 
