@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -83,13 +84,17 @@ int runCommandLine(int argc, char** argv) {
 int main(int argc, char** argv) {
     // `lathectl __fork-server FD`, started by lathectl tune: LibTorch loaded once, then each trial a
     // forked copy running the command line it was sent (lathe/core/fork_server.h).
-    if (argc == 3 && std::string(argv[1]) == "__fork-server")
-        return lathe::core::serveForks(std::atoi(argv[2]), [](std::vector<std::string> args) {
+    if (argc >= 3 && std::string(argv[1]) == "__fork-server") {
+        // Its argv strings lie end to end (as the kernel lays them out): the room ps shows.
+        lathe::core::ArgvArea area{
+            argv[0], static_cast<size_t>(argv[argc - 1] + std::strlen(argv[argc - 1]) - argv[0])};
+        return lathe::core::serveForks(std::atoi(argv[2]), area, [](std::vector<std::string> args) {
             std::vector<char*> v;
             for (auto& a : args) v.push_back(a.data());
             v.push_back(nullptr);
             return runCommandLine(static_cast<int>(args.size()), v.data());
         });
+    }
     const int code = runCommandLine(argc, argv);
     // A command that loaded LibTorch leaves without running its static destructors: they
     // deregister thousands of operators, about 0.3 s of every `lathectl train`. The command has

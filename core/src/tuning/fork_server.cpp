@@ -107,7 +107,22 @@ struct Stdio {
     }
 };
 
-[[noreturn]] void becomeCommand(pid_t asker, pid_t middle, Stdio io, const std::vector<std::string>& parts,
+// What ps and top show for the process (/proc/PID/cmdline is the memory of the server's own
+// argv, which the asker padded for this): the command's arguments, NUL-separated, cut to fit.
+void showCommandLine(const ArgvArea& area, const std::vector<std::string>& argv) {
+    if (!area.start || area.size < 2) return;
+    std::memset(area.start, 0, area.size);
+    size_t at = 0;
+    for (const auto& a : argv) {
+        if (at + 1 >= area.size) break;
+        const size_t n = std::min(a.size(), area.size - 1 - at);
+        std::memcpy(area.start + at, a.data(), n);
+        at += n + 1;  // the NUL after it (already zero)
+    }
+}
+
+[[noreturn]] void becomeCommand(pid_t asker, pid_t middle, Stdio io, const ArgvArea& area,
+                                const std::vector<std::string>& parts,
                                 const std::function<int(std::vector<std::string>)>& run) {
     // The middle process exits right after forking us; the kernel then hands us to the asker.
     for (int i = 0; ::getppid() == middle && i < 200000; ++i) ::usleep(50);
@@ -121,6 +136,7 @@ struct Stdio {
     if (::dup2(io.in, 0) < 0 || ::dup2(io.out, 1) < 0 || ::dup2(io.err, 2) < 0) ::_exit(127);
     for (int fd : {io.in, io.out, io.err})
         if (fd > 2) ::close(fd);
+    showCommandLine(area, std::vector<std::string>(parts.begin() + 3, parts.end()));
     int code = 70;
     try {
         code = run(std::vector<std::string>(parts.begin() + 3, parts.end()));
@@ -168,7 +184,8 @@ std::unique_ptr<ForkServer> ForkServer::start(const std::string& program, std::s
         return fail(std::string("fcntl: ") + std::strerror(e));
     }
     if (serverEnd != sv[1]) ::close(sv[1]);
-    std::vector<std::string> all{program, "__fork-server", std::to_string(serverEnd)};
+    // The padding is room for each trial's own command line in ps (serveForks' ArgvArea).
+    std::vector<std::string> all{program, "__fork-server", std::to_string(serverEnd), std::string(1024, ' ')};
     std::vector<char*> argv;
     for (auto& a : all) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -266,7 +283,7 @@ pid_t ForkServer::spawn(const std::vector<std::string>& args, const std::string&
 
 // ---- The server's side ----------------------------------------------------------------------------
 
-int serveForks(int fd, const std::function<int(std::vector<std::string>)>& run) {
+int serveForks(int fd, const ArgvArea& area, const std::function<int(std::vector<std::string>)>& run) {
     const pid_t asker = ::getppid();
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != asker || asker == 1) return 1;
@@ -320,7 +337,7 @@ int serveForks(int fd, const std::function<int(std::vector<std::string>)>& run) 
             if (command == 0) {
                 ::close(pipeFd[1]);
                 ::close(fd);
-                becomeCommand(asker, self, io, parts, run);
+                becomeCommand(asker, self, io, area, parts, run);
             }
             const int e[2] = {static_cast<int>(command), errno};
             [[maybe_unused]] const auto w = ::write(pipeFd[1], e, sizeof e);

@@ -17,6 +17,7 @@
 // starts that command the usual way (fork and exec). LATHE_FORK_SERVER=0 turns it off.
 #include <sys/types.h>
 
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
@@ -55,10 +56,18 @@ private:
     int m_subreaperBefore = 0;
 };
 
-/// The server's side, run by `lathectl __fork-server FD`: loads LibTorch, says "ready" on `fd`
-/// (a SOCK_SEQPACKET socket), then for each request forks a process that calls
+/// The memory of the server's own argv strings (contiguous, from argv[0] to the end of the last):
+/// a forked command writes its command line there, so that ps and top show what it runs rather
+/// than `lathectl __fork-server`. Null: leave it.
+struct ArgvArea {
+    char* start = nullptr;
+    size_t size = 0;
+};
+
+/// The server's side, run by `lathectl __fork-server FD PADDING`: loads LibTorch, says "ready"
+/// on `fd` (a SOCK_SEQPACKET socket), then for each request forks a process that calls
 /// `run(argv)` (argv[0] is the program) and exits with what it returns. Returns when the
 /// asking process closes its end or dies.
-int serveForks(int fd, const std::function<int(std::vector<std::string>)>& run);
+int serveForks(int fd, const ArgvArea& area, const std::function<int(std::vector<std::string>)>& run);
 
 }  // namespace lathe::core
