@@ -107,7 +107,9 @@ TEST_CASE("A study started from the Studies page runs its trials, stops and resu
     auto window = std::make_unique<MainWindow>(std::make_unique<core::Store>(path.toStdString()));
     window->resize(1400, 900);
     window->show();
-    window->runForm()->setFieldText("epochs", "3");
+    // Long enough to still be running when the page (which polls every 5 s) shows it: forked
+    // trials of 3 epochs took about 0.15 s each, and 8 of them ended before Stop could be pressed.
+    window->runForm()->setFieldText("epochs", "30");
     window->runForm()->setFieldText("threads", "1");
     auto* page = window->studiesView();
     window->pageTabs()->setCurrentWidget(page);
@@ -126,7 +128,7 @@ TEST_CASE("A study started from the Studies page runs its trials, stops and resu
     dialog->nameEdit()->setText("gui-study");
     dialog->clearSpace();
     dialog->addSpaceRow("lr", "loguniform", "1e-3, 0.1");
-    dialog->trialsBox()->setValue(8);
+    dialog->trialsBox()->setValue(40);
     dialog->parallelBox()->setValue(1);
     REQUIRE(dialog->problem().isEmpty());
     dialog->grab().save(outputPath("gui-study-dialog.png"));
@@ -153,7 +155,7 @@ TEST_CASE("A study started from the Studies page runs its trials, stops and resu
     CHECK(stopped->status == "stopped");
     CHECK(window->lastError() == errorBefore);  // a stop is not an error
     const auto doneBefore = finishedTrials();
-    CHECK(doneBefore < 8);
+    CHECK(doneBefore < 40);
 
     // Resume: finished trials are kept, the rest run, and the study completes.
     REQUIRE(waitUntil([&] { return page->resumeButton()->isEnabled(); }, 10000));
@@ -166,12 +168,12 @@ TEST_CASE("A study started from the Studies page runs its trials, stops and resu
     REQUIRE(done);
     CHECK(done->status == "completed");
     const auto trials = studies.trials(done->id);
-    CHECK(trials.size() == 8);
+    CHECK(trials.size() == 40);
     for (const auto& t : trials) {
         INFO("trial " << t.number << ": " << t.error);
         CHECK(t.state == core::TrialState::Complete);
     }
-    REQUIRE(waitUntil([&] { return page->trialsTable()->model()->rowCount() == 8; }, 20000));
+    REQUIRE(waitUntil([&] { return page->trialsTable()->model()->rowCount() == 40; }, 20000));
     CHECK_FALSE(page->resumeButton()->isEnabled());
     CHECK_FALSE(page->stopButton()->isEnabled());
     page->grab().save(outputPath("gui-study-done.png"));
