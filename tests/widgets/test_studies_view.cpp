@@ -8,6 +8,7 @@
 #include <QAbstractItemModel>
 #include <QItemSelectionModel>
 #include <QLabel>
+#include <QRegularExpression>
 #include <QSignalSpy>
 #include <QTabWidget>
 #include <QTableView>
@@ -195,6 +196,10 @@ TEST_CASE("StudiesView lists studies and shows a study's trials, charts and the 
     }
     CHECK(cell(trials, 4, view.prunedAtColumn()) == "1");
     CHECK(cell(trials, 5, StudiesView::ColValue).isEmpty());
+    // The fixture's trials last a moment: tenths of a second, not "0 s".
+    const QString duration = cell(trials, 0, view.durationColumn());
+    INFO(duration.toStdString());
+    CHECK(QRegularExpression("^\\d\\.\\d s$").match(duration).hasMatch());
 
     // Sorting by the objective, best first: the failed trial (no value) stays last.
     QTableView* table = view.trialsTable();

@@ -50,6 +50,8 @@ QString timeText(double secs) {
 }
 
 QString durationText(double secs) {
+    // Trials forked from the study's server often take well under a second: tenths below 10 s.
+    if (secs < 9.95) return QObject::tr("%1 s").arg(std::max(0.0, secs), 0, 'f', 1);
     const qint64 s = qint64(std::llround(secs));
     if (s < 60) return QObject::tr("%1 s").arg(s);
     if (s < 3600) return QObject::tr("%1 m %2 s").arg(s / 60).arg(s % 60, 2, 10, QLatin1Char('0'));
