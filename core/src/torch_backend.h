@@ -37,6 +37,8 @@ void checkRunnable(const RunSpec& spec);
 int cudaDeviceCount() noexcept;
 TrainResult train(const RunSpec& spec, const TrainOptions& options, const EventSink& sink);
 void setComputeThreads(int n);
+/// OpenBLAS's thread count, set only when it differs (false: OpenBLAS is not the BLAS loaded).
+bool setBlasThreads(int n);
 ArtifactInfo exportRunModel(const Store& store, int64_t runId, const std::string& outPath);
 ArtifactInfo exportSpecModel(const RunSpec& spec, const std::string& outPath);
 ArtifactInfo importTorchScript(const std::string& file, const std::vector<int64_t>& inputShape,

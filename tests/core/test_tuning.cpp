@@ -1,12 +1,18 @@
 // Hyper-parameter search: the space's syntax and checks against the run-spec keys, the random
 // and TPE samplers (TPE finds a narrow optimum that random search does not, on the same budget
-// and seeds), and ASHA's promotion rule.
+// and seeds), and ASHA's promotion rule; a forked trial's compute threads.
+#include <dirent.h>
+#include <dlfcn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <random>
 #include <set>
 
 #include "lathe/core/error.h"
+#include "torch_backend.h"
 #include "tuning/search.h"
 
 using namespace lathe::core;
@@ -146,4 +152,52 @@ TEST_CASE("ASHA's rungs and its asynchronous promotion rule", "[tuning]") {
     CHECK(Asha::promote(0.1, six, Direction::Minimize, 3));
     CHECK(Asha::promote(0.2, six, Direction::Minimize, 3));
     CHECK_FALSE(Asha::promote(0.3, six, Direction::Minimize, 3));
+}
+
+namespace {
+int threadsOfThisProcess() {
+    int n = 0;
+    if (DIR* d = ::opendir("/proc/self/task")) {
+        while (const dirent* e = ::readdir(d))
+            if (e->d_name[0] != '.') ++n;
+        ::closedir(d);
+    }
+    return n;
+}
+}  // namespace
+
+// lathectl tune's fork server sets one compute thread before it forks trials; OpenBLAS stops its
+// pool at each fork. A trial that asks for one thread must not restart the pool: the restarted
+// worker would spin for about 0.1 s of CPU (OpenBLAS's THREAD_TIMEOUT) beside every trial.
+TEST_CASE("a process forked with one BLAS thread set, asking for one, starts no BLAS worker", "[tuning]") {
+    using lathe::core::torch_impl::setBlasThreads;
+    const auto get = reinterpret_cast<int (*)()>(::dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+    const int before = get ? get() : 1;
+    if (!setBlasThreads(1)) {
+        WARN("OpenBLAS is not the BLAS loaded here: nothing to check");
+        return;
+    }
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+        // Only the forking thread exists in the child; setting the same count again must keep it so.
+        setBlasThreads(1);
+        ::_exit(threadsOfThisProcess() == 1 ? 0 : 10 + threadsOfThisProcess());
+    }
+    REQUIRE(pid > 0);
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    REQUIRE(WIFEXITED(status));
+    INFO("exit 10 + N: the child ran N threads after asking for one BLAS thread");
+    CHECK(WEXITSTATUS(status) == 0);
+    // A count that changes does start the pool the child then needs.
+    const pid_t two = ::fork();
+    if (two == 0) {
+        setBlasThreads(2);
+        ::_exit(threadsOfThisProcess());
+    }
+    REQUIRE(two > 0);
+    REQUIRE(::waitpid(two, &status, 0) == two);
+    REQUIRE(WIFEXITED(status));
+    if (sysconf(_SC_NPROCESSORS_ONLN) > 1) CHECK(WEXITSTATUS(status) > 1);
+    setBlasThreads(before);
 }

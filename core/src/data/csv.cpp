@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -52,6 +53,13 @@ std::vector<std::string> splitCsvLine(std::string_view line, const std::string& 
 
 bool parseNumber(const std::string& text, double& out) {
     if (text.empty()) return false;
+    // A plain decimal (nearly every field) by from_chars, three times quicker than strtod: both
+    // round correctly, so the value is the same. Anything else (spaces, '+', hex, another
+    // locale's form) goes to strtod as before.
+    const char* first = text.data();
+    const char* last = first + text.size();
+    if (const auto [ptr, ec] = std::from_chars(first, last, out); ec == std::errc() && ptr == last)
+        return std::isfinite(out);
     errno = 0;
     char* end = nullptr;
     out = std::strtod(text.c_str(), &end);

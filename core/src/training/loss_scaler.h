@@ -44,10 +44,13 @@ inline bool atenAmpOpsOnCpu() {
 
 class LossScaler {
 public:
-    LossScaler(const RunSpec& spec, torch::Device device)
-        : m_device(device), m_useAten(device.is_cuda() || atenAmpOpsOnCpu()) {
+    LossScaler(const RunSpec& spec, torch::Device device) : m_device(device) {
         const auto mode = lossScaleMode(spec);
         m_enabled = mode.kind != LossScaleMode::Kind::Off;
+        // Probed only where scaling is on: the probe throws on 1.13 (CPU has no kernel), and a
+        // throw costs milliseconds with LibTorch's hundreds of libraries to search for unwind
+        // tables, in every short run (a study's trials) that never scales a loss.
+        m_useAten = device.is_cuda() || (m_enabled && atenAmpOpsOnCpu());
         m_dynamic = mode.kind == LossScaleMode::Kind::Dynamic;
         m_scale = static_cast<float>(m_dynamic ? spec.lossScaleInit : mode.staticScale);
         m_growth = static_cast<float>(spec.lossScaleGrowth);
@@ -185,7 +188,7 @@ public:
 
 private:
     torch::Device m_device;
-    bool m_useAten;
+    bool m_useAten = false;
     bool m_enabled = false, m_dynamic = false;
     float m_scale = 1.0f, m_growth = 2.0f, m_backoff = 0.5f;
     int64_t m_interval = 2000;

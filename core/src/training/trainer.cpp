@@ -20,8 +20,23 @@ void torch_impl::setComputeThreads(int n) {
     if (n <= 0) return;
     torch::set_num_threads(n);
     kernels::setThreads(n);  // the int8 GEMM of quantized models
+    setBlasThreads(n);
+}
+
+bool torch_impl::setBlasThreads(int n) {
     using SetFn = void (*)(int);
-    if (auto fn = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) fn(n);
+    using GetFn = int (*)();
+    // Looked up once: a search of LibTorch's hundreds of libraries takes milliseconds, and a
+    // fork server's trials inherit what it found.
+    static const auto set = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+    static const auto get = reinterpret_cast<GetFn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+    if (!set) return false;
+    // Only when it changes anything: in a process forked from one whose pool OpenBLAS stopped at
+    // the fork (a trial of lathectl tune's fork server), openblas_set_num_threads restarts the
+    // pool whatever the count, and its new worker spins for about 0.1 s of CPU (OpenBLAS's
+    // THREAD_TIMEOUT) before it sleeps, taking a core from the trial beside it.
+    if (!get || get() != n) set(n);
+    return true;
 }
 
 int torch_impl::cudaDeviceCount() noexcept {

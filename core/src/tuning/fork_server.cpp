@@ -29,7 +29,9 @@
 #include <iostream>
 #include <utility>
 
+#include "lathe/core/sha256.h"
 #include "lathe/core/torch_runtime.h"
+#include "threads.h"
 
 namespace lathe::core {
 namespace {
@@ -293,6 +295,13 @@ int serveForks(int fd, const ArgvArea& area, const std::function<int(std::vector
         sendText(fd, std::string("error ") + e.what());
         return 1;
     }
+    // Trials run with one compute thread unless told otherwise: set it here once, so that a
+    // trial that asks for one finds it set and leaves OpenBLAS's pool stopped (restarting it
+    // costs a spinning worker, see setComputeThreads).
+    setComputeThreads(1);
+    // OpenSSL initialises itself (reads its configuration, loads its default provider) on the
+    // first digest, which every trial takes (a checkpoint's hash): once here instead.
+    (void)sha256Hex("", 0);
     // Forking is safe only if no thread of ours is left running: a thread holding a lock at the
     // fork leaves it held in the copy. OpenBLAS, which starts its pool when loaded, stops it
     // before a fork (pthread_atfork); anything else that started one would show here.
