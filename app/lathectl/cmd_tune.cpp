@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "cli_common.h"
@@ -151,6 +152,17 @@ void printStudy(const std::string& workspace, const core::StudyRecord& s,
 int runTune(TuneState& st) {
     if (st.timeout < 0) throw UsageError("--timeout must be a number of seconds >= 0 (0: no limit)");
     if (st.stopAt && !std::isfinite(*st.stopAt)) throw UsageError("--stop-at must be a finite number");
+    std::optional<double> pollSeconds;
+    // How often the study looks at its running trials when nothing wakes it (a trial's end and a
+    // trial at an ASHA rung do): a diagnostic, which the tests use to show that the wakes work.
+    if (const char* v = std::getenv("LATHE_STUDY_POLL_SECONDS")) {
+        char* end = nullptr;
+        const double secs = std::strtod(v, &end);
+        if (end == v || *end != '\0' || !(secs >= 0.001 && secs <= 3600))
+            throw UsageError(std::string("LATHE_STUDY_POLL_SECONDS: '") + v +
+                             "' is not a number of seconds from 0.001 to 3600");
+        pollSeconds = secs;
+    }
     const std::string ws = core::Store::resolvePath(st.common.db);
     {
         auto store = openStore(st.common);  // creates / migrates the workspace; a bad file is exit 2
@@ -226,6 +238,7 @@ int runTune(TuneState& st) {
     if (!st.resume.empty() && !st.hosts.empty()) o.hosts = splitList(st.hosts);
     o.timeoutSeconds = st.timeout;
     o.stopAt = st.stopAt;
+    if (pollSeconds) o.pollSeconds = *pollSeconds;
     o.stop = &installStopHandler();
     const bool humanOut = !st.common.json;
     if (!st.quiet)

@@ -263,6 +263,37 @@ TEST_CASE("an ASHA study prunes trials at its rungs and the pruned runs say so",
           Approx(j.at("best_value").get<double>()).margin(1e-9));
 }
 
+TEST_CASE("a study is woken by its trials' ends and rungs, not by its poll", "[cli][tune]") {
+    TempDir dir;
+    const std::string db = dir.file("lathe.db");
+    const std::string args =
+        "tune --epochs 9 --trials 6 --parallel 2 --algo asha --min-budget 1 --eta 3 --study w1 "
+        "--space 'lr=loguniform(1e-4,5)' --space 'hidden=choice([16],[64])'" +
+        kBase + " --json --db " + db;
+    // The study's own look at its trials once a minute: only the wakes can make it quicker. A
+    // trial's end shows on its pidfd; a trial at a rung writes to the study's FIFO, and the study
+    // judges it at once. Without them every rung and every end would wait up to a minute.
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto r = runShell("LATHE_STUDY_POLL_SECONDS=60 " + lathectl(args));
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    INFO(said(r));
+    REQUIRE(r.exitCode == 0);
+    const auto j = json::parse(r.out);
+    REQUIRE(j.at("trials").size() == 6);
+    size_t judged = 0;
+    for (const auto& t : j.at("trials")) {
+        CHECK((t.at("state") == "complete" || t.at("state") == "pruned"));
+        judged += t.at("rungs").size();
+    }
+    CHECK(judged >= 6);  // every trial reached the rung at epoch 1: at least six verdicts
+    CHECK(secs < 60);    // none of them, and no trial's end, waited for the poll
+    // The FIFO lives as long as its study.
+    CHECK(!std::filesystem::exists(db + "-files/studies/w1/rung.fifo"));
+    const auto bad = runShell("LATHE_STUDY_POLL_SECONDS=soon " + lathectl(args));
+    CHECK(bad.exitCode == 2);
+    CHECK_THAT(bad.err, Catch::Contains("LATHE_STUDY_POLL_SECONDS"));
+}
+
 TEST_CASE("a study killed mid-trial resumes without repeating finished trials", "[cli][tune]") {
     TempDir dir;
     const std::string db = dir.file("lathe.db");

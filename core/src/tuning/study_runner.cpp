@@ -1,7 +1,10 @@
 // Running a study: trials as `lathectl train` processes, sampling, ASHA, resume (tuner.h).
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -180,6 +183,48 @@ std::string lastLine(const std::string& path) {
 
 bool alive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
+// The FIFO through which a trial at one of ASHA's rungs wakes its study (lathectl train
+// --study-wake): the study reads it, the trials write a byte to it and do not wait. The study
+// holds a write end too, so that the FIFO does not read as closed between trials. Where it cannot
+// be made (a file system without FIFOs), the study finds the rungs by polling, as before.
+class RungWake {
+public:
+    RungWake() = default;
+    RungWake(const RungWake&) = delete;
+    RungWake& operator=(const RungWake&) = delete;
+    ~RungWake() {
+        if (m_read >= 0) ::close(m_read);
+        if (m_write >= 0) ::close(m_write);
+        if (!m_path.empty()) ::unlink(m_path.c_str());
+    }
+    void open(const std::string& path) {
+        ::unlink(path.c_str());  // one left by a study that was killed
+        if (::mkfifo(path.c_str(), 0600) != 0) return;
+        m_path = path;
+        m_read = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+        m_write = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+        if (m_read < 0 || m_write < 0) {
+            if (m_read >= 0) ::close(m_read);
+            if (m_write >= 0) ::close(m_write);
+            m_read = m_write = -1;
+            ::unlink(path.c_str());
+            m_path.clear();
+        }
+    }
+    int fd() const { return m_read; }
+    const std::string& path() const { return m_path; }
+    void drain() const {
+        char buf[256];
+        if (m_read >= 0)
+            while (::read(m_read, buf, sizeof buf) > 0) {
+            }
+    }
+
+private:
+    std::string m_path;
+    int m_read = -1, m_write = -1;
+};
+
 class StudyRunner {
 public:
     StudyRunner(const std::string& workspace, const std::string& name, const TuneOptions& o)
@@ -213,10 +258,16 @@ public:
         }
     }
 
+    ~StudyRunner() {
+        for (const auto& [pid, fd] : m_pidfds) ::close(fd);
+    }
+    StudyRunner(const StudyRunner&) = delete;
+    StudyRunner& operator=(const StudyRunner&) = delete;
+
     TuneOutcome run() {
         TuneOutcome outcome;
-        // A trial's end wakes the loop at once (SIGCHLD, blocked here and taken by sigtimedwait)
-        // rather than at the next poll; the poll still paces ASHA's watch.
+        // A trial's end wakes the loop at once (its pidfd, or SIGCHLD where there are none) rather
+        // than at the next poll; the poll still paces ASHA's watch.
         sigset_t chld, old;
         sigemptyset(&chld);
         sigaddset(&chld, SIGCHLD);
@@ -225,10 +276,33 @@ public:
             sigset_t mask;
             ~Restore() { ::pthread_sigmask(SIG_SETMASK, &mask, nullptr); }
         } restore{old};
+        // Under ASHA a trial that reaches a rung also wakes the loop, through a FIFO in the
+        // study's directory (RungWake), so that its verdict does not wait for the next poll.
+        RungWake wake;
+        if (!m_rungs.empty()) wake.open((fs::path(m_dir) / "rung.fifo").string());
+        m_wakePath = wake.path();
         const auto wait = [&] {
             const double s = m_options.pollSeconds;
-            timespec ts{static_cast<time_t>(s), static_cast<long>((s - std::floor(s)) * 1e9)};
-            ::sigtimedwait(&chld, nullptr, &ts);  // a child ended, the time passed, or a signal (Ctrl+C)
+            // A trial's end shows on its pidfd. (SIGCHLD would not do here: blocked in this thread
+            // for poll, it goes to any other thread of the process, which discards it.)
+            std::vector<pollfd> fds;
+            for (const auto& c : m_children) {
+                const auto it = m_pidfds.find(c.pid);
+                if (it == m_pidfds.end()) {
+                    fds.clear();
+                    break;
+                }
+                fds.push_back({it->second, POLLIN, 0});
+            }
+            if (fds.size() != m_children.size() || fds.empty()) {
+                // No pidfd (a kernel before 5.3): SIGCHLD, waited for here, wakes the loop.
+                timespec ts{static_cast<time_t>(s), static_cast<long>((s - std::floor(s)) * 1e9)};
+                ::sigtimedwait(&chld, nullptr, &ts);  // a child ended, the time passed, or a signal
+                return;
+            }
+            if (wake.fd() >= 0) fds.push_back({wake.fd(), POLLIN, 0});
+            // A trial ended, one reached a rung, the time passed, or a signal (Ctrl+C).
+            if (::poll(fds.data(), fds.size(), static_cast<int>(std::ceil(s * 1000))) > 0) wake.drain();
         };
         m_studies.setStatus(m_study.id, "running");
         if (m_study.sampler == "ppo") preparePolicy();
@@ -247,6 +321,10 @@ public:
                     " continues it");
                 return outcome;
             }
+            // Ends and rungs first, so that a slot a trial has just freed is filled now rather
+            // than after the next wait.
+            reap();
+            if (!m_rungs.empty()) watchRungs();
             if (!closing) {
                 const double elapsed =
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -273,8 +351,6 @@ public:
                 ++outcome.started;
             }
             if (m_children.empty()) break;
-            reap();
-            if (!m_rungs.empty()) watchRungs();
             wait();
         }
         // Ended early (--timeout, --stop-at) with trials still to run: stopped, and --resume
@@ -449,6 +525,7 @@ private:
             std::string rungs;
             for (double r : m_rungs) rungs += (rungs.empty() ? "" : ",") + fmtExact(r);
             args.insert(args.end(), {"--study-rungs", rungs});
+            if (!m_wakePath.empty()) args.insert(args.end(), {"--study-wake", m_wakePath});
         }
         if (!host.empty()) args.insert(args.end(), {"--hosts", host});
         Child c;
@@ -466,6 +543,9 @@ private:
             return;
         }
         m_children.push_back(c);
+        // (syscall: Debian 12's <sys/pidfd.h> lacks extern "C" for C++.)
+        if (const int fd = static_cast<int>(::syscall(SYS_pidfd_open, c.pid, 0)); fd >= 0)
+            m_pidfds[c.pid] = fd;
         std::string shown;
         for (const auto& [k, v] : params) shown += (shown.empty() ? "" : " ") + k + "=" + v;
         say(std::string(resumeRun > 0 ? "trial " + std::to_string(number) + " continues (run " +
@@ -537,6 +617,7 @@ private:
                 continue;
             }
             finish(*it, r < 0 ? -1 : status);
+            forgetPidfd(it->pid);
             it = m_children.erase(it);
         }
     }
@@ -602,6 +683,13 @@ private:
         if (const auto done = m_studies.trial(c.trialId)) learnFrom(*done);
     }
 
+    void forgetPidfd(pid_t pid) {
+        if (const auto it = m_pidfds.find(pid); it != m_pidfds.end()) {
+            ::close(it->second);
+            m_pidfds.erase(it);
+        }
+    }
+
     void stopAll() {
         for (const auto& c : m_children) ::kill(c.pid, SIGINT);
         for (const auto& c : m_children) {
@@ -609,6 +697,7 @@ private:
             ::waitpid(c.pid, &status, 0);
             // A trial we were pruning is pruned; the others stay running, to continue on resume.
             if (c.pruning) finish(c, status);
+            forgetPidfd(c.pid);
         }
         m_children.clear();
     }
@@ -727,6 +816,8 @@ private:
     int64_t m_next = 0;
     std::unique_ptr<ForkServer> m_forks;  // started with the first trial
     bool m_forksTried = false;
+    std::string m_wakePath;         // the FIFO a trial at a rung writes to (empty: the study polls only)
+    std::map<pid_t, int> m_pidfds;  // a running trial's pidfd: readable once it has ended
 };
 
 }  // namespace
