@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -132,7 +133,7 @@ public:
         if (it == m_rungs.end()) return;
         const auto rung = static_cast<size_t>(it - m_rungs.begin());
         store.flush();
-        wakeStudy();
+        const bool woken = wakeStudy();
         core::Studies studies(m_ws);
         const auto start = std::chrono::steady_clock::now();
         const auto deadline = start + std::chrono::minutes(5);
@@ -147,7 +148,7 @@ public:
                 }
             // A verdict the study was woken for comes within milliseconds; one that waits on
             // its poll (no FIFO, or a busy study) is looked for less often.
-            std::this_thread::sleep_for(now - start < std::chrono::milliseconds(200)
+            std::this_thread::sleep_for(woken && now - start < std::chrono::milliseconds(200)
                                             ? std::chrono::milliseconds(1)
                                             : std::chrono::milliseconds(20));
         }
@@ -156,13 +157,16 @@ public:
 private:
     // A byte to the study's FIFO, without blocking: a FIFO with no reader (the study is gone)
     // or full (the study is already due to wake) is left as it is.
-    void wakeStudy() const {
-        if (m_wake.empty()) return;
+    // True when the study will wake: the byte went in, or the FIFO is full of earlier ones.
+    bool wakeStudy() const {
+        if (m_wake.empty()) return false;
         const int fd = ::open(m_wake.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
-        if (fd < 0) return;
+        if (fd < 0) return false;
         const char byte = 'r';
-        [[maybe_unused]] const auto n = ::write(fd, &byte, 1);
+        const auto n = ::write(fd, &byte, 1);
+        const bool full = n < 0 && errno == EAGAIN;
         ::close(fd);
+        return n == 1 || full;
     }
 
     std::string m_ws;

@@ -267,12 +267,13 @@ TEST_CASE("a study is woken by its trials' ends and rungs, not by its poll", "[c
     TempDir dir;
     const std::string db = dir.file("lathe.db");
     const std::string args =
-        "tune --epochs 9 --trials 6 --parallel 2 --algo asha --min-budget 1 --eta 3 --study w1 "
+        "tune --epochs 9 --trials 6 --parallel 1 --algo asha --min-budget 1 --eta 3 --study w1 "
         "--space 'lr=loguniform(1e-4,5)' --space 'hidden=choice([16],[64])'" +
         kBase + " --json --db " + db;
     // The study's own look at its trials once a minute: only the wakes can make it quicker. A
     // trial's end shows on its pidfd; a trial at a rung writes to the study's FIFO, and the study
-    // judges it at once. Without them every rung and every end would wait up to a minute.
+    // judges it at once. One trial at a time, so that no other trial's event covers for a
+    // missed one: every rung and every end would wait up to a minute.
     const auto t0 = std::chrono::steady_clock::now();
     const auto r = runShell("LATHE_STUDY_POLL_SECONDS=60 " + lathectl(args));
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -55,10 +55,12 @@ bool parseNumber(const std::string& text, double& out) {
     if (text.empty()) return false;
     // A plain decimal (nearly every field) by from_chars, three times quicker than strtod: both
     // round correctly, so the value is the same. Anything else (spaces, '+', hex, another
-    // locale's form) goes to strtod as before.
+    // locale's form) goes to strtod as before, and so does a subnormal result, which strtod
+    // refuses (ERANGE) where from_chars would not.
     const char* first = text.data();
     const char* last = first + text.size();
-    if (const auto [ptr, ec] = std::from_chars(first, last, out); ec == std::errc() && ptr == last)
+    if (const auto [ptr, ec] = std::from_chars(first, last, out);
+        ec == std::errc() && ptr == last && std::fpclassify(out) != FP_SUBNORMAL)
         return std::isfinite(out);
     errno = 0;
     char* end = nullptr;

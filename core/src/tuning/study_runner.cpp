@@ -152,7 +152,7 @@ pid_t spawn(const std::string& program, const std::vector<std::string>& args, co
     const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
     if (pid == 0) {
-        // The study blocks SIGCHLD to wait for it; the trial starts with no signal blocked.
+        // The trial starts with no signal blocked, whatever this thread blocks.
         sigset_t none;
         sigemptyset(&none);
         ::sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -266,41 +266,27 @@ public:
 
     TuneOutcome run() {
         TuneOutcome outcome;
-        // A trial's end wakes the loop at once (its pidfd, or SIGCHLD where there are none) rather
-        // than at the next poll; the poll still paces ASHA's watch.
-        sigset_t chld, old;
-        sigemptyset(&chld);
-        sigaddset(&chld, SIGCHLD);
-        ::pthread_sigmask(SIG_BLOCK, &chld, &old);
-        struct Restore {
-            sigset_t mask;
-            ~Restore() { ::pthread_sigmask(SIG_SETMASK, &mask, nullptr); }
-        } restore{old};
-        // Under ASHA a trial that reaches a rung also wakes the loop, through a FIFO in the
-        // study's directory (RungWake), so that its verdict does not wait for the next poll.
+        // Under ASHA a trial that reaches a rung wakes the loop through a FIFO in the study's
+        // directory (RungWake), so that its verdict does not wait for the next poll.
         RungWake wake;
         if (!m_rungs.empty()) wake.open((fs::path(m_dir) / "rung.fifo").string());
         m_wakePath = wake.path();
         const auto wait = [&] {
-            const double s = m_options.pollSeconds;
-            // A trial's end shows on its pidfd. (SIGCHLD would not do here: blocked in this thread
-            // for poll, it goes to any other thread of the process, which discards it.)
+            // A trial's end wakes the loop through its pidfd. (Not SIGCHLD: a process's signal
+            // goes to any of its threads that does not block it, and is lost there.)
             std::vector<pollfd> fds;
+            bool everyEnd = true;
             for (const auto& c : m_children) {
                 const auto it = m_pidfds.find(c.pid);
-                if (it == m_pidfds.end()) {
-                    fds.clear();
-                    break;
-                }
-                fds.push_back({it->second, POLLIN, 0});
-            }
-            if (fds.size() != m_children.size() || fds.empty()) {
-                // No pidfd (a kernel before 5.3): SIGCHLD, waited for here, wakes the loop.
-                timespec ts{static_cast<time_t>(s), static_cast<long>((s - std::floor(s)) * 1e9)};
-                ::sigtimedwait(&chld, nullptr, &ts);  // a child ended, the time passed, or a signal
-                return;
+                if (it == m_pidfds.end())
+                    everyEnd = false;
+                else
+                    fds.push_back({it->second, POLLIN, 0});
             }
             if (wake.fd() >= 0) fds.push_back({wake.fd(), POLLIN, 0});
+            // A trial without a pidfd (a kernel before 5.3, or no descriptor to be had) is
+            // looked for every 10 ms instead.
+            const double s = everyEnd ? m_options.pollSeconds : std::min(m_options.pollSeconds, 0.01);
             // A trial ended, one reached a rung, the time passed, or a signal (Ctrl+C).
             if (::poll(fds.data(), fds.size(), static_cast<int>(std::ceil(s * 1000))) > 0) wake.drain();
         };
