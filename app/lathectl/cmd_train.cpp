@@ -155,9 +155,8 @@ public:
     }
 
 private:
-    // A byte to the study's FIFO, without blocking: a FIFO with no reader (the study is gone)
-    // or full (the study is already due to wake) is left as it is.
-    // True when the study will wake: the byte went in, or the FIFO is full of earlier ones.
+    // A byte to the study's FIFO, without blocking. True when the study will wake: the byte went
+    // in, or the FIFO is full of earlier ones; false with no FIFO or no reader (the study is gone).
     bool wakeStudy() const {
         if (m_wake.empty()) return false;
         const int fd = ::open(m_wake.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);

@@ -1,7 +1,6 @@
 // Hyper-parameter search: the space's syntax and checks against the run-spec keys, the random
 // and TPE samplers (TPE finds a narrow optimum that random search does not, on the same budget
 // and seeds), and ASHA's promotion rule; a forked trial's compute threads.
-#include <dirent.h>
 #include <dlfcn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,6 +11,7 @@
 #include <set>
 
 #include "lathe/core/error.h"
+#include "lathe/core/fork_server.h"
 #include "torch_backend.h"
 #include "tuning/search.h"
 
@@ -154,18 +154,6 @@ TEST_CASE("ASHA's rungs and its asynchronous promotion rule", "[tuning]") {
     CHECK_FALSE(Asha::promote(0.3, six, Direction::Minimize, 3));
 }
 
-namespace {
-int threadsOfThisProcess() {
-    int n = 0;
-    if (DIR* d = ::opendir("/proc/self/task")) {
-        while (const dirent* e = ::readdir(d))
-            if (e->d_name[0] != '.') ++n;
-        ::closedir(d);
-    }
-    return n;
-}
-}  // namespace
-
 // lathectl tune's fork server sets one compute thread before it forks trials; OpenBLAS stops its
 // pool at each fork. A trial that asks for one thread must not restart the pool: the restarted
 // worker would spin for about 0.1 s of CPU (OpenBLAS's THREAD_TIMEOUT) beside every trial.
@@ -182,7 +170,7 @@ TEST_CASE("a process forked with one BLAS thread set, asking for one, starts no 
         ::alarm(10);  // a child stuck on a lock held at the fork fails the test, not the suite
         // Only the forking thread exists in the child; setting the same count again must keep it so.
         setBlasThreads(1);
-        ::_exit(threadsOfThisProcess() == 1 ? 0 : 10 + threadsOfThisProcess());
+        ::_exit(lathe::core::threadCount() == 1 ? 0 : 10 + lathe::core::threadCount());
     }
     REQUIRE(pid > 0);
     int status = 0;
@@ -195,7 +183,7 @@ TEST_CASE("a process forked with one BLAS thread set, asking for one, starts no 
     if (two == 0) {
         ::alarm(10);
         setBlasThreads(2);
-        ::_exit(threadsOfThisProcess());
+        ::_exit(lathe::core::threadCount());
     }
     REQUIRE(two > 0);
     REQUIRE(::waitpid(two, &status, 0) == two);

@@ -82,16 +82,6 @@ std::vector<std::string> splitNul(const std::string& s) {
     return parts;
 }
 
-int threadCount() {
-    int n = 0;
-    if (DIR* d = ::opendir("/proc/self/task")) {
-        while (const dirent* e = ::readdir(d))
-            if (e->d_name[0] != '.') ++n;
-        ::closedir(d);
-    }
-    return n;
-}
-
 void unblockAllSignals() {
     sigset_t none;
     sigemptyset(&none);
@@ -154,6 +144,16 @@ void showCommandLine(const ArgvArea& area, const std::vector<std::string>& argv)
 }
 
 }  // namespace
+
+int threadCount() {
+    int n = 0;
+    if (DIR* d = ::opendir("/proc/self/task")) {
+        while (const dirent* e = ::readdir(d))
+            if (e->d_name[0] != '.') ++n;
+        ::closedir(d);
+    }
+    return n;
+}
 
 // ---- The asker's side ---------------------------------------------------------------------------
 

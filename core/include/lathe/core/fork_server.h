@@ -70,4 +70,7 @@ struct ArgvArea {
 /// asking process closes its end or dies.
 int serveForks(int fd, const ArgvArea& area, const std::function<int(std::vector<std::string>)>& run);
 
+/// The threads of this process (from /proc/self/task): the server forks only while it is 1.
+int threadCount();
+
 }  // namespace lathe::core
