@@ -1,7 +1,10 @@
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <map>
 
 #include "data/raw.h"
@@ -141,6 +144,62 @@ TEST_CASE("csv data: numeric features and a named label column", "[data]") {
     // gzip-compressed files are read transparently
     writeGz(dir.file("iris.csv.gz"), lathe::test::readFile(path));
     CHECK(describe("csv:" + dir.file("iris.csv.gz"), "species").classNames.size() == 3);
+}
+
+TEST_CASE("a data file read ahead is parsed once and served while it is unchanged", "[data]") {
+    TempDir dir;
+    const auto path = dir.file("ahead.csv");
+    // Fixed-width rows, so that other numbers can be written over them at the same size; other
+    // numbers, not shifted ones, which standardisation would make the same.
+    auto rows = [](int offset) {
+        std::string text = "a,b,label\n";
+        char line[32];
+        for (int i = 0; i < 40; ++i) {
+            std::snprintf(line, sizeof line, "%02d,%02d,%s\n", (7 * i + offset) % 100, (3 * i) % 100,
+                          i % 2 ? "x" : "y");
+            text += line;
+        }
+        return text;
+    };
+    writeFile(path, rows(0));
+    RunSpec spec;
+    spec.data = "csv:" + path;
+    spec.labelColumn = "label";
+    spec.seed = 5;
+    const auto parsed = data::loadSplit(spec);
+    REQUIRE(data::preloadData(spec));
+    CHECK_FALSE(data::preloadData(spec));  // kept already
+    // The same split and standardisation as parsing the file.
+    const auto kept = data::loadSplit(spec);
+    checkSameSplit(parsed, kept);
+    CHECK(kept.mean == parsed.mean);
+    CHECK(kept.stddev == parsed.stddev);
+    // Served from memory while the file's identity is the same: other numbers written over it at
+    // the same size, in the same inode, with its modification time put back, are not read.
+    struct stat st {};
+    REQUIRE(::stat(path.c_str(), &st) == 0);
+    writeFile(path, rows(50));
+    const struct timespec times[2] = {st.st_atim, st.st_mtim};
+    REQUIRE(::utimensat(AT_FDCWD, path.c_str(), times, 0) == 0);
+    checkSameSplit(parsed, data::loadSplit(spec));
+    // Any change its identity shows is read again: the same file with its modification time
+    // moved on (by a second: the file system's clock may not have ticked since the write), and a
+    // row more.
+    struct timespec later[2] = {st.st_atim, st.st_mtim};
+    later[1].tv_sec += 1;
+    REQUIRE(::utimensat(AT_FDCWD, path.c_str(), later, 0) == 0);
+    CHECK((data::loadSplit(spec).train.x != parsed.train.x));
+    writeFile(path, rows(0) + "99,99,x\n");
+    const auto grown = data::loadSplit(spec);
+    CHECK(grown.train.size() + grown.val.size() == 41);
+    // Nothing to keep for a generated data set or a file that is missing.
+    RunSpec generated;
+    generated.data = "synthetic:spirals";
+    CHECK_FALSE(data::preloadData(generated));
+    RunSpec missing = spec;
+    missing.data = "csv:" + dir.file("missing.csv");
+    CHECK_FALSE(data::preloadData(missing));
+    CHECK_THROWS_AS(data::loadSplit(missing), DataError);
 }
 
 TEST_CASE("malformed csv files give a clear error with line and column", "[data]") {

@@ -158,6 +158,8 @@ TEST_CASE("trials forked from the study's fork server train exactly as fresh pro
     const std::string says = "trials start as forks of process ";
     REQUIRE_THAT(forked.err, Catch::Contains(says));
     CHECK_THAT(fresh.err, !Catch::Contains(says));
+    // The forked trials trained on the data set the server parsed before it forked them.
+    CHECK_THAT(forked.err, Catch::Contains("the fork server read digits ahead"));
     // The same trials, to the last bit of their objective, each in a process of its own.
     const auto a = json::parse(forked.out).at("trials");
     const auto b = json::parse(fresh.out).at("trials");

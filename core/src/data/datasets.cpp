@@ -1,3 +1,4 @@
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -155,17 +156,88 @@ void standardise(SplitSet& sp) {
 
 }  // namespace
 
+namespace {
+
+// Files parsed ahead by preloadData, kept for the life of the process: a study's fork server
+// parses its data set once and every trial forked from it finds it here. Each is known by what
+// was parsed (the file and how) and by the file's identity when it was, so a file changed since
+// is parsed again. Written only before the process forks its trials (single-threaded).
+struct Preloaded {
+    std::string how;  // "digits", or "csv:" + the label column
+    std::string path;
+    std::string identity;
+    RawSet set;
+};
+std::vector<Preloaded>& preloaded() {
+    static std::vector<Preloaded> sets;
+    return sets;
+}
+
+// Device, inode, size and modification time (ns): empty when the file cannot be looked at.
+std::string fileIdentity(const std::string& path) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return {};
+    return std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + ":" + std::to_string(st.st_size) +
+           ":" + std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec);
+}
+
+const RawSet* findPreloaded(const std::string& how, const std::string& path) {
+    if (preloaded().empty()) return nullptr;
+    for (const auto& p : preloaded())
+        if (p.how == how && p.path == path) return p.identity == fileIdentity(path) ? &p.set : nullptr;
+    return nullptr;
+}
+
+// What the spec's data set is parsed from, and how; false for those that are generated,
+// streamed or resolved against a workspace.
+bool parsedFile(const RunSpec& spec, std::string* how, std::string* path) {
+    if (spec.data == "digits") {
+        *how = "digits";
+        *path = findResource("data/digits.csv.gz");
+        return true;
+    }
+    if (spec.data.rfind("csv:", 0) == 0) {
+        *how = "csv:" + spec.labelColumn;
+        *path = spec.data.substr(4);
+        return true;
+    }
+    return false;
+}
+
+RawSet parseFile(const std::string& how, const std::string& path, const RunSpec& spec) {
+    if (how == "digits") return parseDigits(readFileMaybeGz(path, 64u << 20), path);
+    return parseCsv(readFileMaybeGz(path), spec.labelColumn, path);
+}
+
+}  // namespace
+
+bool preloadData(const RunSpec& spec) {
+    std::string how, path;
+    if (!parsedFile(spec, &how, &path) || findPreloaded(how, path)) return false;
+    const auto identity = fileIdentity(path);
+    if (identity.empty()) return false;  // missing: the run says so itself
+    RawSet set = parseFile(how, path, spec);
+    auto& sets = preloaded();
+    sets.erase(std::remove_if(sets.begin(), sets.end(),
+                              [&](const Preloaded& p) { return p.how == how && p.path == path; }),
+               sets.end());
+    sets.push_back({how, path, identity, std::move(set)});
+    return true;
+}
+
 SplitSet loadSplit(const RunSpec& spec) {
-    RawSet all;
+    RawSet parsed;
+    const RawSet* source = &parsed;
+    RawSet& all = parsed;
     const std::string& name = spec.data;
-    if (name == "digits") {
-        const auto path = findResource("data/digits.csv.gz");
-        all = parseDigits(readFileMaybeGz(path, 64u << 20), path);
+    std::string how, path;
+    if (parsedFile(spec, &how, &path)) {
+        if (const RawSet* kept = findPreloaded(how, path))
+            source = kept;
+        else
+            parsed = parseFile(how, path, spec);
     } else if (name == "synthetic:spirals") {
         all = makeSpirals(500, 3, static_cast<uint64_t>(spec.seed));
-    } else if (name.rfind("csv:", 0) == 0) {
-        const auto path = name.substr(4);
-        all = parseCsv(readFileMaybeGz(path), spec.labelColumn, path);
     } else if (name.rfind("idx:", 0) == 0) {
         auto pair = readIdxDir(name.substr(4));
         if (pair.test.size() > 0) {
@@ -192,11 +264,11 @@ SplitSet loadSplit(const RunSpec& spec) {
             "unknown data set '" + name +
             "' (use digits, synthetic:spirals, csv:PATH, idx:DIR, images:DIR or dataset:NAME[:V])");
     }
-    const auto n = static_cast<size_t>(all.size());
+    const auto n = static_cast<size_t>(source->size());
     if (n < 2)
         throw DataError("data set " + name + " has " + std::to_string(n) + " samples; at least 2 are needed");
-    const auto split = splitIndices(all.size(), spec);
-    SplitSet sp{take(all, split.train), take(all, split.val)};
+    const auto split = splitIndices(source->size(), spec);
+    SplitSet sp{take(*source, split.train), take(*source, split.val)};
     if (name.rfind("csv:", 0) == 0) standardise(sp);
     return sp;
 }

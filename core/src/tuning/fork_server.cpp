@@ -29,6 +29,8 @@
 #include <iostream>
 #include <utility>
 
+#include "data/raw.h"
+#include "lathe/core/run_spec.h"
 #include "lathe/core/sha256.h"
 #include "lathe/core/torch_runtime.h"
 #include "threads.h"
@@ -283,6 +285,26 @@ pid_t ForkServer::spawn(const std::vector<std::string>& args, const std::string&
     return static_cast<pid_t>(pid);
 }
 
+bool ForkServer::prepare(const std::string& configPath, std::string* why, double timeoutSeconds) {
+    const auto fail = [&](const std::string& text) {
+        if (why) *why = text;
+        return false;
+    };
+    if (m_fd < 0) return fail("the fork server is closed");
+    std::string request;
+    for (const auto* field : {"prepare", configPath.c_str()}) request.append(field).push_back('\0');
+    if (request.size() > kMaxMessage) return fail("the config's path is too long");
+    std::string answer;
+    if (!sendText(m_fd, request) ||
+        !receive(m_fd, answer, static_cast<int>(std::lround(timeoutSeconds * 1000)))) {
+        close();  // as after a failed spawn: nothing more is asked of it
+        return fail("the fork server did not answer");
+    }
+    if (answer == "ok kept") return true;
+    if (answer == "ok") return fail("nothing to read ahead");
+    return fail(answer.rfind("error ", 0) == 0 ? answer.substr(6) : "the fork server answered " + answer);
+}
+
 // ---- The server's side ----------------------------------------------------------------------------
 
 int serveForks(int fd, const ArgvArea& area, const std::function<int(std::vector<std::string>)>& run) {
@@ -318,6 +340,23 @@ int serveForks(int fd, const ArgvArea& area, const std::function<int(std::vector
     for (;;) {
         if (!receive(fd, request, -1)) return 0;  // the asker closed its end, or died
         const auto parts = splitNul(request);
+        if (parts.size() == 2 && parts[0] == "prepare") {
+            // The study's base config: its data file is parsed here once, and each command
+            // forked from now on finds it parsed (data::preloadData).
+            std::string answer = "ok";
+            try {
+                if (data::preloadData(loadRunSpec(parts[1]))) answer = "ok kept";
+            } catch (const std::exception& e) {
+                answer = std::string("error ") + e.what();
+            }
+            if (const int n = threadCount(); n != 1) {
+                sendText(fd, "error the server runs " + std::to_string(n) +
+                                 " threads after reading the data set: not safe to fork");
+                return 1;
+            }
+            sendText(fd, answer);
+            continue;
+        }
         if (parts.size() < 4 || parts[0] != "spawn") {
             sendText(fd, "error malformed request");
             continue;

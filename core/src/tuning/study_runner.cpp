@@ -548,10 +548,17 @@ private:
             m_forksTried = true;
             std::string why;
             m_forks = ForkServer::start(m_options.lathectl, &why);
-            if (m_forks)
+            if (m_forks) {
                 say("trials start as forks of process " + std::to_string(m_forks->serverPid()) +
                     ", which loaded LibTorch once (LATHE_FORK_SERVER=0 starts each afresh)");
-            else if (!why.empty())
+                // The base config's data file, parsed once there rather than by every trial.
+                if (m_forks->prepare(m_basePath, &why))
+                    say("the fork server read " + m_base.data + " ahead for the trials");
+                else if (!m_forks->usable()) {
+                    say("the fork server failed (" + why + "): trials start as fresh processes");
+                    m_forks.reset();
+                }
+            } else if (!why.empty())
                 say("trials start as fresh processes (the fork server is not available: " + why + ")");
         }
         if (m_forks) {

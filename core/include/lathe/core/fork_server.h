@@ -45,6 +45,13 @@ public:
     pid_t spawn(const std::vector<std::string>& args, const std::string& outPath, const std::string& errPath,
                 std::string* why, bool* maybeStarted = nullptr);
 
+    /// Has the server parse the data file of the run config at `configPath` (the study's base
+    /// config) now, so that every command forked after it finds the file parsed instead of
+    /// parsing it again (digits and csv: data sets; data::preloadData). True when it kept it;
+    /// false with `why` set otherwise: nothing to read ahead (another kind of data set), the
+    /// config or the file could not be read (the commands will say so themselves), or the server
+    /// failed, after which it is closed as after a failed spawn.
+    bool prepare(const std::string& configPath, std::string* why, double timeoutSeconds = 300);
     bool usable() const { return m_fd >= 0; }
     pid_t serverPid() const { return m_pid; }
 
