@@ -449,7 +449,38 @@ def race(a, problem, config, space, methods, target, races, race_summary):
             summary[ours]["over_random"] = ratio
             print("  time to target, %s / Lathe random: %.2fx (medians %.2fx)" % (
                 LABELS[ours], ratio, summary[ours]["time_to_target_median"] / summary["random"]["time_to_target_median"]))
+            paired = paired_times(races, problem, ours, "random")
+            if len(paired) >= 2:
+                low, high = bootstrap_ratio(paired)
+                faster = sum(1 for t, r in paired if t < r)
+                summary[ours].update(over_random_interval=[low, high], faster_seeds=faster, paired_seeds=len(paired))
+                print("    95%% bootstrap interval of that ratio over the seeds %.2f-%.2fx; faster in %d of %d seeds"
+                      % (low, high, faster, len(paired)))
     race_summary[problem] = summary
+
+
+def paired_times(races, problem, method, baseline):
+    """(method's time to target, baseline's) for each seed that both raced."""
+    by = {}
+    for s in races:
+        if s["problem"] == problem and s["method"] in (method, baseline):
+            by.setdefault(s["seed"], {})[s["method"]] = s["time_to_target"]
+    return [(v[method], v[baseline]) for _, v in sorted(by.items()) if len(v) == 2]
+
+
+def bootstrap_ratio(paired, resamples=10000):
+    """95% percentile interval of sum(a) / sum(b), the ratio of mean times, over seeds drawn with
+    replacement (pairs kept together: both methods raced on the same seed). A fixed generator
+    seed, so a report can be checked from its JSON."""
+    import random
+    rng = random.Random(12345)
+    n = len(paired)
+    ratios = []
+    for _ in range(resamples):
+        draw = [paired[rng.randrange(n)] for _ in range(n)]
+        ratios.append(sum(t for t, _ in draw) / max(1e-12, sum(r for _, r in draw)))
+    ratios.sort()
+    return ratios[int(0.025 * resamples)], ratios[int(0.975 * resamples) - 1]
 
 
 def compare_best(ours, theirs):
