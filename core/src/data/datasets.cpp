@@ -154,10 +154,6 @@ void standardise(SplitSet& sp) {
     }
 }
 
-}  // namespace
-
-namespace {
-
 // Files parsed ahead by preloadData, kept for the life of the process: a study's fork server
 // parses its data set once and every trial forked from it finds it here. Each is known by what
 // was parsed (the file and how) and by the file's identity when it was, so a file changed since
@@ -182,7 +178,6 @@ std::string fileIdentity(const std::string& path) {
 }
 
 const RawSet* findPreloaded(const std::string& how, const std::string& path) {
-    if (preloaded().empty()) return nullptr;
     for (const auto& p : preloaded())
         if (p.how == how && p.path == path) return p.identity == fileIdentity(path) ? &p.set : nullptr;
     return nullptr;
@@ -228,7 +223,6 @@ bool preloadData(const RunSpec& spec) {
 SplitSet loadSplit(const RunSpec& spec) {
     RawSet parsed;
     const RawSet* source = &parsed;
-    RawSet& all = parsed;
     const std::string& name = spec.data;
     std::string how, path;
     if (parsedFile(spec, &how, &path)) {
@@ -237,7 +231,7 @@ SplitSet loadSplit(const RunSpec& spec) {
         else
             parsed = parseFile(how, path, spec);
     } else if (name == "synthetic:spirals") {
-        all = makeSpirals(500, 3, static_cast<uint64_t>(spec.seed));
+        parsed = makeSpirals(500, 3, static_cast<uint64_t>(spec.seed));
     } else if (name.rfind("idx:", 0) == 0) {
         auto pair = readIdxDir(name.substr(4));
         if (pair.test.size() > 0) {
@@ -245,7 +239,7 @@ SplitSet loadSplit(const RunSpec& spec) {
             sp.val.classNames = sp.train.classNames;
             return sp;
         }
-        all = std::move(pair.train);
+        parsed = std::move(pair.train);
     } else if (name.rfind("images:", 0) == 0) {
         // Read whole, as validation sees them (resize, centre crop, normalise): for evaluation
         // and export; training streams them through the loader instead (openSources).
