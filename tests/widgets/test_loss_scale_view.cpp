@@ -71,6 +71,13 @@ TEST_CASE("LossScaleView plots scale, skipped steps and grad norm with linked st
     CHECK(text.contains("skipped: yes"));
     CHECK(text.contains("loss scale"));
     CHECK(text.contains("grad norm non-finite"));
+    QCPItemTracer* tracer = nullptr;
+    for (int i = 0; i < view.plot()->itemCount(); ++i)
+        if (auto* t = qobject_cast<QCPItemTracer*>(view.plot()->item(i))) tracer = t;
+    REQUIRE(tracer);
+    CHECK(tracer->visible());
+    CHECK(tracer->graph() != nullptr);
+    CHECK(tracer->graphKey() == Approx(60));
     const double x2 = scaleX->coordToPixel(100);
     const QString text2 = view.hoverAt(QPointF(x2, view.normRect()->rect().center().y()));
     CHECK(text2.contains("step 100"));
@@ -95,6 +102,26 @@ TEST_CASE("LossScaleView plots scale, skipped steps and grad norm with linked st
     CHECK(view.scalePointCount() == 0);
     view.showRun(store, rec.runId);
     CHECK(view.scalePointCount() == int(rec.steps));
+}
+
+namespace {
+QStringList g_messages;
+void collectMessage(QtMsgType, const QMessageLogContext&, const QString& text) { g_messages << text; }
+}  // namespace
+
+TEST_CASE("An empty LossScaleView logs nothing", "[widgets][amp]") {
+    // QCustomPlot logs "graph has no data" when a tracer is given an empty graph: the view
+    // of no run must not, since every window builds one at start.
+    g_messages.clear();
+    const QtMessageHandler previous = qInstallMessageHandler(collectMessage);
+    {
+        LossScaleView view;
+        view.resize(600, 400);
+        view.plot()->replot(QCustomPlot::rpImmediateRefresh);
+        view.hoverAt(QPointF(100, 100));
+    }
+    qInstallMessageHandler(previous);
+    CHECK(g_messages.join(QLatin1Char('\n')).toStdString() == "");
 }
 
 TEST_CASE("LossScaleView stages live points and replots once per flush", "[widgets][amp]") {

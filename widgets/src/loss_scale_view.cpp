@@ -93,7 +93,8 @@ LossScaleView::LossScaleView(QWidget* parent)
 
     m_tracer = new QCPItemTracer(m_plot);
     m_tracer->setClipAxisRect(m_scaleRect);
-    m_tracer->setGraph(m_scaleGraph);
+    // Its graph is set on hover: QCustomPlot places a tracer as soon as it gets one and logs
+    // "graph has no data" for the empty graph of a view that shows no run yet.
     m_tracer->setStyle(QCPItemTracer::tsCircle);
     m_tracer->setSize(9);
     m_tracer->setPen(QPen(Qt::black, 1.5));
@@ -313,6 +314,7 @@ QString LossScaleView::hoverAt(const QPointF& pos) {
                             .arg(std::isfinite(v.gradNorm) ? QString::number(v.gradNorm, 'g', 5)
                                                            : tr("non-finite"));
             if (std::isfinite(v.scale) && v.scale > 0) {
+                m_tracer->setGraph(m_scaleGraph);
                 m_tracer->setGraphKey(double(best->first));
                 m_tracer->setVisible(true);
             } else {
